@@ -1,0 +1,57 @@
+# Crucible: `make run` (set up + whole graph on the tiny profile), `make test` (set up + tests).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STATE ?= .crucible
+export DAGSTER_HOME := $(abspath $(STATE))/dagster
+export CRUCIBLE_PROFILE ?= tiny
+export PYTHONUNBUFFERED := 1
+export SPARK_LOCAL_IP := 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(BIN))/python
+export TORCH_EXTENSIONS_DIR := $(abspath $(STATE))/torch_extensions
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
+UI_HOST ?= 127.0.0.1
+DAGSTER_PORT ?= 3000
+MLFLOW_PORT ?= 5000
+
+.PHONY: setup run test lint ui system-deps clean
+
+setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
+
+# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
+	$(BIN)/pip install --quiet torch==2.13.0
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip check
+	touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+# Debian tools the stages call (apt-get download / dpkg-deb for the local web and code crawl).
+system-deps:
+	@command -v apt-get >/dev/null || { echo "apt-get not found: point the crawl at your own seeds or WARC files (see README)"; exit 0; }
+	@test -n "$$(ls /var/lib/apt/lists/*_Packages 2>/dev/null | head -1)" || apt-get update -qq || echo "apt-get update failed: the local web needs Debian doc packages"
+
+run: setup system-deps
+	$(BIN)/crucible run
+
+test: setup system-deps
+	CRUCIBLE_PROFILE=micro $(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Dagster webserver + daemon and the MLflow UI on 127.0.0.1; Ctrl-C stops both.
+ui: setup
+	$(BIN)/crucible ui --host $(UI_HOST) --dagster-port $(DAGSTER_PORT) --mlflow-port $(MLFLOW_PORT)
+
+clean:
+	rm -rf $(STATE)

@@ -1,0 +1,224 @@
+"""MLflow tracking and registry over the plain MlflowClient (no global active-run state).
+
+One `StageRun` per asset materialization: tags carry the lineage (Dagster run, asset, partition, code version,
+git commit, profile, upstream MLflow runs and data versions); params carry the resolved stage config (secrets
+redacted); metrics carry counts and timings; artifacts carry a sample of the output and a report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.settings import REPO_ROOT, Profile
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_RUNS_TAG = "crucible.upstream_runs"
+UPSTREAM_VERSIONS_TAG = "crucible.upstream_data_versions"
+_SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|access[_-]?key|auth)", re.I)
+_URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s:]+:[^/@\s]+@")
+
+
+def redact(params: dict[str, Any]) -> dict[str, str]:
+    """Flatten params to strings, hiding values of secret-looking keys and credentials inside URLs."""
+    flat: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+            return
+        if _SECRET.search(prefix) and value not in (None, "", [], {}):
+            flat[prefix] = "***"
+            return
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        flat[prefix] = _URL_CREDENTIALS.sub(r"\1***@", text)[:6000]
+
+    walk("", params)
+    return flat
+
+
+def git_commit() -> str:
+    """HEAD of the repo this code runs from ('+dirty' if the tree has changes), or 'unknown'."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def default_tracking_uri(profile: Profile) -> str:
+    """$MLFLOW_TRACKING_URI, else the profile's URI, else sqlite in the state dir."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or profile.tracking.tracking_uri
+    if uri:
+        return uri
+    db = profile.state_path / "mlflow" / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+@dataclass
+class StageRun:
+    """An open MLflow run for one materialization."""
+
+    client: Any
+    run_id: str
+    experiment_id: str
+    url: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(batch), 900):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
+        self.metrics.update({m.key: m.value for m in batch})
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        batch = [Param(k, v) for k, v in redact(params).items()]
+        for i in range(0, len(batch), 90):
+            self.client.log_batch(self.run_id, params=batch[i : i + 90])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        self.client.log_text(self.run_id, json.dumps(obj, indent=2, default=str), name)
+
+    def log_figure(self, figure: Any, name: str) -> None:
+        self.client.log_figure(self.run_id, figure, name)
+
+
+class Tracker:
+    """Opens stage runs in `<prefix>/<group>` experiments and registers models."""
+
+    def __init__(self, tracking_uri: str, experiment_prefix: str = "crucible", ui_url: str | None = None,
+                 artifact_root: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.experiment_prefix = experiment_prefix
+        self.artifact_root = artifact_root
+        self.ui_url = ui_url or (tracking_uri if tracking_uri.startswith("http") else None)
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> Tracker:
+        uri = default_tracking_uri(profile)
+        artifacts = None
+        if uri.startswith("sqlite:"):
+            artifacts = (profile.state_path / "mlflow" / "artifacts").as_uri()
+        ui = os.environ.get("CRUCIBLE_MLFLOW_UI_URL")
+        return cls(uri, profile.tracking.experiment_prefix, ui_url=ui, artifact_root=artifacts)
+
+    def experiment_id(self, group: str) -> str:
+        name = f"{self.experiment_prefix}/{group}"
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        location = f"{self.artifact_root}/{group}" if self.artifact_root else None
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except Exception:  # created concurrently by another process
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def run_url(self, experiment_id: str, run_id: str) -> str | None:
+        if not self.ui_url:
+            return None
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+    @contextmanager
+    def stage_run(self, group: str, run_name: str, tags: dict[str, Any], params: dict[str, Any] | None = None
+                  ) -> Iterator[StageRun]:
+        """Open one MLflow run; it ends FINISHED on success and FAILED (re-raising) on error."""
+        exp_id = self.experiment_id(group)
+        run = self.client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()})
+        stage = StageRun(self.client, run.info.run_id, exp_id, self.run_url(exp_id, run.info.run_id))
+        if params:
+            stage.log_params(params)
+        try:
+            yield stage
+        except BaseException:
+            self.client.set_terminated(stage.run_id, "FAILED")
+            raise
+        self.client.set_terminated(stage.run_id, "FINISHED")
+
+    def get_run(self, run_id: str):
+        return self.client.get_run(run_id)
+
+    def find_runs(self, group: str, filter_string: str = "", max_results: int = 100) -> list:
+        exp = self.client.get_experiment_by_name(f"{self.experiment_prefix}/{group}")
+        if exp is None:
+            return []
+        return self.client.search_runs([exp.experiment_id], filter_string=filter_string,
+                                       max_results=max_results, order_by=["attributes.start_time DESC"])
+
+    def register_model(self, name: str, run_id: str, artifact_path: str, tags: dict[str, Any]) -> Any:
+        """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`, with lineage tags."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException:
+            pass  # already registered
+        source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+        version = self.client.create_model_version(name, source, run_id=run_id,
+                                                   tags={k: str(v) for k, v in tags.items()})
+        return version
+
+    def lineage(self, run_id: str, depth: int = 0, seen: set | None = None) -> dict:
+        """Walk the upstream-run tags back to the roots (the crawl snapshots)."""
+        seen = seen if seen is not None else set()
+        run = self.client.get_run(run_id)
+        tags = run.data.tags
+        node = {
+            "run_id": run_id,
+            "asset": tags.get("dagster.asset_key", run.info.run_name),
+            "partition": tags.get("dagster.partition_key", ""),
+            "dagster_run_id": tags.get("dagster.run_id", ""),
+            "data_version": tags.get("crucible.data_version", ""),
+            "upstream": [],
+        }
+        seen.add(run_id)
+        for up in filter(None, tags.get(UPSTREAM_RUNS_TAG, "").split(",")):
+            if up not in seen:
+                node["upstream"].append(self.lineage(up, depth + 1, seen))
+        return node
+
+
+def write_temp_text(text: str, name: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix="crucible-")) / name
+    path.write_text(text)
+    return path

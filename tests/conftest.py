@@ -1,0 +1,61 @@
+"""Shared fixtures: every test runs on the `micro` profile with its state in a temp dir; servers that tests
+need (S3 endpoint) start on 127.0.0.1 with a free port and stop when the test session ends."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+os.environ.setdefault("CRUCIBLE_PROFILE", "micro")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path, monkeypatch):
+    """Isolate every test's state (store, MLflow, Dagster) unless a test sets its own."""
+    monkeypatch.setenv("CRUCIBLE_PROFILE", "micro")
+    monkeypatch.setenv("CRUCIBLE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A real S3 HTTP endpoint (moto server) on 127.0.0.1 with dummy credentials."""
+    from moto.server import ThreadedMotoServer
+
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    old = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint):
+    """A fresh bucket on the loopback endpoint; yields (endpoint, bucket name)."""
+    import boto3
+
+    name = f"crucible-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return s3_endpoint, name

@@ -1,0 +1,136 @@
+"""Byte-level BPE tokenizer trained on the curated corpus, with the special tokens and chat template that
+SFT and RL need later. Saved as a HF tokenizer directory (tokenizer.json + tokenizer_config.json)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+log = logging.getLogger(__name__)
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+END_OF_TURN = "<|end_of_turn|>"
+# Order fixes the ids: EOS is 0, PAD 1, ... so every tokenizer we train agrees on them.
+SPECIAL_TOKENS = [
+    EOS,
+    PAD,
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    END_OF_TURN,
+]
+
+# GLM-style roles. Assistant turns are wrapped in {% generation %} so `return_assistant_tokens_mask=True`
+# gives SFT its loss mask; tool results come back as the <|observation|> role. The loader sets trim_blocks,
+# so a newline right after a block tag is written as an expression.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "<|system|>\n{{ message['content'] }}<|end_of_turn|>\n"
+    "{% elif message['role'] == 'user' %}"
+    "<|user|>\n{{ message['content'] }}<|end_of_turn|>\n"
+    "{% elif message['role'] == 'assistant' %}"
+    "<|assistant|>\n"
+    "{% generation %}"
+    "{% if message.get('reasoning_content') %}<think>{{ message['reasoning_content'] }}</think>{% endif %}"
+    "{{ message['content'] or '' }}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "<tool_call>{{ (call['function'] if 'function' in call else call) | tojson }}</tool_call>"
+    "{% endfor %}"
+    "<|end_of_turn|>"
+    "{% endgeneration %}{{ '\\n' }}"
+    "{% elif message['role'] in ['tool', 'observation'] %}"
+    "<|observation|>\n<tool_response>{{ message['content'] }}</tool_response><|end_of_turn|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+class TokenizerConfig(BaseModel):
+    """Tokenizer training settings (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    vocab_size: int = Field(
+        8192, ge=512, le=1_000_000, description="Vocabulary size incl. bytes and specials"
+    )
+    min_frequency: int = Field(2, ge=1, description="Minimum pair count for a BPE merge")
+    max_docs: int = Field(200_000, ge=1, description="Train on at most this many documents")
+    max_chars_per_doc: int = Field(20_000, ge=100, description="Truncate each training document to this")
+    individual_digits: bool = Field(
+        True, description="Split numbers into single digits (arithmetic, passkeys)"
+    )
+    model_max_length: int = Field(2048, ge=16, description="Longest context recorded in tokenizer_config")
+
+
+def build_untrained_tokenizer(config: TokenizerConfig) -> tuple[Tokenizer, trainers.BpeTrainer]:
+    """The byte-level BPE pipeline and its trainer, before training."""
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if config.individual_digits else []
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        steps + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config.vocab_size,
+        min_frequency=config.min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    return tok, trainer
+
+
+def _bounded(texts: Iterable[str], config: TokenizerConfig) -> Iterator[str]:
+    for i, text in enumerate(texts):
+        if i >= config.max_docs:
+            return
+        if text:
+            yield text[: config.max_chars_per_doc]
+
+
+def train_tokenizer(texts: Iterable[str], config: TokenizerConfig, out_dir: str | Path) -> Path:
+    """Train byte-level BPE on `texts` and save a HF tokenizer dir (loads with AutoTokenizer); returns it."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok, trainer = build_untrained_tokenizer(config)
+    tok.train_from_iterator(_bounded(texts, config), trainer=trainer)
+    for i, special in enumerate(SPECIAL_TOKENS):
+        assert tok.token_to_id(special) == i, f"special token {special} got id {tok.token_to_id(special)}"
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS,
+        pad_token=PAD,
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[2:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=config.model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    # Legacy format keeps the chat template inside tokenizer_config.json, which every loader reads.
+    hf.save_pretrained(str(out_dir), save_jinja_files=False)
+    log.info("tokenizer: %d tokens saved to %s", tok.get_vocab_size(), out_dir)
+    return out_dir
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer dir saved by `train_tokenizer` as a transformers fast tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

@@ -1,0 +1,166 @@
+"""Token shards, mixture and the batch iterator: counts, proportions, determinism and resume."""
+
+import gzip
+import json
+import random
+
+import numpy as np
+import pytest
+
+from infra.store import LocalStore
+from training.data import (
+    MixtureConfig,
+    TokenBatches,
+    build_token_shards,
+    iter_shard_documents,
+    load_corpus_tokenizer,
+    load_shard_meta,
+    partition_of,
+    shard_paths,
+)
+from training.tokenizer import EOS, TokenizerConfig, load_tokenizer, train_tokenizer
+
+WORDS = "alpha beta gamma delta river stone light paper code math sum prime graph node".split()
+
+
+def _docs(kind, n, seed, **meta):
+    rng = random.Random(seed)
+    for i in range(n):
+        text = " ".join(rng.choices(WORDS, k=rng.randint(5, 80)))
+        yield {"id": f"{kind}-{seed}-{i}", "text": text, "metadata": dict(meta, idx=i)}
+
+
+def _write_shard(store, key, docs):
+    with store.writer(key) as tmp, gzip.open(tmp, "wt") as fh:
+        fh.writelines(json.dumps(d) + "\n" for d in docs)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    store = LocalStore(root)
+    web = {}
+    for snap, seed in [("2026-10", 1), ("2026-11", 2)]:
+        docs = list(_docs("web", 120, seed, url=f"https://site{seed}.org/page"))
+        docs[3]["text"] += " literal <|endoftext|> inside a page"
+        _write_shard(store, f"web/filtered/{snap}/kept/00000.jsonl.gz", docs[:60])
+        _write_shard(store, f"web/filtered/{snap}/kept/00001.jsonl.gz", docs[60:])
+        web[snap] = docs
+    code = []
+    for i, doc in enumerate(_docs("code", 200, 3, package="pkg")):
+        doc["metadata"]["language"] = ["python", "lua"][i % 2]
+        code.append(doc)
+    _write_shard(store, "code/files/pypi-1/00000.jsonl.gz", code)
+    store.put_json("code/quality/pypi-1/sampling_weights.json", {"python": 1.0, "lua": 2.5})
+    math_docs = list(_docs("math", 80, 4))
+    _write_shard(store, "math/kept/m1/00000.jsonl.gz", math_docs)
+    tok_dir = train_tokenizer(
+        (d["text"] for d in web["2026-10"] + code), TokenizerConfig(vocab_size=512), root.parent / "tok"
+    )
+    sources = {
+        "web": ["web/filtered/2026-10/kept/", "web/filtered/2026-11/kept/"],
+        "code": ["code/files/pypi-1/"],
+        "math": ["math/kept/m1/"],
+    }
+    config = MixtureConfig(weights={"web": 0.5, "code": 0.3, "math": 0.2}, heldout_fraction=0.1, shard_tokens=2048)
+    result = build_token_shards(config, store, sources, tok_dir, "tokens/v1")
+    return {"store": store, "tok_dir": tok_dir, "web": web, "code": code, "math": math_docs, "result": result}
+
+
+def test_partition_of():
+    assert partition_of("web/filtered/2026-11/kept/") == "2026-11"
+    assert partition_of("dedup/code/pypi-2026-01/kept") == "pypi-2026-01"
+    assert partition_of("code/files/gh-1/") == "gh-1"
+
+
+def test_shard_tokens_equal_doc_tokens_plus_eos(corpus):
+    store, result = corpus["store"], corpus["result"]
+    tok = load_tokenizer(corpus["tok_dir"])
+    paths = shard_paths(store, result.outputs["manifest"], "train")
+    heldout = shard_paths(store, result.outputs["manifest"], "heldout")
+    web_docs = corpus["web"]["2026-10"] + corpus["web"]["2026-11"]
+    held_ids = {m["id"] for p in heldout["web"] for m in load_shard_meta(p)}
+    train_docs = [d for d in web_docs if d["id"] not in held_ids]
+    corpus_tok = load_corpus_tokenizer(corpus["tok_dir"])
+    expected = sum(len(corpus_tok.encode(d["text"]).ids) for d in train_docs) + len(train_docs)
+    got = sum(len(np.load(p)) for p in paths["web"])
+    assert got == expected == result.metrics["train_tokens/web"]
+    assert result.metrics["train_docs/web/2026-10"] + result.metrics["train_docs/web/2026-11"] == len(train_docs)
+    assert 0 < len(held_ids) < 0.25 * len(web_docs)  # ~10% held out
+    # Every document ends with exactly one EOS and contains no other.
+    eos = tok.convert_tokens_to_ids(EOS)
+    docs = list(iter_shard_documents(paths["web"]))
+    assert len(docs) == len(train_docs)
+    # The literal "<|endoftext|>" inside web doc 3 is encoded as text, never as a real EOS.
+    assert all(d[-1] == eos and (d == eos).sum() == 1 for d in docs)
+    assert len(paths["web"]) > 1  # shard_tokens=2048 splits the source into several shards
+
+
+def test_manifest_records_inputs_and_versions(corpus):
+    manifest = corpus["store"].get_json(corpus["result"].outputs["manifest"])
+    web_inputs = manifest["sources"]["web"]["inputs"]
+    assert [i["partition"] for i in web_inputs] == ["2026-10", "2026-11"]
+    assert [f["key"] for f in web_inputs[0]["files"]] == [
+        "web/filtered/2026-10/kept/00000.jsonl.gz",
+        "web/filtered/2026-10/kept/00001.jsonl.gz",
+    ]
+    assert all(len(i["data_version"]) == 16 for i in web_inputs)
+    assert manifest["data_version"] == corpus["result"].data_version
+    assert manifest["sources"]["code"]["inputs"][0]["language_weights"] == {"python": 1.0, "lua": 2.5}
+
+
+def test_code_language_weights_upsample(corpus):
+    result = corpus["result"]
+    python = result.metrics["code_language_copies/python"]
+    lua = result.metrics["code_language_copies/lua"]
+    n_lang = 100 - 10  # ~100 docs per language minus held-out
+    assert python == pytest.approx(n_lang, abs=12)
+    assert lua / python == pytest.approx(2.5, rel=0.12)
+
+
+def test_mixture_proportions(corpus):
+    paths = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "train")
+    weights = corpus["result"].extra["manifest"]["weights"]
+    assert weights == pytest.approx({"code": 0.3, "math": 0.2, "web": 0.5})
+    batches = TokenBatches(paths, seq_len=32, batch_size=16, seed=7, weights=weights)
+    counts = {s: 0 for s in weights}
+    for pos in range(200):
+        for source, _ in batches.plan(pos):
+            counts[source] += 1
+    total = sum(counts.values())
+    for source, weight in weights.items():
+        assert counts[source] / total == pytest.approx(weight, abs=0.03)
+
+
+def test_batches_deterministic_and_resumable(corpus):
+    paths = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "train")
+    a = TokenBatches(paths, seq_len=64, batch_size=4, seed=3)
+    first = [next(a) for _ in range(10)]
+    assert first[0]["input_ids"].shape == (4, 64)
+    assert first[0]["input_ids"].dtype.is_floating_point is False
+    b = TokenBatches(paths, seq_len=64, batch_size=4, seed=3)
+    assert all((x["input_ids"] == next(b)["input_ids"]).all() for x in first)
+    # Resume from a saved position reproduces the tail exactly.
+    state = {"position": 6, "seed": 3}
+    c = TokenBatches(paths, seq_len=64, batch_size=4, seed=3)
+    c.load_state_dict(state)
+    assert all((x["input_ids"] == next(c)["input_ids"]).all() for x in first[6:])
+    d = TokenBatches(paths, seq_len=64, batch_size=4, seed=3, start_position=6)
+    assert (next(d)["input_ids"] == first[6]["input_ids"]).all()
+    assert d.state_dict() == {"position": 7, "seed": 3}
+    other = TokenBatches(paths, seq_len=64, batch_size=4, seed=4)
+    assert not (next(other)["input_ids"] == first[0]["input_ids"]).all()
+
+
+def test_windows_are_real_token_runs(corpus):
+    paths = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "train")
+    stream = np.concatenate([np.load(p) for p in paths["math"]]).astype(np.int64)
+    batches = TokenBatches({"math": paths["math"]}, seq_len=50, batch_size=3, seed=1)
+    for (source, start), row in zip(batches.plan(0), batches.batch_at(0)["input_ids"], strict=True):
+        assert source == "math"
+        assert (row.numpy() == stream[start : start + 50]).all()
+
+
+def test_unknown_source_fails_with_name(corpus):
+    with pytest.raises(ValueError, match="books"):
+        build_token_shards(MixtureConfig(), corpus["store"], {"books": ["x/"]}, corpus["tok_dir"], "tokens/bad")

@@ -1,0 +1,551 @@
+"""Token shards with document boundaries, a per-source mixture, and a deterministic, resumable batch iterator.
+
+Layout under `out_prefix` (one directory per split and source):
+
+    <out_prefix>/manifest.json                          what was read (prefixes, partitions, files, hashes)
+    <out_prefix>/{train,heldout}/<source>/shard-00000.tokens.npy   uint16/uint32 token ids, EOS after each doc
+    <out_prefix>/{train,heldout}/<source>/shard-00000.docs.npy     int64 doc start offsets (n_docs + 1)
+    <out_prefix>/{train,heldout}/<source>/shard-00000.meta.jsonl.gz  per doc: id, partition, group
+
+The mixture is applied when batches are drawn: each row picks a source with the configured weight, so the
+shards stay one-per-source and a new weight needs no re-tokenization.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import math
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from infra.stage import StageResult, markdown_table
+from infra.store import LocalStore, ObjectStore
+
+log = logging.getLogger(__name__)
+
+DOC_SUFFIXES = (".jsonl.gz", ".jsonl")
+# Path segments that name a pipeline stage rather than a snapshot; what remains of a prefix is its partition.
+_STAGE_SEGMENTS = {"web", "code", "math", "dedup", "filtered", "kept", "files", "judged", "science"}
+
+
+class MixtureConfig(BaseModel):
+    """Token shards and mixture settings (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    weights: dict[str, float] = Field(
+        {"web": 0.6, "code": 0.3, "math": 0.1},
+        description="Sampling weight per source (share of training tokens); renormalised over present sources",
+    )
+    code_language_weights: bool = Field(
+        True, description="Apply <code_quality_root>/<snapshot>/sampling_weights.json to code docs if present"
+    )
+    code_quality_root: str = Field("code/quality", description="Store prefix of the code quality stage")
+    heldout_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="Share of docs per source held out")
+    heldout_max_docs: int = Field(500, ge=0, description="Cap on held-out docs per source")
+    shard_tokens: int = Field(4_000_000, ge=1024, description="Tokens per shard file (docs never split)")
+    max_docs_per_source: int | None = Field(None, ge=1, description="Read at most this many docs per source")
+    min_doc_chars: int = Field(1, ge=0, description="Skip docs shorter than this many characters")
+    encode_batch_size: int = Field(256, ge=1, description="Docs per tokenizer.encode_batch call")
+    seed: int = Field(0, description="Seed for held-out selection and language-weight sampling")
+
+
+def partition_of(prefix: str) -> str:
+    """The snapshot/partition a store prefix names, e.g. 'web/filtered/2026-11/kept/' -> '2026-11'."""
+    parts = [p for p in prefix.strip("/").split("/") if p and p not in _STAGE_SEGMENTS]
+    return "/".join(parts) or prefix.strip("/")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def _unit_hash(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from the parts (for seeded per-doc decisions)."""
+    return xxhash.xxh64_intdigest("\x1f".join(map(str, parts))) / 2**64
+
+
+def is_heldout(doc_id: str, fraction: float, seed: int) -> bool:
+    return fraction > 0 and _unit_hash("heldout", seed, doc_id) < fraction
+
+
+def group_key(doc: Mapping[str, Any]) -> str:
+    """A cheap 'same origin' key for interleaved packing: the URL host or the code package."""
+    meta = doc.get("metadata") or {}
+    if meta.get("url"):
+        return urlparse(str(meta["url"])).netloc or str(meta["url"])
+    if meta.get("package"):
+        return f"{meta.get('source', '')}:{meta['package']}"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def document_keys(store: ObjectStore, prefix: str) -> list[str]:
+    return [k for k in store.list(prefix) if k.endswith(DOC_SUFFIXES)]
+
+
+def iter_documents(store: ObjectStore, key: str) -> Iterator[dict]:
+    """Documents of one JSONL(.gz) shard in file order."""
+    with store.local_copy(key) as path:
+        opener = gzip.open if key.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def load_language_weights(store: ObjectStore, quality_root: str, partition: str) -> dict[str, float] | None:
+    """Per-language sampling weights written by the code quality stage, or None if absent.
+
+    Accepts {"python": 1.0, ...}, {"weights": {...}} or {"python": {"weight": 1.0}, ...}.
+    """
+    key = f"{quality_root.strip('/')}/{partition}/sampling_weights.json"
+    if not store.exists(key):
+        return None
+    raw = store.get_json(key)
+    raw = raw.get("weights", raw) if isinstance(raw, dict) else raw
+    weights = {}
+    for lang, value in raw.items():
+        weight = value.get("weight") if isinstance(value, dict) else value
+        if isinstance(weight, int | float):
+            weights[str(lang).lower()] = float(weight)
+    return weights
+
+
+def copies_for_weight(weight: float, doc_id: str, seed: int) -> int:
+    """Integer copies with expectation `weight` (floor + a seeded coin for the fraction)."""
+    whole = math.floor(weight)
+    return whole + int(_unit_hash("copies", seed, doc_id) < weight - whole)
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+@dataclass
+class _ShardBuffer:
+    """Docs of one (split, source) until `shard_tokens` is reached; then one shard file set is published."""
+
+    store: ObjectStore
+    prefix: str
+    dtype: np.dtype
+    shard_tokens: int
+    chunks: list[np.ndarray] = field(default_factory=list)
+    meta: list[dict] = field(default_factory=list)
+    n_tokens: int = 0
+    keys: list[str] = field(default_factory=list)
+
+    def add(self, ids: Sequence[int], meta: dict) -> None:
+        self.chunks.append(np.asarray(ids, dtype=self.dtype))
+        self.meta.append(meta)
+        self.n_tokens += len(ids)
+        if self.n_tokens >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.chunks:
+            return
+        base = f"{self.prefix}/shard-{len(self.keys):05d}"
+        offsets = np.zeros(len(self.chunks) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(c) for c in self.chunks])
+        with self.store.writer(f"{base}.tokens.npy", suffix=".npy") as tmp:
+            np.save(tmp, np.concatenate(self.chunks))
+        with self.store.writer(f"{base}.docs.npy", suffix=".npy") as tmp:
+            np.save(tmp, offsets)
+        with self.store.writer(f"{base}.meta.jsonl.gz") as tmp:
+            with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+                fh.writelines(json.dumps(m) + "\n" for m in self.meta)
+        self.keys.append(f"{base}.tokens.npy")
+        self.chunks, self.meta, self.n_tokens = [], [], 0
+
+
+def _file_version(store: ObjectStore, key: str) -> dict:
+    data = store.get_bytes(key)
+    return {"key": key, "bytes": len(data), "xxh64": xxhash.xxh64_hexdigest(data)}
+
+
+def _write_batch(tok, batch: list[tuple[str, dict]], eos_id: int, partition: str, buffers, counts) -> None:
+    """Tokenize a batch of (split, doc), append EOS to each doc and add it to its split's shard buffer."""
+    encodings = tok.encode_batch([doc["text"] for _, doc in batch], add_special_tokens=False)
+    for (split, doc), enc in zip(batch, encodings, strict=True):
+        ids = enc.ids + [eos_id]
+        buffers[split].add(
+            ids, {"id": str(doc.get("id", "")), "partition": partition, "group": group_key(doc)}
+        )
+        counts[f"{split}/tokens"] += len(ids)
+        counts[f"{split}/docs"] += 1
+    batch.clear()
+
+
+def load_corpus_tokenizer(tokenizer_path: str | Path):
+    """The raw `tokenizers` object, with special-token text in documents encoded as plain text."""
+    from tokenizers import Tokenizer
+
+    path = Path(tokenizer_path)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    # A web page that contains the string "<|endoftext|>" must not inject a real EOS.
+    tok.encode_special_tokens = True
+    return tok
+
+
+def build_token_shards(
+    config: MixtureConfig,
+    store: ObjectStore,
+    sources: Mapping[str, Sequence[str]],
+    tokenizer_path: str | Path,
+    out_prefix: str,
+) -> StageResult:
+    """Tokenize every doc under each source's store prefixes into train/held-out token shards.
+
+    sources: source name (a key of `config.weights`) -> store prefixes holding JSONL(.gz) doc shards.
+    Returns a StageResult whose `outputs["manifest"]` is the manifest key; metrics count docs and tokens per
+    source and per partition.
+    """
+    from training.tokenizer import EOS
+
+    missing = sorted(s for s, prefixes in sources.items() if prefixes and s not in config.weights)
+    if missing:
+        raise ValueError(
+            f"mixture.weights has no entry for source(s) {missing}; add a weight for each source"
+        )
+    tok = load_corpus_tokenizer(tokenizer_path)
+    eos_id = tok.token_to_id(EOS)
+    vocab_size = tok.get_vocab_size()
+    dtype = token_dtype(vocab_size)
+    out_prefix = out_prefix.strip("/")
+    tok_file = (
+        Path(tokenizer_path) / "tokenizer.json" if Path(tokenizer_path).is_dir() else Path(tokenizer_path)
+    )
+    tokenizer_hash = xxhash.xxh64_hexdigest(tok_file.read_bytes())
+
+    metrics: dict[str, float] = {}
+    stats: Counter = Counter()
+    manifest: dict[str, Any] = {
+        "tokenizer": {"xxh64": tokenizer_hash, "vocab_size": vocab_size, "eos_id": eos_id},
+        "dtype": dtype.name,
+        "config": config.model_dump(),
+        "sources": {},
+    }
+    rows = []
+    for source, prefixes in sources.items():
+        if not prefixes:
+            continue
+        buffers = {
+            split: _ShardBuffer(store, f"{out_prefix}/{split}/{source}", dtype, config.shard_tokens)
+            for split in ("train", "heldout")
+        }
+        inputs = []
+        docs_read = 0
+        n_heldout = 0
+        for prefix in prefixes:
+            partition = partition_of(prefix)
+            lang_weights = None
+            if source == "code" and config.code_language_weights:
+                lang_weights = load_language_weights(store, config.code_quality_root, partition)
+            keys = document_keys(store, prefix)
+            files = [_file_version(store, k) for k in keys]
+            inputs.append(
+                {
+                    "prefix": prefix,
+                    "partition": partition,
+                    "files": files,
+                    "data_version": xxhash.xxh64_hexdigest(json.dumps(files, sort_keys=True)),
+                    "language_weights": lang_weights,
+                }
+            )
+            counts = Counter()
+            batch: list[tuple[str, dict]] = []
+            for key in tqdm(keys, desc=f"tokenize {source}:{partition}", leave=False):
+                for doc in iter_documents(store, key):
+                    if config.max_docs_per_source and docs_read >= config.max_docs_per_source:
+                        stats[f"dropped/{source}/over_max_docs"] += 1
+                        continue
+                    text = doc.get("text") or ""
+                    if len(text) < config.min_doc_chars:
+                        stats[f"dropped/{source}/too_short"] += 1
+                        continue
+                    docs_read += 1
+                    doc_id = str(doc.get("id") or xxhash.xxh64_hexdigest(text))
+                    heldout = n_heldout < config.heldout_max_docs and is_heldout(
+                        doc_id, config.heldout_fraction, config.seed
+                    )
+                    if heldout:
+                        n_heldout += 1
+                        batch.append(("heldout", doc))
+                        continue
+                    copies = 1
+                    if lang_weights is not None:
+                        lang = str((doc.get("metadata") or {}).get("language", "")).lower()
+                        copies = copies_for_weight(lang_weights.get(lang, 1.0), doc_id, config.seed)
+                        stats[f"code_language_copies/{lang or 'unknown'}"] += copies
+                        stats[f"dropped/{source}/language_weight"] += copies == 0
+                    batch.extend(("train", doc) for _ in range(copies))
+                    if len(batch) >= config.encode_batch_size:
+                        _write_batch(tok, batch, eos_id, partition, buffers, counts)
+            _write_batch(tok, batch, eos_id, partition, buffers, counts)
+            for split in ("train", "heldout"):
+                metrics[f"{split}_tokens/{source}/{partition}"] = float(counts[f"{split}/tokens"])
+                metrics[f"{split}_docs/{source}/{partition}"] = float(counts[f"{split}/docs"])
+        for buf in buffers.values():
+            buf.flush()
+        train_tokens = sum(v for k, v in metrics.items() if k.startswith(f"train_tokens/{source}/"))
+        heldout_tokens = sum(v for k, v in metrics.items() if k.startswith(f"heldout_tokens/{source}/"))
+        metrics[f"train_tokens/{source}"] = train_tokens
+        metrics[f"heldout_tokens/{source}"] = heldout_tokens
+        manifest["sources"][source] = {
+            "inputs": inputs,
+            "train_shards": buffers["train"].keys,
+            "heldout_shards": buffers["heldout"].keys,
+            "train_tokens": int(train_tokens),
+            "heldout_tokens": int(heldout_tokens),
+        }
+        rows.append(
+            {
+                "source": source,
+                "partitions": ", ".join(i["partition"] for i in inputs),
+                "train tokens": int(train_tokens),
+                "held-out tokens": int(heldout_tokens),
+            }
+        )
+
+    weights = mixture_weights(config.weights, {s: v["train_tokens"] for s, v in manifest["sources"].items()})
+    manifest["weights"] = weights
+    total = sum(v["train_tokens"] for v in manifest["sources"].values())
+    metrics["train_tokens/total"] = float(total)
+    for source, weight in weights.items():
+        metrics[f"mixture/{source}"] = weight
+        # How many times a source is repeated per pass over all tokens at this mixture (>1 = up-sampled).
+        share = manifest["sources"][source]["train_tokens"] / total if total else 0.0
+        metrics[f"mixture_upsampling/{source}"] = weight / share if share else 0.0
+        for row in rows:
+            if row["source"] == source:
+                row["weight"] = round(weight, 4)
+    metrics.update({k: float(v) for k, v in stats.items()})
+    data_version = xxhash.xxh64_hexdigest(json.dumps(manifest, sort_keys=True, default=str))
+    manifest["data_version"] = data_version
+    manifest_key = f"{out_prefix}/manifest.json"
+    store.put_json(manifest_key, manifest)
+    report = (
+        "## Token shards\n\n"
+        + markdown_table(rows)
+        + f"\n\nTokenizer xxh64 `{tokenizer_hash}`, dtype {dtype}."
+    )
+    return StageResult(
+        metrics=metrics,
+        outputs={"manifest": manifest_key, "prefix": out_prefix},
+        report_md=report,
+        sample=[
+            {"source": s, **{k: v for k, v in m.items() if k != "inputs"}}
+            for s, m in manifest["sources"].items()
+        ],
+        data_version=data_version,
+        extra={"manifest": manifest},
+    )
+
+
+def mixture_weights(weights: Mapping[str, float], available: Mapping[str, int]) -> dict[str, float]:
+    """Configured weights restricted to sources that have tokens, normalised to sum to 1."""
+    present = {s: float(weights.get(s, 0.0)) for s, n in available.items() if n > 0}
+    total = sum(present.values())
+    if total <= 0:
+        raise ValueError(f"no source with both tokens and a positive weight (weights={dict(weights)})")
+    return {s: w / total for s, w in sorted(present.items()) if w > 0}
+
+
+# ---------------------------------------------------------------------------------------------- reading shards
+
+
+def shard_paths(
+    store: ObjectStore, manifest_key: str, split: str = "train", cache_dir: str | Path | None = None
+) -> dict[str, list[Path]]:
+    """Local paths of a manifest's token shards per source (downloaded to `cache_dir` for remote stores)."""
+    manifest = store.get_json(manifest_key)
+    out: dict[str, list[Path]] = {}
+    for source, entry in manifest["sources"].items():
+        paths = []
+        for key in entry[f"{split}_shards"]:
+            for k in (
+                key,
+                key.replace(".tokens.npy", ".docs.npy"),
+                key.replace(".tokens.npy", ".meta.jsonl.gz"),
+            ):
+                if isinstance(store, LocalStore):
+                    path = store.local_path(k)
+                else:
+                    cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-shards-"))
+                    path = cache / k
+                    if not path.exists():
+                        store.download(k, path)
+                if k == key:
+                    paths.append(path)
+        if paths:
+            out[source] = paths
+    return out
+
+
+def load_shard(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, doc offsets) of one shard; tokens are memory-mapped."""
+    path = Path(path)
+    tokens = np.load(path, mmap_mode="r")
+    offsets = np.load(str(path).replace(".tokens.npy", ".docs.npy"))
+    return tokens, offsets
+
+
+def load_shard_meta(path: str | Path) -> list[dict]:
+    meta_path = Path(str(path).replace(".tokens.npy", ".meta.jsonl.gz"))
+    if not meta_path.exists():
+        return []
+    with gzip.open(meta_path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def iter_shard_documents(paths: Iterable[str | Path]) -> Iterator[np.ndarray]:
+    """Each document's token ids (EOS included) in shard order."""
+    for path in paths:
+        tokens, offsets = load_shard(path)
+        for a, b in zip(offsets[:-1], offsets[1:], strict=True):
+            yield np.asarray(tokens[a:b])
+
+
+class TokenStream:
+    """The shards of one source as one virtual token array (reads may span shard files)."""
+
+    def __init__(self, paths: Sequence[str | Path]):
+        if not paths:
+            raise ValueError("TokenStream needs at least one shard path")
+        self.paths = [Path(p) for p in paths]
+        self.arrays = [np.load(p, mmap_mode="r") for p in self.paths]
+        self.starts = np.concatenate([[0], np.cumsum([len(a) for a in self.arrays])]).astype(np.int64)
+        self.num_tokens = int(self.starts[-1])
+        if self.num_tokens == 0:
+            raise ValueError(f"shards {self.paths} hold no tokens")
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """`length` tokens from `start`, wrapping around the end of the stream."""
+        out = np.empty(length, dtype=np.int64)
+        filled = 0
+        pos = start % self.num_tokens
+        while filled < length:
+            i = int(np.searchsorted(self.starts, pos, side="right")) - 1
+            local = pos - self.starts[i]
+            take = min(length - filled, len(self.arrays[i]) - local)
+            out[filled : filled + take] = self.arrays[i][local : local + take]
+            filled += take
+            pos = (pos + take) % self.num_tokens
+        return out
+
+
+class TokenBatches:
+    """Deterministic, resumable batches of `seq_len` token windows drawn from token shards.
+
+    Batch `i` is a pure function of (seed, i): each row picks a source by `weights` (default: by token count)
+    and a uniformly random window in it (`aligned=True`: windows start at multiples of `seq_len`, for shards of
+    pre-packed rows). Iterating yields {"input_ids", "labels"} (int64, [batch_size, seq_len]); `position`
+    is the index of the next batch, saved by `state_dict()` and restored by `load_state_dict()`.
+    """
+
+    def __init__(
+        self,
+        shard_paths: Sequence[str | Path] | Mapping[str, Sequence[str | Path]],
+        seq_len: int,
+        batch_size: int,
+        seed: int = 0,
+        start_position: int = 0,
+        weights: Mapping[str, float] | None = None,
+        aligned: bool = False,
+    ):
+        if not isinstance(shard_paths, Mapping):
+            shard_paths = {"all": list(shard_paths)}
+        self.sources = sorted(s for s, paths in shard_paths.items() if paths)
+        self.streams = {s: TokenStream(shard_paths[s]) for s in self.sources}
+        raw = {
+            s: (weights or {}).get(s, 0.0) if weights else float(self.streams[s].num_tokens)
+            for s in self.sources
+        }
+        total = sum(raw.values())
+        if total <= 0:
+            raise ValueError(f"no source with a positive weight among {self.sources} (weights={weights})")
+        self.probs = np.array([raw[s] / total for s in self.sources])
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.aligned = aligned
+        self.position = start_position
+
+    def plan(self, position: int) -> list[tuple[str, int]]:
+        """(source, start offset) of every row of batch `position`."""
+        rng = np.random.default_rng([self.seed, position])
+        picks = rng.choice(len(self.sources), size=self.batch_size, p=self.probs)
+        rows = []
+        for idx in picks:
+            source = self.sources[idx]
+            n = self.streams[source].num_tokens
+            if self.aligned:
+                start = int(rng.integers(0, max(n // self.seq_len, 1))) * self.seq_len
+            else:
+                start = int(rng.integers(0, max(n - self.seq_len + 1, 1)))
+            rows.append((source, start))
+        return rows
+
+    def batch_at(self, position: int) -> dict[str, Any]:
+        import torch
+
+        rows = [self.streams[s].read(start, self.seq_len) for s, start in self.plan(position)]
+        input_ids = torch.from_numpy(np.stack(rows))
+        return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+    def __iter__(self) -> TokenBatches:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        batch = self.batch_at(self.position)
+        self.position += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if "seed" in state and state["seed"] != self.seed:
+            raise ValueError(f"batch iterator seed {self.seed} != checkpoint's {state['seed']}")
+        self.position = int(state["position"])
+
+
+def read_manifest(store: ObjectStore, manifest_key: str) -> dict:
+    return store.get_json(manifest_key)
+
+
+def sha_of_paths(paths: Iterable[Path]) -> str:
+    """A content hash over local shard files (for lineage tags)."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(Path(p).name.encode())
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+__all__ = [
+    "MixtureConfig",
+    "TokenBatches",
+    "TokenStream",
+    "build_token_shards",
+    "iter_shard_documents",
+    "load_shard",
+    "load_shard_meta",
+    "mixture_weights",
+    "partition_of",
+    "shard_paths",
+]

@@ -22,9 +22,13 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
     def open(self) -> ObjectStore:
         if self._store is None:
-            settings = StoreSettings(url=self.url, endpoint_url=self.endpoint_url, region=self.region,
-                                     multipart_threshold_mb=self.multipart_threshold_mb,
-                                     max_attempts=self.max_attempts)
+            settings = StoreSettings(
+                url=self.url,
+                endpoint_url=self.endpoint_url,
+                region=self.region,
+                multipart_threshold_mb=self.multipart_threshold_mb,
+                max_attempts=self.max_attempts,
+            )
             self._store = open_store(settings, state_dir=_profile().state_path)
         return self._store
 
@@ -40,8 +44,12 @@ class MlflowResource(dg.ConfigurableResource):
 
     def tracker(self) -> Tracker:
         if self._tracker is None:
-            self._tracker = Tracker(self.tracking_uri, self.experiment_prefix, ui_url=self.ui_url,
-                                    artifact_root=self.artifact_root)
+            self._tracker = Tracker(
+                self.tracking_uri,
+                self.experiment_prefix,
+                ui_url=self.ui_url,
+                artifact_root=self.artifact_root,
+            )
         return self._tracker
 
 
@@ -54,16 +62,28 @@ def resources_for(profile: Profile) -> dict[str, dg.ConfigurableResource]:
     import os
 
     store = profile.store
-    url = store.url if store.url.startswith("s3://") else str(
-        (profile.state_path / store.url) if not store.url.startswith("/") else store.url)
+    url = (
+        store.url
+        if store.url.startswith("s3://")
+        else str((profile.state_path / store.url) if not store.url.startswith("/") else store.url)
+    )
     tracking_uri = default_tracking_uri(profile)
-    artifacts = (profile.state_path / "mlflow" / "artifacts").as_uri() if tracking_uri.startswith("sqlite") else None
+    artifacts = (
+        (profile.state_path / "mlflow" / "artifacts").as_uri() if tracking_uri.startswith("sqlite") else None
+    )
     return {
-        "store": ObjectStoreResource(url=url, endpoint_url=store.endpoint_url, region=store.region,
-                                     multipart_threshold_mb=store.multipart_threshold_mb,
-                                     max_attempts=store.max_attempts),
-        "mlflow": MlflowResource(tracking_uri=tracking_uri, experiment_prefix=profile.tracking.experiment_prefix,
-                                 ui_url=os.environ.get("CRUCIBLE_MLFLOW_UI_URL") or
-                                 (tracking_uri if tracking_uri.startswith("http") else None),
-                                 artifact_root=artifacts),
+        "store": ObjectStoreResource(
+            url=url,
+            endpoint_url=store.endpoint_url,
+            region=store.region,
+            multipart_threshold_mb=store.multipart_threshold_mb,
+            max_attempts=store.max_attempts,
+        ),
+        "mlflow": MlflowResource(
+            tracking_uri=tracking_uri,
+            experiment_prefix=profile.tracking.experiment_prefix,
+            ui_url=os.environ.get("CRUCIBLE_MLFLOW_UI_URL")
+            or (tracking_uri if tracking_uri.startswith("http") else None),
+            artifact_root=artifacts,
+        ),
     }

@@ -57,8 +57,9 @@ def _run_id_for(metadata: dict, partition: str | None) -> str | None:
     return getattr(single, "value", single) if single is not None else None
 
 
-def upstream_lineage(instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], partition: str | None
-                     ) -> list[Upstream]:
+def upstream_lineage(
+    instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], partition: str | None
+) -> list[Upstream]:
     """The latest materialization of each upstream asset: the same partition if it has one, else all."""
     found: list[Upstream] = []
     for key in keys:
@@ -87,8 +88,13 @@ def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | Non
 def _metric_metadata(metrics: dict[str, float]) -> dict[str, Any]:
     out = {}
     for key, value in sorted(metrics.items())[:60]:
-        out[key] = dg.MetadataValue.float(float(value)) if isinstance(value, float) else dg.MetadataValue.int(
-            int(value)) if isinstance(value, int | bool) else value
+        out[key] = (
+            dg.MetadataValue.float(float(value))
+            if isinstance(value, float)
+            else dg.MetadataValue.int(int(value))
+            if isinstance(value, int | bool)
+            else value
+        )
     return out
 
 
@@ -123,7 +129,9 @@ def run_stage(
             "crucible.git_commit": commit,
             "crucible.profile": profile.name,
             UPSTREAM_RUNS_TAG: ",".join(u.mlflow_run_id for u in ups if u.mlflow_run_id),
-            UPSTREAM_VERSIONS_TAG: json.dumps({f"{u.asset}[{u.partition or ''}]": u.data_version for u in ups}),
+            UPSTREAM_VERSIONS_TAG: json.dumps(
+                {f"{u.asset}[{u.partition or ''}]": u.data_version for u in ups}
+            ),
         }
         run_name = f"{asset_name}[{part}]" if part else asset_name
         context.log.info("%s: MLflow run in experiment %s/%s", run_name, tracker.experiment_prefix, group)
@@ -138,15 +146,21 @@ def run_stage(
 
 def _log_result(run: StageRun, result: StageResult) -> None:
     run.log_metrics(result.metrics)
-    run.set_tags({"crucible.data_version": result.data_version, **{f"crucible.output.{k}": v
-                                                                   for k, v in result.outputs.items()}})
+    run.set_tags(
+        {
+            "crucible.data_version": result.data_version,
+            **{f"crucible.output.{k}": v for k, v in result.outputs.items()},
+        }
+    )
     if result.report_md:
         run.log_text(result.report_md, "report.md")
     if result.sample:
         run.log_dict(result.sample, "sample.json")
     for subpath, path in result.artifacts.items():
-        run.log_artifact(path, subpath if path.is_dir() else (str(subpath).rsplit("/", 1)[0]
-                                                               if "/" in str(subpath) else None))
+        run.log_artifact(
+            path,
+            subpath if path.is_dir() else (str(subpath).rsplit("/", 1)[0] if "/" in str(subpath) else None),
+        )
 
 
 def _materialize_result(results: dict, cfg: Any, checks: CheckFn | None) -> dg.MaterializeResult:
@@ -172,10 +186,19 @@ def _materialize_result(results: dict, cfg: Any, checks: CheckFn | None) -> dg.M
                 outcomes.setdefault(name, []).append((passed, {**meta, "partition": part or ""}))
         for name, items in outcomes.items():
             failed = [m for ok, m in items if not ok]
-            check_results.append(dg.AssetCheckResult(
-                check_name=name, passed=not failed,
-                metadata={"details": dg.MetadataValue.json([m for _, m in items])},
-                severity=dg.AssetCheckSeverity.ERROR))
-    version = versions[0] if len(versions) == 1 else hashlib.sha256("".join(versions).encode()).hexdigest()[:16]
-    return dg.MaterializeResult(metadata=metadata, check_results=check_results or None,
-                                data_version=dg.DataVersion(version) if version else None)
+            check_results.append(
+                dg.AssetCheckResult(
+                    check_name=name,
+                    passed=not failed,
+                    metadata={"details": dg.MetadataValue.json([m for _, m in items])},
+                    severity=dg.AssetCheckSeverity.ERROR,
+                )
+            )
+    version = (
+        versions[0] if len(versions) == 1 else hashlib.sha256("".join(versions).encode()).hexdigest()[:16]
+    )
+    return dg.MaterializeResult(
+        metadata=metadata,
+        check_results=check_results or None,
+        data_version=dg.DataVersion(version) if version else None,
+    )

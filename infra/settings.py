@@ -30,7 +30,9 @@ class StoreSettings(BaseModel):
     url: str = Field("store", description="Local directory (relative to the state dir) or s3://bucket/prefix")
     endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO, moto, ...); None = AWS")
     region: str = Field("us-east-1", description="S3 region")
-    aws_profile: str | None = Field(None, description="Named AWS credentials profile; None = env/instance role")
+    aws_profile: str | None = Field(
+        None, description="Named AWS credentials profile; None = env/instance role"
+    )
     multipart_threshold_mb: int = Field(64, gt=0, description="Objects above this size upload in parts")
     max_attempts: int = Field(5, ge=1, description="Attempts per S3 call (retries with backoff)")
 

@@ -68,7 +68,9 @@ class ObjectStore(ABC):
     def list_prefixes(self, prefix: str = "") -> list[str]:
         """Immediate children of `prefix` that hold objects ("directories"), sorted, without trailing '/'."""
         prefix = _dir(prefix)
-        children = {key[len(prefix) :].split("/", 1)[0] for key in self.list(prefix) if "/" in key[len(prefix) :]}
+        children = {
+            key[len(prefix) :].split("/", 1)[0] for key in self.list(prefix) if "/" in key[len(prefix) :]
+        }
         return sorted(children)
 
     def put_json(self, key: str, obj: Any) -> str:
@@ -232,15 +234,24 @@ class S3Store(ObjectStore):
             if code in ("404", "NoSuchKey"):
                 raise StoreError(f"no object {self.uri(key)}") from None
             if code == "NoSuchBucket":
-                raise StoreError(f"bucket {self.bucket!r} does not exist: create it or fix store.url") from None
+                raise StoreError(
+                    f"bucket {self.bucket!r} does not exist: create it or fix store.url"
+                ) from None
             raise StoreError(f"S3 {what} {self.uri(key)} failed: {exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"S3 {what} {self.uri(key)} failed after retries: {exc}") from exc
 
     def put_fileobj(self, key: str, fileobj: BinaryIO) -> str:
         """Stream an object; multipart above the threshold. s3transfer aborts the upload if it fails."""
-        self._call("upload", key, self.client.upload_fileobj, fileobj, self.bucket, self._key(key),
-                   Config=self.transfer)
+        self._call(
+            "upload",
+            key,
+            self.client.upload_fileobj,
+            fileobj,
+            self.bucket,
+            self._key(key),
+            Config=self.transfer,
+        )
         return self.uri(key)
 
     def put_file(self, key: str, path: str | Path) -> str:
@@ -258,8 +269,15 @@ class S3Store(ObjectStore):
     def download(self, key: str, path: str | Path) -> Path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(f"{path}.part")
-        self._call("download", key, self.client.download_file, self.bucket, self._key(key), str(tmp),
-                   Config=self.transfer)
+        self._call(
+            "download",
+            key,
+            self.client.download_file,
+            self.bucket,
+            self._key(key),
+            str(tmp),
+            Config=self.transfer,
+        )
         os.replace(tmp, path)
         return Path(path)
 
@@ -275,8 +293,9 @@ class S3Store(ObjectStore):
     def list(self, prefix: str = "") -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         keys = []
-        pages = self._call("list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket,
-                                                                           Prefix=self.prefix + prefix)))
+        pages = self._call(
+            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix))
+        )
         for page in pages:
             keys += [obj["Key"][len(self.prefix) :] for obj in page.get("Contents", [])]
         return sorted(keys)
@@ -285,8 +304,13 @@ class S3Store(ObjectStore):
         self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
     def incomplete_uploads(self, prefix: str = "") -> list[dict]:
-        resp = self._call("list uploads", prefix, self.client.list_multipart_uploads, Bucket=self.bucket,
-                          Prefix=self.prefix + prefix)
+        resp = self._call(
+            "list uploads",
+            prefix,
+            self.client.list_multipart_uploads,
+            Bucket=self.bucket,
+            Prefix=self.prefix + prefix,
+        )
         return resp.get("Uploads", [])
 
     def abort_incomplete_uploads(self, prefix: str = "") -> int:

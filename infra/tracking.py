@@ -52,10 +52,21 @@ def redact(params: dict[str, Any]) -> dict[str, str]:
 def git_commit() -> str:
     """HEAD of the repo this code runs from ('+dirty' if the tree has changes), or 'unknown'."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -121,8 +132,13 @@ class StageRun:
 class Tracker:
     """Opens stage runs in `<prefix>/<group>` experiments and registers models."""
 
-    def __init__(self, tracking_uri: str, experiment_prefix: str = "crucible", ui_url: str | None = None,
-                 artifact_root: str | None = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_prefix: str = "crucible",
+        ui_url: str | None = None,
+        artifact_root: str | None = None,
+    ):
         from mlflow.tracking import MlflowClient
 
         self.tracking_uri = tracking_uri
@@ -160,8 +176,9 @@ class Tracker:
         return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
     @contextmanager
-    def stage_run(self, group: str, run_name: str, tags: dict[str, Any], params: dict[str, Any] | None = None
-                  ) -> Iterator[StageRun]:
+    def stage_run(
+        self, group: str, run_name: str, tags: dict[str, Any], params: dict[str, Any] | None = None
+    ) -> Iterator[StageRun]:
         """Open one MLflow run; it ends FINISHED on success and FAILED (re-raising) on error."""
         exp_id = self.experiment_id(group)
         run = self.client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()})
@@ -182,8 +199,12 @@ class Tracker:
         exp = self.client.get_experiment_by_name(f"{self.experiment_prefix}/{group}")
         if exp is None:
             return []
-        return self.client.search_runs([exp.experiment_id], filter_string=filter_string,
-                                       max_results=max_results, order_by=["attributes.start_time DESC"])
+        return self.client.search_runs(
+            [exp.experiment_id],
+            filter_string=filter_string,
+            max_results=max_results,
+            order_by=["attributes.start_time DESC"],
+        )
 
     def register_model(self, name: str, run_id: str, artifact_path: str, tags: dict[str, Any]) -> Any:
         """Register `runs:/<run_id>/<artifact_path>` as a new version of `name`, with lineage tags."""
@@ -194,8 +215,9 @@ class Tracker:
         except MlflowException:
             pass  # already registered
         source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
-        version = self.client.create_model_version(name, source, run_id=run_id,
-                                                   tags={k: str(v) for k, v in tags.items()})
+        version = self.client.create_model_version(
+            name, source, run_id=run_id, tags={k: str(v) for k, v in tags.items()}
+        )
         return version
 
     def lineage(self, run_id: str, depth: int = 0, seen: set | None = None) -> dict:

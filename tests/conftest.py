@@ -22,6 +22,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture
+def port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    return free_port()
+
+
 @pytest.fixture(autouse=True)
 def _state_dir(tmp_path, monkeypatch):
     """Isolate every test's state (store, MLflow, Dagster) unless a test sets its own."""
@@ -36,7 +42,11 @@ def s3_endpoint():
     """A real S3 HTTP endpoint (moto server) on 127.0.0.1 with dummy credentials."""
     from moto.server import ThreadedMotoServer
 
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    creds = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     old = {k: os.environ.get(k) for k in creds}
     os.environ.update(creds)
     port = free_port()

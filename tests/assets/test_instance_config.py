@@ -58,7 +58,9 @@ def test_secrets_come_from_the_environment(path):
         if isinstance(node, dict):
             for key, value in node.items():
                 if "password" in key:
-                    assert isinstance(value, dict) and set(value) == {"env"}, f"{path}: {key} must be an env ref"
+                    assert isinstance(value, dict) and set(value) == {"env"}, (
+                        f"{path}: {key} must be an env ref"
+                    )
                 walk(value)
 
     walk(yaml.safe_load(path.read_text()))

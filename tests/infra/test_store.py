@@ -64,7 +64,9 @@ def test_writer_publishes_only_on_success(store):
 
 def test_multipart_upload_roundtrip(s3_bucket, tmp_path):
     endpoint, bucket = s3_bucket
-    store = S3Store(f"s3://{bucket}/mp", StoreSettings(url="", endpoint_url=endpoint, multipart_threshold_mb=5))
+    store = S3Store(
+        f"s3://{bucket}/mp", StoreSettings(url="", endpoint_url=endpoint, multipart_threshold_mb=5)
+    )
     data = os.urandom(12 * 1024 * 1024)
     (tmp_path / "big").write_bytes(data)
     store.put_file("big.bin", tmp_path / "big")
@@ -89,7 +91,9 @@ class _FailingReader:
 
 def test_failed_multipart_upload_leaves_no_object(s3_bucket):
     endpoint, bucket = s3_bucket
-    store = S3Store(f"s3://{bucket}/p", StoreSettings(url="", endpoint_url=endpoint, multipart_threshold_mb=5))
+    store = S3Store(
+        f"s3://{bucket}/p", StoreSettings(url="", endpoint_url=endpoint, multipart_threshold_mb=5)
+    )
     with pytest.raises((StoreError, OSError)):
         store.put_fileobj("final.bin", _FailingReader(20 * 1024 * 1024, 11 * 1024 * 1024))
     assert not store.exists("final.bin")
@@ -120,7 +124,8 @@ def test_killed_multipart_upload_leaves_no_object(s3_bucket, tmp_path):
     while time.time() < deadline and not started:
         ups = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
         started = any(u["Key"] == "k/final.bin" for u in ups) and bool(
-            client.list_parts(Bucket=bucket, Key="k/final.bin", UploadId=ups[0]["UploadId"]).get("Parts"))
+            client.list_parts(Bucket=bucket, Key="k/final.bin", UploadId=ups[0]["UploadId"]).get("Parts")
+        )
         time.sleep(0.2)
     assert started, "the upload should have sent at least one part"
     proc.send_signal(signal.SIGKILL)

@@ -7,8 +7,15 @@ from infra.tracking import UPSTREAM_RUNS_TAG, Tracker, redact
 
 
 def test_redact_hides_secrets_and_url_credentials():
-    flat = redact({"api_key": "sk-123", "nested": {"password": "hunter2", "n": 3},
-                   "endpoint": "https://user:pw@host/x", "seeds": ["a", "b"], "token_budget": None})
+    flat = redact(
+        {
+            "api_key": "sk-123",
+            "nested": {"password": "hunter2", "n": 3},
+            "endpoint": "https://user:pw@host/x",
+            "seeds": ["a", "b"],
+            "token_budget": None,
+        }
+    )
     assert flat["api_key"] == "***" and flat["nested.password"] == "***"
     assert flat["nested.n"] == "3" and flat["seeds"] == '["a", "b"]'
     assert flat["endpoint"] == "https://***@host/x"
@@ -18,12 +25,18 @@ def test_redact_hides_secrets_and_url_credentials():
 def test_stage_runs_and_lineage(tmp_path):
     tracker = Tracker.from_profile(load_profile())
     assert tracker.tracking_uri.startswith("sqlite:///") and str(tmp_path) in tracker.tracking_uri
-    with tracker.stage_run("web", "crawl[s1]", {"dagster.asset_key": "web_warc", "dagster.partition_key": "s1"},
-                           params={"max_pages": 5, "secret_key": "zzz"}) as up:
+    with tracker.stage_run(
+        "web",
+        "crawl[s1]",
+        {"dagster.asset_key": "web_warc", "dagster.partition_key": "s1"},
+        params={"max_pages": 5, "secret_key": "zzz"},
+    ) as up:
         up.log_metrics({"pages": 5})
-    with tracker.stage_run("web", "extract[s1]", {"dagster.asset_key": "web_documents",
-                                                  "dagster.partition_key": "s1",
-                                                  UPSTREAM_RUNS_TAG: up.run_id}) as down:
+    with tracker.stage_run(
+        "web",
+        "extract[s1]",
+        {"dagster.asset_key": "web_documents", "dagster.partition_key": "s1", UPSTREAM_RUNS_TAG: up.run_id},
+    ) as down:
         down.log_text("# report", "report.md")
     run = tracker.get_run(up.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["pages"] == 5

@@ -62,7 +62,9 @@ def corpus(tmp_path_factory):
         "code": ["code/files/pypi-1/"],
         "math": ["math/kept/m1/"],
     }
-    config = MixtureConfig(weights={"web": 0.5, "code": 0.3, "math": 0.2}, heldout_fraction=0.1, shard_tokens=2048)
+    config = MixtureConfig(
+        weights={"web": 0.5, "code": 0.3, "math": 0.2}, heldout_fraction=0.1, shard_tokens=2048
+    )
     result = build_token_shards(config, store, sources, tok_dir, "tokens/v1")
     return {"store": store, "tok_dir": tok_dir, "web": web, "code": code, "math": math_docs, "result": result}
 
@@ -85,12 +87,15 @@ def test_shard_tokens_equal_doc_tokens_plus_eos(corpus):
     expected = sum(len(corpus_tok.encode(d["text"]).ids) for d in train_docs) + len(train_docs)
     got = sum(len(np.load(p)) for p in paths["web"])
     assert got == expected == result.metrics["train_tokens/web"]
-    assert result.metrics["train_docs/web/2026-10"] + result.metrics["train_docs/web/2026-11"] == len(train_docs)
+    assert result.metrics["train_docs/web/2026-10"] + result.metrics["train_docs/web/2026-11"] == len(
+        train_docs
+    )
     assert 0 < len(held_ids) < 0.25 * len(web_docs)  # ~10% held out
     # Every document ends with exactly one EOS and contains no other.
     eos = tok.convert_tokens_to_ids(EOS)
     docs = list(iter_shard_documents(paths["web"]))
     assert len(docs) == len(train_docs)
+    assert "web-1-3" not in held_ids
     # The literal "<|endoftext|>" inside web doc 3 is encoded as text, never as a real EOS.
     assert all(d[-1] == eos and (d == eos).sum() == 1 for d in docs)
     assert len(paths["web"]) > 1  # shard_tokens=2048 splits the source into several shards
@@ -163,4 +168,6 @@ def test_windows_are_real_token_runs(corpus):
 
 def test_unknown_source_fails_with_name(corpus):
     with pytest.raises(ValueError, match="books"):
-        build_token_shards(MixtureConfig(), corpus["store"], {"books": ["x/"]}, corpus["tok_dir"], "tokens/bad")
+        build_token_shards(
+            MixtureConfig(), corpus["store"], {"books": ["x/"]}, corpus["tok_dir"], "tokens/bad"
+        )

@@ -15,7 +15,9 @@ CORPUS = [
 ] * 10
 rng = random.Random(0)
 SYLLABLES = ["ka", "lo", "mi", "tre", "sun", "dor", "vel", "ix", "qua", "ber", "sto", "ne"]
-CORPUS += [" ".join("".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(60)) for _ in range(60)]
+CORPUS += [
+    " ".join("".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(60)) for _ in range(60)
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,12 @@ def test_files_and_vocab(tokenizer_dir):
 
 @pytest.mark.parametrize(
     "text",
-    ["Hello wörld 12345 🙂\n\tdef f(x): return x", "never seen: ЖЩЪ ñ ☃ \x00 \u200b", "", "   lots   of  space "],
+    [
+        "Hello wörld 12345 🙂\n\tdef f(x): return x",
+        "never seen: ЖЩЪ ñ ☃ \x00 \u200b",
+        "",
+        "   lots   of  space ",
+    ],
 )
 def test_roundtrip_any_text(tokenizer_dir, text):
     tok = load_tokenizer(tokenizer_dir)
@@ -78,8 +85,12 @@ def test_chat_template_renders_roles_tools_and_thinking(tokenizer_dir):
         "<|assistant|>\n5<|end_of_turn|>\n"
         "<|assistant|>\n"
     )
-    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-    assistant_text = tok.decode([t for t, m in zip(out["input_ids"], out["assistant_masks"]) if m])
+    out = tok.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    assistant_text = tok.decode(
+        [t for t, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    )
     assert assistant_text == (
         '<think>use the tool</think><tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
         "<|end_of_turn|>5<|end_of_turn|>"

@@ -1,0 +1,1 @@
+"""Web corpus: crawl or ingest WARC snapshots, extract text, filter for quality."""

@@ -1,0 +1,659 @@
+"""Live web crawl of one snapshot into gzipped WARC files in the object store.
+
+`crawl_web(config, store, snapshot, out_prefix)` is the stage entry point: `source: local_docs` serves Debian
+HTML documentation on 127.0.0.1 for the duration of the crawl and crawls it, `source: seeds` crawls from
+`config.seeds`, `source: warc` ingests existing WARC files (`pipelines.web.warc_ingest`).
+
+The crawler is polite and defensive: robots.txt per origin (Disallow, Crawl-delay), a minimum interval and a
+concurrency cap per origin, limits on pages / depth / bytes per page, a content-type allowlist, URL
+normalisation and de-duplication, redirects followed one hop at a time through the frontier (each hop is
+re-checked against robots.txt, the address policy and the rate limit; loops are detected), retries with
+exponential backoff, and an address policy that refuses private / loopback / link-local / reserved
+addresses unless allowlisted. Everything it drops is counted by reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import random
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from io import BytesIO
+from typing import Literal
+from urllib.parse import urlsplit
+
+import requests
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tqdm import tqdm
+from warcio.recordbuilder import RecordBuilder
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.timeutils import datetime_to_iso_date
+
+from infra.net import AddressPolicy, AddressRefused, peer_ip, policy_session
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.web.robots import MAX_ROBOTS_BYTES, RobotsRules, robots_url, rules_from_fetch
+from pipelines.web.urls import extract_links, host_port, normalise_url, origin
+from pipelines.web.warc_files import WarcShardWriter
+
+log = logging.getLogger(__name__)
+
+# Why a URL was not written to the WARC (the metrics always carry all of them, zeros included).
+DROP_REASONS = (
+    "robots_disallowed",
+    "redirect_loop",
+    "too_many_redirects",
+    "oversize",
+    "bad_content_type",
+    "private_address_refused",
+    "http_error",
+    "fetch_error",
+    "duplicate_url",
+    "max_depth",
+    "out_of_scope",
+    "unsupported_url",
+)
+# Response headers that describe the wire encoding, not the stored (decoded) payload; kept renamed, as
+# Common Crawl does, so WARC readers do not try to decode the payload again.
+_WIRE_HEADERS = {"content-encoding", "transfer-encoding", "content-length"}
+_REDIRECT_STATUSES = {301, 302, 303, 307, 308}
+
+
+class CrawlConfig(BaseModel):
+    """Config of the `web_crawl` stage (defaults = the `tiny` profile)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["local_docs", "seeds", "warc"] = Field(
+        "local_docs",
+        description="local_docs: crawl Debian HTML docs served on 127.0.0.1; seeds: crawl from `seeds`; "
+        "warc: ingest existing WARC files from `warc_uri`",
+    )
+    seeds: list[str] = Field(default_factory=list, description="Start URLs (http/https) for source=seeds")
+    doc_packages: list[str] = Field(
+        default_factory=lambda: ["python3.11-doc"],
+        description="Debian packages whose HTML docs form the local web (source=local_docs)",
+    )
+    warc_uri: str | None = Field(
+        None, description="WARC file, directory or s3:// prefix to ingest (source=warc)"
+    )
+    max_pages: int = Field(300, ge=1, description="Stop after this many pages are written to the WARC")
+    max_depth: int = Field(10, ge=0, description="Maximum link depth from a seed (seeds are depth 0)")
+    max_bytes_per_page: int = Field(
+        1_048_576, ge=1024, description="Pages larger than this (decoded bytes) are skipped as oversize"
+    )
+    requests_per_second_per_host: float = Field(
+        20.0, gt=0, description="Rate limit per origin (robots.txt Crawl-delay can only slow it further)"
+    )
+    concurrency_per_host: int = Field(2, ge=1, description="Requests in flight per origin at most")
+    total_concurrency: int = Field(4, ge=1, description="Fetcher threads (requests in flight overall)")
+    allowed_content_types: list[str] = Field(
+        default_factory=lambda: ["text/html", "application/xhtml+xml"],
+        description="MIME types kept; other responses are counted as bad_content_type and not stored",
+    )
+    allow_private_networks: list[str] = Field(
+        default_factory=lambda: ["127.0.0.0/8", "::1/128"],
+        description="CIDRs of private/loopback/link-local addresses the crawler may fetch from; "
+        "empty = public addresses only",
+    )
+    scope: Literal["seed_hosts", "any"] = Field(
+        "seed_hosts", description="seed_hosts: follow links only to the seeds' host names; any: follow all"
+    )
+    max_redirects: int = Field(5, ge=0, description="Redirect hops followed from one URL")
+    retries: int = Field(2, ge=0, description="Retries after a connection error, 5xx or 429")
+    retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per attempt (+jitter)")
+    timeout_s: float = Field(10.0, gt=0, description="Connect/read timeout and the wall-time limit per page")
+    user_agent: str = Field(
+        "CrucibleBot/0.1 (+https://github.com/crucible-ml/crucible; research crawler)",
+        description="User-Agent header; its first token is matched against robots.txt groups",
+    )
+    records_per_warc_file: int = Field(
+        1000, ge=2, description="WARC records per output file (a crawled page is two: request + response)"
+    )
+    seed: int = Field(0, description="Seed for retry jitter")
+
+    @field_validator("allow_private_networks")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not a CIDR like '127.0.0.0/8' or '10.0.0.0/8'") from None
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _seed_urls(cls, value: list[str]) -> list[str]:
+        bad = [url for url in value if normalise_url(url) is None]
+        if bad:
+            raise ValueError(f"not http(s) URLs: {bad}")
+        return value
+
+    @field_validator("allowed_content_types")
+    @classmethod
+    def _lower(cls, value: list[str]) -> list[str]:
+        return [v.strip().lower() for v in value]
+
+
+class CrawlDrop(Exception):
+    """A URL is dropped; `reason` is one of DROP_REASONS."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class CrawlItem:
+    url: str
+    depth: int
+    redirected_from: tuple[str, ...] = ()  # the chain of URLs that redirected to this one
+
+
+@dataclass
+class HostState:
+    """One origin's queue, politeness state and robots.txt rules."""
+
+    origin: str
+    interval: float
+    queue: deque = field(default_factory=deque)
+    active: int = 0
+    next_time: float = 0.0  # monotonic time of the next allowed request
+    state: Literal["new", "preparing", "ready", "failed"] = "new"
+    rules: RobotsRules | None = None
+    failure: str = ""  # drop reason for every URL of a failed origin
+    pages: int = 0
+
+
+class Frontier:
+    """Per-origin FIFO queues. `pop` hands out work only for an origin below its concurrency cap whose next
+    polite request time has come, reserving that request slot; it blocks until work is ready and returns
+    None when the queues are drained or the page budget is spent."""
+
+    def __init__(self, max_pages: int, concurrency_per_host: int, interval: float):
+        self.max_pages, self.concurrency, self.interval = max_pages, concurrency_per_host, interval
+        self.hosts: dict[str, HostState] = {}
+        self.pages_written = self.in_flight = self.queued = self.rate_limited_waits = 0
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def push(self, item: CrawlItem) -> str:
+        """Queue an item; returns a drop reason instead if its origin already failed."""
+        key = origin(item.url)
+        with self._cond:
+            host = self.hosts.get(key)
+            if host is None:
+                host = self.hosts[key] = HostState(origin=key, interval=self.interval)
+            if host.state == "failed":
+                return host.failure
+            host.queue.append(item)
+            self.queued += 1
+            self._cond.notify()
+            return ""
+
+    def _reserve_locked(self, host: HostState, now: float) -> float:
+        start = max(now, host.next_time)
+        host.next_time = start + host.interval
+        return start - now
+
+    def reserve(self, host: HostState) -> float:
+        """Reserve the origin's next request slot; returns how long to sleep before sending."""
+        with self._cond:
+            return self._reserve_locked(host, time.monotonic())
+
+    def pop(self) -> tuple[str, HostState, CrawlItem | None] | None:
+        """("prepare", host, None) for a new origin (resolve + robots.txt), ("fetch", host, item), or None."""
+        waited_for_rate = False
+        with self._cond:
+            while True:
+                if self._closed or self.pages_written >= self.max_pages:
+                    return None
+                now = time.monotonic()
+                soonest = None
+                if self.pages_written + self.in_flight < self.max_pages:
+                    for host in self.hosts.values():
+                        if not host.queue or host.active >= self.concurrency or host.state in ("preparing",):
+                            continue
+                        if host.next_time > now:
+                            soonest = min(soonest or host.next_time, host.next_time)
+                            continue
+                        self._reserve_locked(host, now)
+                        host.active += 1
+                        self.in_flight += 1
+                        self.rate_limited_waits += waited_for_rate
+                        if host.state == "new":
+                            host.state = "preparing"
+                            return "prepare", host, None
+                        self.queued -= 1
+                        return "fetch", host, host.queue.popleft()
+                if self.in_flight == 0 and (self.queued == 0 or soonest is None):
+                    return None
+                waited_for_rate = waited_for_rate or soonest is not None
+                self._cond.wait(timeout=max(0.001, soonest - now) if soonest is not None else 1.0)
+
+    def prepared(self, host: HostState, rules: RobotsRules | None, failure: str = "") -> int:
+        """Record an origin's robots.txt rules (or why it failed); returns how many queued URLs were dropped."""
+        with self._cond:
+            if failure:
+                host.state, host.failure = "failed", failure
+                dropped = len(host.queue)
+                self.queued -= dropped
+                host.queue.clear()
+                return dropped
+            host.state, host.rules = "ready", rules
+            return 0
+
+    def done(self, host: HostState, wrote_page: bool) -> None:
+        with self._cond:
+            host.active -= 1
+            self.in_flight -= 1
+            if wrote_page:
+                host.pages += 1
+                self.pages_written += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+class Crawler:
+    """Crawls from seed URLs into a `WarcShardWriter`; owns the frontier, the seen-URL set and the counters."""
+
+    def __init__(self, config: CrawlConfig, writer: WarcShardWriter, policy: AddressPolicy | None = None):
+        self.config = config
+        self.writer = writer
+        self.policy = policy or AddressPolicy(config.allow_private_networks)
+        self.frontier = Frontier(
+            config.max_pages, config.concurrency_per_host, 1.0 / config.requests_per_second_per_host
+        )
+        self.stats: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
+        self.sample: list[dict] = []
+        self.digests: list[str] = []  # "url payload-digest" of every page written, for the data version
+        self.bytes_written = 0
+        self._seen: set[str] = set()
+        self._too_deep: set[str] = set()
+        self._scope: set[str] = set()
+        self._lock = threading.Lock()
+        self._rng = random.Random(config.seed)
+        self._local = threading.local()
+        self._records = RecordBuilder()
+        self._progress: tqdm | None = None
+
+    # -- bookkeeping -------------------------------------------------------------------------------------
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[key] += n
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = policy_session(
+                self.policy, self.config.user_agent, pool_size=self.config.concurrency_per_host
+            )
+        return session
+
+    def enqueue(self, raw_url: str, depth: int, base: str | None = None, redirected_from: tuple = ()) -> bool:
+        """Normalise, scope-check and de-duplicate a URL, then queue it; returns whether it was queued."""
+        url = normalise_url(raw_url, base)
+        reason = ""
+        if url is None:
+            reason = "unsupported_url"
+        elif self.config.scope == "seed_hosts" and urlsplit(url).hostname not in self._scope:
+            reason = "out_of_scope"
+        elif depth > self.config.max_depth:
+            with self._lock:
+                first = url not in self._too_deep and url not in self._seen
+                self._too_deep.add(url)
+            reason = "max_depth" if first else "duplicate_url"
+        else:
+            with self._lock:
+                duplicate = url in self._seen
+                self._seen.add(url)
+            reason = (
+                "duplicate_url" if duplicate else self.frontier.push(CrawlItem(url, depth, redirected_from))
+            )
+        if reason:
+            self.count(reason)
+        return not reason
+
+    # -- the crawl ---------------------------------------------------------------------------------------
+    def run(self, seeds: list[str]) -> None:
+        """Crawl from `seeds` until the frontier drains or `max_pages` pages are written."""
+        for seed in seeds:
+            url = normalise_url(seed)
+            if url:
+                self._scope.add(urlsplit(url).hostname)
+        for seed in seeds:
+            self.enqueue(seed, depth=0)
+        self._progress = tqdm(total=self.config.max_pages, unit="page", desc="crawl", mininterval=2.0)
+        workers = [
+            threading.Thread(target=self._worker, name=f"crawl-{i}", daemon=True)
+            for i in range(self.config.total_concurrency)
+        ]
+        try:
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        finally:
+            self.frontier.close()
+            for worker in workers:
+                worker.join(timeout=self.config.timeout_s * 2)
+            self._progress.close()
+        self.stats["rate_limited_waits"] += self.frontier.rate_limited_waits
+
+    def _worker(self) -> None:
+        while (task := self.frontier.pop()) is not None:
+            kind, host, item = task
+            wrote = False
+            try:
+                if kind == "prepare":
+                    self._prepare(host)
+                else:
+                    wrote = self._crawl(host, item)
+            except CrawlDrop as drop:
+                self.count(drop.reason)
+                log.debug("drop %s: %s", item.url if item else host.origin, drop)
+            except Exception:  # a bug in one page must not kill the crawl; it is counted and logged
+                log.exception("crawler error on %s", item.url if item else host.origin)
+                self.count("fetch_error")
+            finally:
+                self.frontier.done(host, wrote)
+                if wrote:
+                    self._progress.update(1)
+
+    def _prepare(self, host: HostState) -> None:
+        """Vet the origin's addresses, then fetch and parse its robots.txt (the slot pop reserved)."""
+        name, port = host_port(host.origin)
+        failure = ""
+        rules = None
+        try:
+            self.policy.vet(name, port)
+        except AddressRefused as exc:
+            failure = "private_address_refused"
+            log.warning("refusing %s: %s", host.origin, exc.reason)
+        except OSError as exc:
+            failure = "fetch_error"
+            log.warning("cannot resolve %s: %s", host.origin, exc)
+        else:
+            rules = self._fetch_robots(host)
+            host.interval = max(host.interval, rules.delay_s(self.config.user_agent))
+        dropped = self.frontier.prepared(host, rules, failure)
+        if failure:
+            self.count(failure, dropped)
+
+    def _fetch_robots(self, host: HostState) -> RobotsRules:
+        self.count("robots_fetched")
+        try:
+            resp = self._get(host, robots_url(host.origin), reserved=True, follow=True)
+        except CrawlDrop as drop:
+            log.warning("robots.txt of %s unreachable (%s): not crawling it", host.origin, drop)
+            return rules_from_fetch(None, b"")
+        with resp:
+            body = resp.raw.read(MAX_ROBOTS_BYTES, decode_content=True) if resp.ok else b""
+        rules = rules_from_fetch(resp.status_code, body)
+        log.info(
+            "robots.txt %s: %s (crawl delay %.2fs)",
+            host.origin,
+            rules.source,
+            rules.delay_s(self.config.user_agent),
+        )
+        return rules
+
+    def _get(self, host: HostState, url: str, reserved: bool, follow: bool = False) -> requests.Response:
+        """GET with retries (exponential backoff + jitter) on connection errors, 5xx and 429; every attempt
+        waits for the origin's rate limit. Raises CrawlDrop."""
+        cfg = self.config
+        for attempt in range(cfg.retries + 1):
+            if attempt:
+                with self._lock:
+                    jitter = 1 + 0.25 * self._rng.random()
+                self.count("retries")
+                time.sleep(cfg.retry_backoff_s * 2 ** (attempt - 1) * jitter)
+            if attempt or not reserved:
+                wait = self.frontier.reserve(host)
+                if wait > 0:
+                    self.count("rate_limited_waits")
+                    time.sleep(wait)
+            self.count("requests")
+            try:
+                resp = self._session().get(
+                    url, stream=True, allow_redirects=follow, timeout=(cfg.timeout_s, cfg.timeout_s)
+                )
+            except AddressRefused as exc:
+                raise CrawlDrop("private_address_refused", str(exc)) from None
+            except requests.RequestException as exc:
+                if attempt == cfg.retries:
+                    raise CrawlDrop("fetch_error", f"{url}: {exc}") from None
+                continue
+            if (resp.status_code >= 500 or resp.status_code == 429) and attempt < cfg.retries:
+                resp.close()
+                continue
+            return resp
+        raise AssertionError("unreachable")
+
+    def _crawl(self, host: HostState, item: CrawlItem) -> bool:
+        """Fetch one URL; store it if it is an allowed page, queue its links or its redirect target."""
+        cfg = self.config
+        if not host.rules.allows(item.url, cfg.user_agent):
+            raise CrawlDrop("robots_disallowed", item.url)
+        fetched_at = datetime.now(UTC)
+        resp = self._get(host, item.url, reserved=True)
+        with resp:
+            if resp.status_code in _REDIRECT_STATUSES:
+                self._redirect(item, resp.headers.get("Location"))
+                return False
+            if not 200 <= resp.status_code < 300:
+                raise CrawlDrop("http_error", f"{item.url}: HTTP {resp.status_code}")
+            mime = resp.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+            if mime not in cfg.allowed_content_types:
+                raise CrawlDrop("bad_content_type", f"{item.url}: {mime or 'no content type'}")
+            declared = resp.headers.get("Content-Length", "")
+            if declared.isdigit() and int(declared) > cfg.max_bytes_per_page:
+                raise CrawlDrop("oversize", f"{item.url}: Content-Length {declared}")
+            ip = peer_ip(resp)
+            body = self._read_body(resp, item.url)
+        self._write(item.url, resp, body, ip, mime, fetched_at)
+        for link in extract_links(body, item.url):
+            self.enqueue(link, item.depth + 1)
+        return True
+
+    def _read_body(self, resp: requests.Response, url: str) -> bytes:
+        """Stream the (decoded) body, stopping as soon as it exceeds the size or time limit."""
+        limit, deadline = self.config.max_bytes_per_page, time.monotonic() + self.config.timeout_s
+        body = bytearray()
+        try:
+            for chunk in resp.iter_content(chunk_size=64 * 1024):
+                body += chunk
+                if len(body) > limit:
+                    raise CrawlDrop("oversize", f"{url}: more than {limit} bytes")
+                if time.monotonic() > deadline:
+                    raise CrawlDrop("fetch_error", f"{url}: body not read within {self.config.timeout_s}s")
+        except requests.RequestException as exc:
+            raise CrawlDrop("fetch_error", f"{url}: {exc}") from None
+        return bytes(body)
+
+    def _redirect(self, item: CrawlItem, location: str | None) -> None:
+        if not location:
+            raise CrawlDrop("http_error", f"{item.url}: redirect without Location")
+        chain = (*item.redirected_from, item.url)
+        target = normalise_url(location, item.url)
+        if target is not None and target in chain:
+            raise CrawlDrop("redirect_loop", " -> ".join((*chain, target)))
+        if len(chain) > self.config.max_redirects:
+            raise CrawlDrop("too_many_redirects", " -> ".join((*chain, location)))
+        self.count("redirects_followed")
+        self.enqueue(location, item.depth, base=item.url, redirected_from=chain)
+
+    def _write(
+        self, url: str, resp: requests.Response, body: bytes, ip: str, mime: str, fetched_at: datetime
+    ) -> None:
+        """Write the request and response records of one page (the payload stored decoded)."""
+        date = datetime_to_iso_date(fetched_at)
+        headers = [
+            (f"X-Crawler-{name}" if name.lower() in _WIRE_HEADERS else name, value)
+            for name, value in resp.raw.headers.items()
+        ]
+        headers.append(("Content-Length", str(len(body))))
+        version = {10: "HTTP/1.0", 11: "HTTP/1.1"}.get(getattr(resp.raw, "version", 11), "HTTP/1.1")
+        http_headers = StatusAndHeaders(f"{resp.status_code} {resp.reason}", headers, protocol=version)
+        warc_headers = {"WARC-Date": date, "WARC-Identified-Payload-Type": mime}
+        if ip:
+            warc_headers["WARC-IP-Address"] = ip
+        response = self._records.create_warc_record(
+            url,
+            "response",
+            payload=BytesIO(body),
+            length=len(body),
+            http_headers=http_headers,
+            warc_headers_dict=warc_headers,
+        )
+        parts = urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        request_headers = [("Host", parts.netloc), *resp.request.headers.items()]
+        request = self._records.create_warc_record(
+            url,
+            "request",
+            payload=BytesIO(b""),
+            length=0,
+            http_headers=StatusAndHeaders(f"GET {target} HTTP/1.1", request_headers, is_http_request=True),
+            warc_headers_dict={
+                "WARC-Date": date,
+                "WARC-Concurrent-To": response.rec_headers.get_header("WARC-Record-ID"),
+            },
+        )
+        self.writer.write_records([request, response])
+        with self._lock:
+            self.bytes_written += len(body)
+            self.digests.append(f"{url} {response.rec_headers.get_header('WARC-Payload-Digest')}")
+            if len(self.sample) < 10:
+                self.sample.append(
+                    {"url": url, "status": resp.status_code, "content_type": mime, "bytes": len(body)}
+                )
+
+
+def _warcinfo(config: CrawlConfig, snapshot: str) -> dict:
+    return {
+        "software": "crucible-crawler",
+        "format": "WARC File Format 1.0",
+        "isPartOf": snapshot,
+        "robots": "obey",
+        "http-header-user-agent": config.user_agent,
+    }
+
+
+def crawl_seeds(
+    config: CrawlConfig, store: ObjectStore, snapshot: str, out_prefix: str, seeds: list[str]
+) -> StageResult:
+    """Crawl `seeds` into gzipped WARC files under `out_prefix` (replacing what was there)."""
+    removed = store.delete_prefix(out_prefix.rstrip("/") + "/")
+    if removed:
+        log.info("replacing %d existing objects under %s", removed, store.uri(out_prefix))
+    started = time.monotonic()
+    writer = WarcShardWriter(
+        store, out_prefix, config.records_per_warc_file, warcinfo=_warcinfo(config, snapshot)
+    )
+    crawler = Crawler(config, writer)
+    with writer:
+        crawler.run(seeds)
+    elapsed = time.monotonic() - started
+    return _result(config, store, out_prefix, crawler, writer, elapsed)
+
+
+def _result(
+    config: CrawlConfig,
+    store: ObjectStore,
+    out_prefix: str,
+    crawler: Crawler,
+    writer: WarcShardWriter,
+    elapsed: float,
+) -> StageResult:
+    pages = crawler.frontier.pages_written
+    hosts = crawler.frontier.hosts
+    metrics = {
+        "pages_fetched": pages,
+        "bytes": crawler.bytes_written,
+        "pages_per_s": round(pages / elapsed, 2) if elapsed else 0.0,
+        "elapsed_s": round(elapsed, 2),
+        "hosts": len(hosts),
+        "warc_files": len(writer.keys),
+        "warc_records": writer.records_written,
+        **{key: crawler.stats[key] for key in sorted(crawler.stats)},
+    }
+    if pages == 0:
+        log.warning("the crawl wrote no pages: %s", {k: v for k, v in crawler.stats.items() if v})
+    summary = [
+        {"metric": k, "value": metrics[k]}
+        for k in (
+            "pages_fetched",
+            "bytes",
+            "pages_per_s",
+            "hosts",
+            "warc_files",
+            "requests",
+            "retries",
+            "redirects_followed",
+            "rate_limited_waits",
+            "robots_fetched",
+        )
+        if k in metrics
+    ]
+    drops = [{"dropped because": r, "urls": crawler.stats[r]} for r in DROP_REASONS]
+    per_host = [
+        {
+            "origin": h.origin,
+            "pages": h.pages,
+            "robots": h.rules.source if h.rules else h.failure or "-",
+            "interval_s": round(h.interval, 3),
+        }
+        for h in list(hosts.values())[:20]
+    ]
+    report = "\n\n".join(
+        [
+            f"### Crawl of {len(hosts)} origin(s) into `{store.uri(out_prefix)}`",
+            markdown_table(summary),
+            markdown_table(drops),
+            markdown_table(per_host),
+        ]
+    )
+    version = hashlib.sha256("\n".join(sorted(crawler.digests)).encode()).hexdigest()[:16]
+    return StageResult(
+        metrics=metrics,
+        outputs={"warc_prefix": store.uri(out_prefix)},
+        report_md=report,
+        sample=crawler.sample,
+        data_version=version,
+        extra={"warc_keys": list(writer.keys)},
+    )
+
+
+def crawl_web(config: CrawlConfig, store: ObjectStore, snapshot: str, out_prefix: str) -> StageResult:
+    """The `web_crawl` stage: write one snapshot's WARC files under `out_prefix` in `store`.
+
+    local_docs serves `config.doc_packages` on 127.0.0.1 (fetched with apt, cached in the state dir) for the
+    duration of the crawl; seeds crawls `config.seeds`; warc ingests `config.warc_uri`.
+    """
+    if config.source == "warc":
+        from pipelines.web.warc_ingest import ingest_warc
+
+        return ingest_warc(config, store, snapshot, out_prefix)
+    if config.source == "seeds":
+        if not config.seeds:
+            raise ValueError(
+                "web_crawl: source=seeds but `seeds` is empty; set stages.web_crawl.seeds (profile or launchpad) "
+                "to start URLs, or use source=warc with warc_uri"
+            )
+        return crawl_seeds(config, store, snapshot, out_prefix, config.seeds)
+    from infra.local_web import serve_doc_packages
+
+    with serve_doc_packages(config.doc_packages) as seeds:
+        log.info("local web: %s", ", ".join(seeds))
+        return crawl_seeds(config, store, snapshot, out_prefix, seeds)

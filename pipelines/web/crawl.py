@@ -58,6 +58,8 @@ DROP_REASONS = (
     "out_of_scope",
     "unsupported_url",
 )
+# What the crawler did, besides dropping.
+ACTIVITY_COUNTS = ("requests", "retries", "redirects_followed", "rate_limited_waits", "robots_fetched")
 # Response headers that describe the wire encoding, not the stored (decoded) payload; kept renamed, as
 # Common Crawl does, so WARC readers do not try to decode the payload again.
 _WIRE_HEADERS = {"content-encoding", "transfer-encoding", "content-length"}
@@ -176,8 +178,9 @@ class Frontier:
     polite request time has come, reserving that request slot; it blocks until work is ready and returns
     None when the queues are drained or the page budget is spent."""
 
-    def __init__(self, max_pages: int, concurrency_per_host: int, interval: float):
+    def __init__(self, max_pages: int, concurrency_per_host: int, interval: float, user_agent: str):
         self.max_pages, self.concurrency, self.interval = max_pages, concurrency_per_host, interval
+        self.user_agent = user_agent  # whose robots.txt Crawl-delay applies
         self.hosts: dict[str, HostState] = {}
         self.pages_written = self.in_flight = self.queued = self.rate_limited_waits = 0
         self._cond = threading.Condition()
@@ -247,6 +250,9 @@ class Frontier:
                 host.queue.clear()
                 return dropped
             host.state, host.rules = "ready", rules
+            if rules is not None and rules.delay_s(self.user_agent) > host.interval:
+                host.interval = rules.delay_s(self.user_agent)
+                host.next_time = max(host.next_time, time.monotonic() + host.interval)  # since robots.txt
             return 0
 
     def done(self, host: HostState, wrote_page: bool) -> None:
@@ -272,9 +278,12 @@ class Crawler:
         self.writer = writer
         self.policy = policy or AddressPolicy(config.allow_private_networks)
         self.frontier = Frontier(
-            config.max_pages, config.concurrency_per_host, 1.0 / config.requests_per_second_per_host
+            config.max_pages,
+            config.concurrency_per_host,
+            1.0 / config.requests_per_second_per_host,
+            config.user_agent,
         )
-        self.stats: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
+        self.stats: Counter[str] = Counter(dict.fromkeys(DROP_REASONS + ACTIVITY_COUNTS, 0))
         self.sample: list[dict] = []
         self.digests: list[str] = []  # "url payload-digest" of every page written, for the data version
         self.bytes_written = 0
@@ -385,7 +394,6 @@ class Crawler:
             log.warning("cannot resolve %s: %s", host.origin, exc)
         else:
             rules = self._fetch_robots(host)
-            host.interval = max(host.interval, rules.delay_s(self.config.user_agent))
         dropped = self.frontier.prepared(host, rules, failure)
         if failure:
             self.count(failure, dropped)

@@ -68,7 +68,11 @@ class ExtractConfig(BaseModel):
     language_threshold: float = Field(
         0.65, ge=0, le=1, description="Minimum lid.176 score of a kept language"
     )
-    extraction_timeout_s: float = Field(10.0, gt=0, description="Trafilatura time limit per page (seconds)")
+    extraction_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Trafilatura time limit per page, s (a timeout drops the page: keep it generous)",
+    )
     min_doc_chars: int = Field(100, ge=0, description="Drop extracted texts shorter than this (0 = off)")
     dropped_html_chars: int = Field(
         2000, ge=0, description="HTML characters kept in records of failed extractions"
@@ -82,6 +86,12 @@ class ExtractConfig(BaseModel):
     gopher_min_doc_words: int = Field(50, ge=0, description="Gopher: minimum words per document")
     gopher_max_doc_words: int = Field(100_000, ge=1, description="Gopher: maximum words per document")
     gopher_min_stop_words: int = Field(2, ge=0, description="Gopher: minimum distinct English stop words")
+    gopher_min_alpha_words_ratio: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="Gopher: min share of words with a letter (spaCy counts punctuation as words)",
+    )
     c4_quality: bool = Field(True, description="Run the C4 quality filter")
     c4_min_num_sentences: int = Field(
         5, ge=-1, description="C4: minimum sentences after line filtering (-1 = off)"
@@ -158,7 +168,9 @@ def _quality_steps(
     def drops(step: str) -> DropWriter:
         return DropWriter(str(out / DROPPED / step), step)
 
-    steps: list[tuple[str | None, object]] = [(None, JsonlReader(str(folder), paths_file=str(paths_file), add_file_path=False))]
+    steps: list[tuple[str | None, object]] = [
+        (None, JsonlReader(str(folder), paths_file=str(paths_file), add_file_path=False))
+    ]
     if config.gopher_repetition:
         steps.append(
             (
@@ -178,6 +190,7 @@ def _quality_steps(
                     min_doc_words=config.gopher_min_doc_words,
                     max_doc_words=config.gopher_max_doc_words,
                     min_stop_words=config.gopher_min_stop_words,
+                    max_non_alpha_words_ratio=config.gopher_min_alpha_words_ratio,  # datatrove's name is inverted
                     exclusion_writer=drops("gopher_quality"),
                 ),
             )

@@ -307,6 +307,7 @@ class Crawler:
             session = self._local.session = policy_session(
                 self.policy, self.config.user_agent, pool_size=self.config.concurrency_per_host
             )
+            session.max_redirects = 5  # robots.txt only; page redirects go through the frontier
         return session
 
     def enqueue(self, raw_url: str, depth: int, base: str | None = None, redirected_from: tuple = ()) -> bool:
@@ -393,7 +394,11 @@ class Crawler:
             failure = "fetch_error"
             log.warning("cannot resolve %s: %s", host.origin, exc)
         else:
-            rules = self._fetch_robots(host)
+            try:
+                rules = self._fetch_robots(host)
+            except Exception:  # the origin must leave "preparing" or its queue would never drain
+                log.exception("robots.txt of %s failed", host.origin)
+                failure = "fetch_error"
         dropped = self.frontier.prepared(host, rules, failure)
         if failure:
             self.count(failure, dropped)

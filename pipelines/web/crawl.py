@@ -566,10 +566,7 @@ def _warcinfo(config: CrawlConfig, snapshot: str) -> dict:
 def crawl_seeds(
     config: CrawlConfig, store: ObjectStore, snapshot: str, out_prefix: str, seeds: list[str]
 ) -> StageResult:
-    """Crawl `seeds` into gzipped WARC files under `out_prefix` (replacing what was there)."""
-    removed = store.delete_prefix(out_prefix.rstrip("/") + "/")
-    if removed:
-        log.info("replacing %d existing objects under %s", removed, store.uri(out_prefix))
+    """Crawl `seeds` into gzipped WARC files under `out_prefix` (what was there is replaced on success)."""
     started = time.monotonic()
     writer = WarcShardWriter(
         store, out_prefix, config.records_per_warc_file, warcinfo=_warcinfo(config, snapshot)

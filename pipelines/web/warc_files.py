@@ -31,6 +31,8 @@ class WarcShardWriter:
     Each shard is written to a local temp file and published to the store atomically when it is full or the
     writer closes; if the block using the writer raises, the shard being written is dropped, not published.
     Thread-safe: records passed in one call stay together in one shard (a request with its response).
+    A successful close deletes objects under `prefix` it did not write (a rerun replaces the snapshot; a
+    failed rerun leaves the previous one's other shards in place rather than deleting them up front).
     """
 
     def __init__(self, store: ObjectStore, prefix: str, records_per_file: int, warcinfo: dict | None = None):
@@ -50,6 +52,12 @@ class WarcShardWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         with self._lock:
             self._finish_shard(publish=exc_type is None)
+        if exc_type is None:
+            stale = [k for k in self.store.list(self.prefix.rstrip("/") + "/") if k not in self.keys]
+            for key in stale:
+                self.store.delete(key)
+            if stale:
+                log.info("deleted %d stale objects under %s", len(stale), self.store.uri(self.prefix))
 
     def _open_shard(self) -> None:
         key = shard_key(self.prefix, len(self.keys))

@@ -273,7 +273,7 @@ def ingest_warc(
     out_prefix: str,
     source_settings: StoreSettings | None = None,
 ) -> StageResult:
-    """Copy the valid records of the WARC files at `config.warc_uri` into `out_prefix` (replacing it).
+    """Copy the valid records of the WARC files at `config.warc_uri` into `out_prefix` (replaced on success).
 
     Stops after `config.max_pages` response records. Returns counts of records kept (by type) and malformed
     (by reason); `source_settings` is the S3 endpoint/credentials for an s3:// URI outside `store`.
@@ -283,9 +283,6 @@ def ingest_warc(
     source, keys = _source_files(config.warc_uri, store, source_settings)
     if not keys:
         raise ValueError(f"web_crawl: no .warc.gz / .warc files under {config.warc_uri}")
-    removed = store.delete_prefix(out_prefix.rstrip("/") + "/")
-    if removed:
-        log.info("replacing %d existing objects under %s", removed, store.uri(out_prefix))
     started = time.monotonic()
     stats: Counter[str] = Counter()
     sample: list[dict] = []

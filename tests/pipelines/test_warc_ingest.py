@@ -178,3 +178,19 @@ def test_missing_input_is_a_clear_error(tmp_path):
     empty.mkdir()
     with pytest.raises(ValueError, match="no .warc.gz"):
         ingest(tmp_path, empty)
+
+
+def test_shard_writer_publishes_nothing_for_a_failed_block_and_replaces_on_success(tmp_path):
+    from pipelines.web.warc_files import WarcShardWriter
+
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes("web/warc/s/part-00007.warc.gz", b"old shard")
+    raw = pages(1)[0]
+    with pytest.raises(KeyError), WarcShardWriter(store, "web/warc/s", 10) as writer:
+        writer.write_raw(raw)
+        raise KeyError("crawl failed")
+    assert store.list("web/warc/s/") == ["web/warc/s/part-00007.warc.gz"]  # old data kept, nothing partial
+    with WarcShardWriter(store, "web/warc/s", 1) as writer:
+        writer.write_raw(raw)
+        writer.write_raw(raw)
+    assert store.list("web/warc/s/") == ["web/warc/s/part-00000.warc.gz", "web/warc/s/part-00001.warc.gz"]

@@ -1,0 +1,280 @@
+"""Fetch code the way Software Heritage archives it: Debian binary and source packages, npm tarballs, PyPI
+sdists and git repositories, each cached on local disk so a re-run does not touch the network.
+
+Every fetcher returns a `FetchedSource` (the archive files or checkout directory, the resolved version or
+commit, whether it came from the cache). Debian source packages need a deb-src list: we keep a private apt
+configuration (sources list, package lists, archive cache) under the cache directory, so the system's apt
+state is neither needed nor modified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_SUITE = "bookworm"
+DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+APT_LISTS_MAX_AGE_S = 7 * 24 * 3600
+
+
+class SourceFetchError(RuntimeError):
+    """A source could not be fetched; the message names the source and the command that failed."""
+
+
+@dataclass
+class FetchedSource:
+    kind: str  # debian | debian_source | npm | pypi | git
+    name: str
+    version: str  # package version, or the git commit
+    files: list[Path] = field(default_factory=list)  # archives (or one checkout directory for git)
+    cached: bool = False
+    seconds: float = 0.0
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", name)
+
+
+def _run(
+    cmd: list[str], what: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
+) -> str:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        raise SourceFetchError(
+            f"{what}: command {cmd[0]!r} not found; install it or drop this source"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise SourceFetchError(f"{what}: {' '.join(cmd[:4])} timed out after {timeout:.0f}s") from None
+    if proc.returncode != 0:
+        raise SourceFetchError(
+            f"{what}: `{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip()[-600:]}"
+        )
+    return proc.stdout
+
+
+def _publish_dir(tmp: Path, dest: Path) -> None:
+    """Move a finished download directory into place (atomic rename; a half-done fetch never looks cached)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    os.replace(tmp, dest)
+
+
+# --- Debian ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AptConfig:
+    """A private apt configuration (deb + deb-src lists) living under `root`."""
+
+    root: Path
+    mirror: str = DEBIAN_MIRROR
+    suite: str = DEBIAN_SUITE
+
+    def options(self) -> list[str]:
+        return [
+            "-o", f"Dir::Etc::SourceList={self.root / 'sources.list'}",
+            "-o", "Dir::Etc::SourceParts=/nonexistent",
+            "-o", f"Dir::State::Lists={self.root / 'lists'}",
+            "-o", f"Dir::Cache={self.root / 'cache'}",
+            "-o", "APT::Get::AllowUnauthenticated=false",
+            "-o", "Debug::NoLocking=1",
+        ]  # fmt: skip
+
+    def ensure(self) -> None:
+        """Write the sources list and run `apt-get update` into the private lists dir when they are stale."""
+        (self.root / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+        (self.root / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+        signed = f"[signed-by={DEBIAN_KEYRING}] " if Path(DEBIAN_KEYRING).exists() else ""
+        sources = (
+            f"deb {signed}{self.mirror} {self.suite} main\ndeb-src {signed}{self.mirror} {self.suite} main\n"
+        )
+        src_file = self.root / "sources.list"
+        if not src_file.exists() or src_file.read_text() != sources:
+            src_file.write_text(sources)
+            (self.root / "updated").unlink(missing_ok=True)
+        stamp = self.root / "updated"
+        if stamp.exists() and time.time() - stamp.stat().st_mtime < APT_LISTS_MAX_AGE_S:
+            return
+        log.info("apt-get update (private deb + deb-src lists in %s)", self.root)
+        _run(["apt-get", "-q", *self.options(), "update"], "apt-get update", timeout=600)
+        stamp.write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def _cached_unpinned(root: Path, package: str) -> Path | None:
+    """A cached download of `package` at any version, if fresher than the apt lists' max age."""
+    if not root.exists():
+        return None
+    dirs = sorted(
+        (d for d in root.glob(f"{_safe(package)}_*") if d.is_dir()), key=lambda d: d.stat().st_mtime
+    )
+    if dirs and time.time() - dirs[-1].stat().st_mtime < APT_LISTS_MAX_AGE_S:
+        return dirs[-1]
+    return None
+
+
+def _deb_version(deb: Path) -> str:
+    # pool file names are NAME_VERSION_ARCH.deb with the epoch colon url-encoded
+    return deb.name.split("_")[1].replace("%3a", ":")
+
+
+def fetch_debian_binary(apt: AptConfig, package: str, version: str | None, cache_dir: Path) -> FetchedSource:
+    """`apt-get download PACKAGE[=VERSION]` into the cache; returns the .deb (version read from its name)."""
+    t0 = time.time()
+    root = cache_dir / "debian"
+    dest = root / f"{_safe(package)}_{_safe(version)}" if version else _cached_unpinned(root, package)
+    if dest is not None and (debs := sorted(dest.glob("*.deb"))):
+        return FetchedSource("debian", package, version or _deb_version(debs[0]), debs, cached=True)
+    apt.ensure()
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
+    target = f"{package}={version}" if version else package
+    _run(["apt-get", "-q", *apt.options(), "download", target], f"debian {package}", cwd=tmp)
+    debs = sorted(tmp.glob("*.deb"))
+    if not debs:
+        raise SourceFetchError(f"debian {package}: apt-get download produced no .deb")
+    version = version or _deb_version(debs[0])
+    dest = root / f"{_safe(package)}_{_safe(version)}"
+    _publish_dir(tmp, dest)
+    return FetchedSource("debian", package, version, sorted(dest.glob("*.deb")), seconds=time.time() - t0)
+
+
+def _source_files(dest: Path) -> list[Path]:
+    dscs = sorted(dest.glob("*.dsc")) if dest.exists() else []
+    return dscs + sorted(p for p in dest.iterdir() if p.suffix != ".dsc") if dscs else []
+
+
+def _dsc_version(dsc: Path) -> str:
+    m = re.search(r"^Version:\s*(\S+)", dsc.read_text(errors="replace"), re.M)
+    if not m:
+        raise SourceFetchError(f"{dsc.name}: no Version field")
+    return m.group(1)
+
+
+def fetch_debian_source(apt: AptConfig, package: str, version: str | None, cache_dir: Path) -> FetchedSource:
+    """`apt-get source --download-only PACKAGE[=VERSION]` (needs the deb-src list); returns the .dsc first."""
+    t0 = time.time()
+    root = cache_dir / "debian_source"
+    dest = root / f"{_safe(package)}_{_safe(version)}" if version else _cached_unpinned(root, package)
+    if dest is not None and (files := _source_files(dest)):
+        return FetchedSource("debian_source", package, version or _dsc_version(files[0]), files, cached=True)
+    apt.ensure()
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
+    target = f"{package}={version}" if version else package
+    # --only-source: the name is a source package, even if a binary package has the same name
+    cmd = ["apt-get", "-q", *apt.options(), "source", "--download-only", "--only-source", target]
+    _run(cmd, f"debian source {package}", cwd=tmp)
+    files = _source_files(tmp)
+    if not files:
+        raise SourceFetchError(f"debian source {package}: apt-get source produced no .dsc")
+    version = version or _dsc_version(files[0])
+    dest = root / f"{_safe(package)}_{_safe(version)}"
+    _publish_dir(tmp, dest)
+    return FetchedSource("debian_source", package, version, _source_files(dest), seconds=time.time() - t0)
+
+
+# --- npm / PyPI -----------------------------------------------------------------------------------------
+
+
+def fetch_npm(package: str, version: str, cache_dir: Path) -> FetchedSource:
+    """`npm pack NAME@VERSION` into the cache; returns the .tgz."""
+    t0 = time.time()
+    dest = cache_dir / "npm" / f"{_safe(package)}_{_safe(version)}"
+    tgzs = sorted(dest.glob("*.tgz")) if dest.exists() else []
+    if tgzs:
+        return FetchedSource("npm", package, version, tgzs, cached=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
+    npm_cache = cache_dir / "npm-cache"
+    cmd = [
+        "npm",
+        "pack",
+        "--silent",
+        "--cache",
+        str(npm_cache),
+        "--pack-destination",
+        str(tmp),
+        f"{package}@{version}",
+    ]
+    _run(cmd, f"npm {package}@{version}", cwd=tmp)
+    _publish_dir(tmp, dest)
+    return FetchedSource("npm", package, version, sorted(dest.glob("*.tgz")), seconds=time.time() - t0)
+
+
+def fetch_pypi_sdist(package: str, version: str, cache_dir: Path) -> FetchedSource:
+    """`pip download --no-binary NAME --no-deps NAME==VERSION`; returns the sdist.
+
+    Only the package itself is forced to an sdist: pip prepares its metadata in an isolated build env, and
+    `:all:` would build every build backend (setuptools, hatchling, poetry-core) from source too (~70 s)."""
+    t0 = time.time()
+    dest = cache_dir / "pypi" / f"{_safe(package)}_{_safe(version)}"
+    if dest.exists() and (files := sorted(dest.iterdir())):
+        return FetchedSource("pypi", package, version, files, cached=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", package, "--no-deps",
+           "-d", str(tmp), f"{package}=={version}"]  # fmt: skip
+    _run(cmd, f"pypi {package}=={version}")
+    _publish_dir(tmp, dest)
+    return FetchedSource("pypi", package, version, sorted(dest.iterdir()), seconds=time.time() - t0)
+
+
+# --- git ------------------------------------------------------------------------------------------------
+
+
+def resolve_git_commit(url: str, ref: str) -> str:
+    """The commit a ref (branch, tag, HEAD or a sha) names in a repository."""
+    if re.fullmatch(r"[0-9a-f]{40}", ref):
+        return ref
+    local = Path(url)
+    if local.exists():
+        return _run(
+            ["git", "-C", str(local), "rev-parse", f"{ref}^{{commit}}"], f"git {url}: rev-parse {ref}"
+        ).strip()
+    out = _run(["git", "ls-remote", url, ref], f"git {url}: ls-remote {ref}", timeout=120)
+    if not out.strip():
+        raise SourceFetchError(f"git {url}: no ref {ref!r}")
+    return out.split()[0]
+
+
+def fetch_git(url: str, ref: str, cache_dir: Path) -> FetchedSource:
+    """A checkout of `url` at `ref`, fetched with depth 1; the version is the resolved commit."""
+    t0 = time.time()
+    commit = resolve_git_commit(url, ref)
+    dest = cache_dir / "git" / f"{_safe(Path(url.rstrip('/')).name)}_{commit[:12]}"
+    if dest.exists():
+        return FetchedSource("git", url, commit, [dest], cached=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
+    remote = Path(url).resolve().as_uri() if Path(url).exists() else url
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    git = [
+        "git",
+        "-C",
+        str(tmp),
+        "-c",
+        "protocol.file.allow=always",
+        "-c",
+        "uploadpack.allowAnySHA1InWant=true",
+    ]
+    _run(["git", "init", "-q", str(tmp)], f"git {url}: init")
+    try:
+        _run([*git, "fetch", "-q", "--depth", "1", remote, commit], f"git {url}: fetch {commit}", env=env)
+    except SourceFetchError:
+        # a server that refuses to serve a bare sha: fetch everything, then check the commit out
+        _run(
+            [*git, "fetch", "-q", remote, "+refs/heads/*:refs/remotes/origin/*"], f"git {url}: fetch", env=env
+        )
+    _run([*git, "-c", "advice.detachedHead=false", "checkout", "-q", commit], f"git {url}: checkout {commit}")
+    shutil.rmtree(tmp / ".git")
+    _publish_dir(tmp, dest)
+    return FetchedSource("git", url, commit, [dest], seconds=time.time() - t0)

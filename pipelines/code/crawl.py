@@ -1,0 +1,227 @@
+"""Code crawl of one code-source snapshot: fetch what the manifest lists, turn each file into a record,
+skip binaries / vendored / generated files with counted reasons, write JSONL.gz shards to the store.
+
+Output (under `<out_prefix>/<snapshot>/`): `part-*.jsonl.gz` records (language = the Linguist-style prior,
+final language comes from `fix_metadata`), `origins.jsonl.gz` (every text file of every source with its
+sha256: what `fix_metadata` checks path/repo metadata against) and `crawl_stats.json`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import heapq
+import json
+import logging
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from classifiers.code_language_rules import declared_language, language_prior
+from infra import code_sources
+from infra.settings import REPO_ROOT, load_profile
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.code.archives import ArchiveError, iter_source_files
+from pipelines.code.licenses import LicenseIndex
+from pipelines.code.manifest import SourceSpec, load_manifest
+from pipelines.code.records import data_version, make_record, sha256_hex, write_shards
+from pipelines.code.skip_rules import decode_text, skip_reason_for_content, skip_reason_for_path
+
+log = logging.getLogger(__name__)
+
+
+class CodeCrawlConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    manifest: str = Field(
+        "pipelines/code/manifests/tiny.yaml", description="Manifest YAML (relative to the repo)"
+    )
+    max_file_bytes: int = Field(
+        1_000_000, gt=0, description="Files larger than this are skipped as too_large"
+    )
+    max_files_per_source: int | None = Field(None, ge=1, description="Override the manifest's per-source cap")
+    shard_records: int = Field(5000, gt=0, description="Records per output shard")
+    fetch_workers: int = Field(4, ge=1, description="Sources fetched in parallel (network-bound)")
+    seed: int = Field(0, description="Seed of the per-source file sample (hash order)")
+    out_prefix: str = Field("code/raw", description="Store prefix; records go to <out_prefix>/<snapshot>/")
+
+
+def default_cache_dir() -> Path:
+    return load_profile().state_path / "cache" / "code_sources"
+
+
+def fetch_source(
+    spec: SourceSpec, cache_dir: Path, apt: code_sources.AptConfig
+) -> code_sources.FetchedSource:
+    """The archives of one manifest entry: a local path if given, else the registry / git fetcher."""
+    if spec.path is not None:
+        if not spec.path.exists():
+            raise code_sources.SourceFetchError(f"{spec.label}: local path {spec.path} does not exist")
+        files = [spec.path] if spec.path.is_file() or spec.kind == "git" else sorted(spec.path.iterdir())
+        version = spec.version or spec.commit or "local"
+        if spec.kind == "git" and (spec.path / ".git").exists():
+            version = code_sources.resolve_git_commit(str(spec.path), spec.commit or "HEAD")
+            return code_sources.fetch_git(str(spec.path), version, cache_dir)
+        return code_sources.FetchedSource(spec.kind, spec.name, version, files, cached=True)
+    if spec.kind == "debian":
+        return code_sources.fetch_debian_binary(apt, spec.name, spec.version, cache_dir)
+    if spec.kind == "debian_source":
+        return code_sources.fetch_debian_source(apt, spec.name, spec.version, cache_dir)
+    if spec.kind == "npm":
+        return code_sources.fetch_npm(spec.name, spec.version or "latest", cache_dir)
+    if spec.kind == "pypi":
+        if not spec.version:
+            raise code_sources.SourceFetchError(f"{spec.label}: pypi sources need a version")
+        return code_sources.fetch_pypi_sdist(spec.name, spec.version, cache_dir)
+    return code_sources.fetch_git(spec.name, spec.commit or "HEAD", cache_dir)
+
+
+def _sample_key(seed: int, path: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{path}".encode(), digest_size=8).digest(), "big")
+
+
+def records_from_source(spec: SourceSpec, fetched: code_sources.FetchedSource, cap: int, config: CodeCrawlConfig,
+                        snapshot: str, stats: Counter, origins: list[dict]) -> list[dict]:  # fmt: skip
+    """Scan every member of a fetched source; keep at most `cap` code files (a seeded hash sample)."""
+    licenses = LicenseIndex()
+    heap: list[
+        tuple[int, str, dict]
+    ] = []  # max-heap on the sample key (negated): the `cap` smallest keys win
+    package = (
+        spec.name if spec.kind != "git" else spec.name.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
+    )
+    for member in iter_source_files(spec.kind, fetched.files):
+        stats["files/seen"] += 1
+        if licenses.wants(member.path) and member.size < 2_000_000:
+            licenses.observe(spec.kind, member.path, member.read())
+        reason = skip_reason_for_path(member.path, member.size, config.max_file_bytes)
+        if reason is None and spec.include and not any(fnmatch.fnmatch(member.path, g) for g in spec.include):
+            reason = "not_included"
+        if reason in ("too_large", "binary", "empty"):
+            stats[f"dropped/{reason}"] += 1
+            continue
+        data = member.read()
+        digest = sha256_hex(data)
+        text = decode_text(data)
+        if text is not None:
+            origins.append({"source": spec.kind, "package": package, "version": fetched.version,
+                            "path": member.path, "sha256": digest})  # fmt: skip
+        if reason is None and text is None:
+            reason = "binary"
+        if reason is None and (reason := skip_reason_for_content(member.path, text)) is None:
+            prior = language_prior(member.path, text)
+            declared = declared_language(member.path) or prior.language
+            if declared is None and prior.language is None:
+                reason = "unknown_language"
+        if reason is not None:
+            stats[f"dropped/{reason}"] += 1
+            continue
+        key = _sample_key(config.seed, member.path)
+        if len(heap) >= cap and -heap[0][0] < key:
+            stats["dropped/over_source_cap"] += 1
+            continue
+        rec = {"text": text, "path": member.path, "size": len(data), "sha256": digest, "declared": declared,
+               "language": prior.language or declared, "language_source": prior.source if prior.language else "extension"}  # fmt: skip
+        heapq.heappush(heap, (-key, member.path, rec))
+        if len(heap) > cap:
+            heapq.heappop(heap)
+            stats["dropped/over_source_cap"] += 1
+    out = []
+    for _, _, r in sorted(heap, key=lambda item: item[1]):
+        out.append(
+            make_record(
+                r["text"],
+                spec.kind,
+                package,
+                fetched.version,
+                r["path"],
+                r["size"],
+                r["sha256"],
+                licenses.license_for(r["path"]),
+                r["declared"],
+                r["language"],
+                r["language_source"],
+                snapshot,
+            )  # fmt: skip
+        )
+    return out
+
+
+def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manifest_path: str | Path | None = None,
+               out_prefix: str | None = None, cache_dir: Path | None = None) -> StageResult:  # fmt: skip
+    """Fetch the manifest's sources (cached), write code records for `snapshot`; one bad source never stops
+    the others (its error is counted and reported)."""
+    t0 = time.time()
+    manifest_path = Path(manifest_path or config.manifest)
+    manifest = load_manifest(manifest_path if manifest_path.is_absolute() else REPO_ROOT / manifest_path)
+    cache_dir = Path(cache_dir or default_cache_dir())
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    apt = code_sources.AptConfig(cache_dir / "apt")
+    prefix = f"{(out_prefix or config.out_prefix).rstrip('/')}/{snapshot}"
+    stats: Counter = Counter()
+    per_source: list[dict] = []
+    errors: list[str] = []
+    origins: list[dict] = []
+    all_records: list[dict] = []
+    if any(s.kind in ("debian", "debian_source") and s.path is None for s in manifest.sources):
+        apt.ensure()  # once, before the parallel fetches
+    with ThreadPoolExecutor(max_workers=config.fetch_workers) as pool:
+        futures: list[Future] = [pool.submit(fetch_source, s, cache_dir, apt) for s in manifest.sources]
+        for spec, fut in tqdm(
+            list(zip(manifest.sources, futures, strict=True)), desc="code sources", unit="src"
+        ):
+            cap = spec.max_files or config.max_files_per_source or manifest.max_files_per_source
+            before = len(origins)
+            try:
+                fetched = fut.result()
+                stats["sources/cached"] += int(fetched.cached)
+                stats["fetch_seconds"] += fetched.seconds
+                recs = records_from_source(spec, fetched, cap, config, snapshot, stats, origins)
+            except (code_sources.SourceFetchError, ArchiveError) as exc:
+                stats["sources/failed"] += 1
+                errors.append(f"{spec.label}: {exc}")
+                log.error("code source %s skipped: %s", spec.label, exc)
+                del origins[before:]  # a half-read archive contributes nothing
+                continue
+            stats["sources/ok"] += 1
+            langs = Counter(r["metadata"]["language"] for r in recs)
+            per_source.append({"source": spec.label, "version": fetched.version, "files": len(recs),
+                               "license": recs[0]["metadata"]["license"] if recs else "", "top_languages":
+                               ", ".join(f"{k}:{v}" for k, v in langs.most_common(3))})  # fmt: skip
+            all_records.extend(recs)
+    keys = write_shards(store, prefix, all_records, config.shard_records)
+    origins_key = f"{prefix}/origins.jsonl.gz"
+    store.put_bytes(
+        origins_key, gzip.compress("".join(json.dumps(o) + "\n" for o in origins).encode(), mtime=0)
+    )
+    by_lang = Counter(r["metadata"]["language"] for r in all_records)
+    stats["files/kept"] = len(all_records)
+    metrics = {k: float(v) for k, v in stats.items()}
+    metrics.update({f"language_files/{k}": float(v) for k, v in by_lang.items()})
+    metrics["languages"] = float(len(by_lang))
+    metrics["seconds"] = time.time() - t0
+    summary = {"snapshot": snapshot, "manifest": str(manifest_path), "stats": dict(stats), "errors": errors,
+               "languages": dict(by_lang.most_common()), "sources": per_source, "seconds": metrics["seconds"]}  # fmt: skip
+    store.put_json(f"{prefix}/crawl_stats.json", summary)
+    funnel = [
+        {"step": k, "files": v} for k, v in sorted(stats.items()) if k.startswith(("files/", "dropped/"))
+    ]
+    report = [f"## Code crawl `{snapshot}`", f"{len(manifest.sources)} sources, {stats['sources/failed']} failed, "
+              f"{stats['sources/cached']} from cache, {metrics['seconds']:.0f}s.", "", markdown_table(funnel), "",
+              "### Files per language", markdown_table([{"language": k, "files": v} for k, v in by_lang.most_common()])]  # fmt: skip
+    if errors:
+        report += ["", "### Failed sources", *[f"- {e}" for e in errors]]
+    sample = [{**r, "text": r["text"][:500]} for r in all_records[:: max(1, len(all_records) // 5)][:5]]
+    return StageResult(
+        metrics=metrics,
+        outputs={"records": store.uri(prefix), "origins": store.uri(origins_key)},
+        report_md="\n".join(report),
+        sample=sample,
+        data_version=data_version(r["id"] + r["metadata"]["sha256"] for r in all_records),
+        extra={"errors": errors, "shards": keys, "languages": dict(by_lang)},
+    )

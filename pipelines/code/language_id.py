@@ -1,0 +1,221 @@
+"""Train and evaluate the content-only code-language classifier on one crawled snapshot.
+
+Labels come from file names and unambiguous extensions (plus strong heuristics for ambiguous extensions and
+shebangs of extension-less scripts, both switchable). Evaluation holds out whole packages/repos, never random
+files, so near-duplicate files of one project cannot sit on both sides of the split.
+
+Store outputs under `<out_prefix>/<snapshot>/`: `code_language.ftz` (model), `eval.json` (per-language
+P/R/F1, confusion matrix), `confusion.png`, `heldout.jsonl.gz` (ids + labels of the held-out files).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from classifiers.code_language import CodeLanguageClassifier, train_code_language_model, training_label
+from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.code.records import read_shards
+
+log = logging.getLogger(__name__)
+
+
+class CodeLanguageIdConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    in_prefix: str = Field("code/raw", description="Crawled records: <in_prefix>/<snapshot>/part-*.jsonl.gz")
+    out_prefix: str = Field("code/language_id", description="Model + eval go to <out_prefix>/<snapshot>/")
+    test_fraction: float = Field(
+        0.3, gt=0, lt=1, description="Target share of each language's files held out"
+    )
+    min_files_per_language: int = Field(
+        100, ge=1, description="Languages with fewer labelled files are left out"
+    )
+    min_test_files: int = Field(20, ge=1, description="Languages with fewer held-out files are not scored")
+    max_train_files_per_language: int = Field(2500, ge=1, description="Cap per language (class balance)")
+    heuristic_labels: bool = Field(
+        True, description="Label ambiguous extensions (.h .m .pl .v .ts) by strong markers"
+    )
+    shebang_labels: bool = Field(True, description="Label extension-less scripts by their shebang")
+    lr: float = Field(0.5, gt=0, description="fastText learning rate")
+    epoch: int = Field(25, ge=1, description="fastText epochs")
+    dim: int = Field(64, ge=2, description="fastText vector size")
+    word_ngrams: int = Field(2, ge=1, description="fastText word n-gram length over code tokens")
+    minn: int = Field(0, ge=0, description="fastText min char n-gram (0 = off)")
+    maxn: int = Field(0, ge=0, description="fastText max char n-gram (0 = off)")
+    min_count: int = Field(2, ge=1, description="fastText min token count")
+    bucket: int = Field(200_000, ge=1000, description="fastText hash buckets (model size)")
+    threads: int = Field(2, ge=1, description="fastText threads")
+    quantize: bool = Field(True, description="Quantize the saved model (MBs instead of tens of MBs)")
+    override_threshold: float = Field(
+        0.98, gt=0, le=1, description="Content overrides an extension prior above this"
+    )
+    min_confidence: float = Field(
+        0.5, gt=0, le=1, description="Content-only decisions below this are unknown"
+    )
+    seed: int = Field(0, description="Seed of the package split, sampling and fastText")
+
+    def fasttext_params(self) -> FastTextParams:
+        return FastTextParams(lr=self.lr, epoch=self.epoch, dim=self.dim, word_ngrams=self.word_ngrams,
+                              minn=self.minn, maxn=self.maxn, min_count=self.min_count, bucket=self.bucket,
+                              threads=self.threads, seed=self.seed)  # fmt: skip
+
+
+def _hash(seed: int, s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
+
+
+def group_of(meta: dict) -> str:
+    """The unit held out together: one package (or repo)."""
+    return f"{meta['source']}:{meta['package']}"
+
+
+def labelled_files(records, config: CodeLanguageIdConfig, stats: Counter) -> list[dict]:
+    """Records with a training label (text, label, group, id)."""
+    out = []
+    for rec in records:
+        meta = rec["metadata"]
+        label, how = training_label(meta["path"], rec["text"], config.heuristic_labels, config.shebang_labels)
+        if label is None:
+            stats[f"unlabelled/{how}"] += 1
+            continue
+        stats[f"labelled/{how}"] += 1
+        out.append({"id": rec["id"], "text": rec["text"], "label": label, "group": group_of(meta),
+                    "path": meta["path"], "how": how})  # fmt: skip
+    return out
+
+
+def split_by_group(files: list[dict], test_fraction: float, seed: int) -> set[str]:
+    """Choose held-out groups: walk groups in seeded hash order and hold one out while its languages' held-out
+    shares stay under the target (never the last training group of a language)."""
+    by_group: dict[str, Counter] = defaultdict(Counter)
+    for f in files:
+        by_group[f["group"]][f["label"]] += 1
+    total = Counter(f["label"] for f in files)
+    groups_of_lang: dict[str, set[str]] = defaultdict(set)
+    for g, langs in by_group.items():
+        for lang in langs:
+            groups_of_lang[lang].add(g)
+    test: set[str] = set()
+    held = Counter()
+    for g in sorted(by_group, key=lambda g: _hash(seed, g)):
+        langs = by_group[g]
+        main = langs.most_common(1)[0][0]
+        if held[main] >= test_fraction * total[main]:
+            continue
+        ok = all(
+            held[lang] + n <= max(test_fraction * 1.6 * total[lang], 0)
+            and len(groups_of_lang[lang] - test - {g}) >= 1
+            for lang, n in langs.items()
+            if n >= 0.1 * total[lang]
+        )
+        if ok:
+            test.add(g)
+            held.update(langs)
+    return test
+
+
+def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectStore, snapshot: str,
+                                   work_dir: Path | None = None) -> StageResult:  # fmt: skip
+    """Train the content classifier on `snapshot`'s crawled files, evaluate on held-out packages, publish
+    model + eval to the store. Returns metrics (accuracy, macro-F1, per-language F1) and the model file."""
+    t0 = time.time()
+    stats: Counter = Counter()
+    files = labelled_files(read_shards(store, f"{config.in_prefix}/{snapshot}"), config, stats)
+    counts = Counter(f["label"] for f in files)
+    keep = {lang for lang, n in counts.items() if n >= config.min_files_per_language}
+    stats["files/dropped_rare_language"] = sum(n for lang, n in counts.items() if lang not in keep)
+    files = [f for f in files if f["label"] in keep]
+    test_groups = split_by_group(files, config.test_fraction, config.seed)
+    train = [f for f in files if f["group"] not in test_groups]
+    test = [f for f in files if f["group"] in test_groups]
+    test_counts = Counter(f["label"] for f in test)
+    scored = sorted(lang for lang in keep if test_counts[lang] >= config.min_test_files)
+    not_scored = sorted(keep - set(scored))
+    # class balance: at most N training files per language (seeded)
+    by_lang: dict[str, list[dict]] = defaultdict(list)
+    for f in sorted(train, key=lambda f: _hash(config.seed, f["id"])):
+        by_lang[f["label"]].append(f)
+    train = [f for lang in sorted(by_lang) for f in by_lang[lang][: config.max_train_files_per_language]]
+    log.info("language id: %d train files, %d held-out files in %d groups, %d languages", len(train), len(test),
+             len(test_groups), len(keep))  # fmt: skip
+    work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-langid-"))
+    model_path = work / ("code_language.ftz" if config.quantize else "code_language.bin")
+    t_train = time.time()
+    model = train_code_language_model([(f["label"], f["text"]) for f in train], config.fasttext_params(),
+                                      model_path, quantize=config.quantize)  # fmt: skip
+    train_seconds = time.time() - t_train
+    clf = CodeLanguageClassifier(model, config.override_threshold, config.min_confidence)
+    eval_files = [f for f in test if f["label"] in scored]
+    t_pred = time.time()
+    probs = clf.predict_content([f["text"] for f in eval_files], k=1)
+    pred_seconds = time.time() - t_pred
+    y_pred = [max(p, key=p.get) if p else "" for p in probs]
+    report = classification_report([f["label"] for f in eval_files], y_pred, scored)
+    confusions = Counter((f["label"], p) for f, p in zip(eval_files, y_pred, strict=True) if f["label"] != p)
+    report.extra.update({
+        "snapshot": snapshot, "train_files": len(train), "test_groups": sorted(test_groups),
+        "train_counts": dict(Counter(f["label"] for f in train)), "test_counts": dict(test_counts),
+        "not_scored": not_scored, "top_confusions": [[t, p, n] for (t, p), n in confusions.most_common(25)],
+        "files_per_second": len(eval_files) / max(pred_seconds, 1e-9), "train_seconds": train_seconds,
+        "label_sources": {k: v for k, v in stats.items()}, "config": config.model_dump(),
+    })  # fmt: skip
+    plot_path = plot_confusion(
+        report, work / "confusion.png", f"code language ID, held-out packages ({snapshot})"
+    )
+    eval_path = work / "eval.json"
+    eval_path.write_text(json.dumps(report.to_json(), indent=1))
+    heldout_path = work / "heldout.jsonl.gz"
+    with gzip.open(heldout_path, "wt") as fh:
+        for f in eval_files:
+            fh.write(
+                json.dumps({"id": f["id"], "label": f["label"], "group": f["group"], "path": f["path"]})
+                + "\n"
+            )
+    prefix = f"{config.out_prefix}/{snapshot}"
+    outputs = {}
+    for name, path in {
+        "model": model_path,
+        "eval": eval_path,
+        "confusion": plot_path,
+        "heldout": heldout_path,
+    }.items():
+        outputs[name] = store.put_file(f"{prefix}/{path.name}", path)
+    metrics = {"accuracy": report.accuracy, "macro_f1": report.macro_f1, "languages_scored": float(len(scored)),
+               "train_files": float(len(train)), "heldout_files": float(len(eval_files)),
+               "heldout_groups": float(len(test_groups)), "files_per_second": report.extra["files_per_second"],
+               "train_seconds": train_seconds, "model_bytes": float(model_path.stat().st_size),
+               "seconds": time.time() - t0}  # fmt: skip
+    metrics.update({f"f1/{lang}": v["f1"] for lang, v in report.per_class.items()})
+    rows = [{"language": lang, "train": report.extra["train_counts"].get(lang, 0), "heldout": v["support"],
+             "precision": f"{v['precision']:.3f}", "recall": f"{v['recall']:.3f}", "f1": f"{v['f1']:.3f}"}
+            for lang, v in sorted(report.per_class.items())]  # fmt: skip
+    md = [f"## Code language ID `{snapshot}`",
+          f"Held-out packages: accuracy **{report.accuracy:.4f}**, macro-F1 **{report.macro_f1:.4f}** over "
+          f"{len(scored)} languages, {len(eval_files)} files in {len(test_groups)} packages "
+          f"({report.extra['files_per_second']:.0f} files/s).", "", markdown_table(rows)]  # fmt: skip
+    if not_scored:
+        md += ["", f"Trained but not scored (too few held-out files): {', '.join(not_scored)}"]
+    if confusions:
+        md += [
+            "",
+            "Top confusions: " + ", ".join(f"{t}->{p} ({n})" for (t, p), n in confusions.most_common(8)),
+        ]
+    return StageResult(
+        metrics=metrics, outputs=outputs, report_md="\n".join(md),
+        sample=[{"id": f["id"], "path": f["path"], "label": f["label"], "predicted": p}
+                for f, p in list(zip(eval_files, y_pred, strict=True))[:10]],
+        artifacts={"model/" + model_path.name: model_path, "eval/eval.json": eval_path,
+                   "eval/confusion.png": plot_path},
+        data_version=hashlib.sha256(model_path.read_bytes()).hexdigest()[:16],
+        extra={"model_path": model_path, "report": report},
+    )  # fmt: skip

@@ -1,0 +1,175 @@
+"""Metadata fix: make each record's language, path and repo metadata agree with its content.
+
+Checks, in order, each counted per reason:
+- hash mismatch: the text's sha256 differs from the recorded one (content changed or truncated) -> dropped;
+- origin: (source, package, version, path) must be in the crawl's origins index with that sha256; a file whose
+  content belongs to another package/path is re-attributed (corrected/wrong_repo), unknown content is dropped;
+- language: the declared (extension-only) language is replaced by the decision of the content classifier
+  combined with the priors (ambiguous `.h .m .pl .v .ts`, content overriding a wrong extension).
+Output: the shared contract `code/files/<snapshot>/part-*.jsonl.gz` with the final `language`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from classifiers.code_language import CodeLanguageClassifier
+from classifiers.code_language_rules import extension_of
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.code.records import data_version, read_shards, sha256_hex, write_shards
+
+log = logging.getLogger(__name__)
+
+
+class MetadataFixConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    in_prefix: str = Field("code/raw", description="Crawled records: <in_prefix>/<snapshot>/")
+    out_prefix: str = Field(
+        "code/files", description="Fixed records (the shared contract): <out_prefix>/<snapshot>/"
+    )
+    model_prefix: str = Field(
+        "code/language_id", description="Language model: <model_prefix>/<model_snapshot>/"
+    )
+    model_snapshot: str | None = Field(
+        None, description="Snapshot whose model to use (None = the same snapshot)"
+    )
+    override_threshold: float = Field(
+        0.98, gt=0, le=1, description="Content overrides an extension prior above this"
+    )
+    min_confidence: float = Field(
+        0.5, gt=0, le=1, description="Content-only decisions below this are dropped"
+    )
+    batch_size: int = Field(2000, ge=1, description="Files per classifier batch")
+    shard_records: int = Field(5000, gt=0, description="Records per output shard")
+
+
+def load_origins(store: ObjectStore, key: str) -> tuple[dict[tuple, str], dict[str, list[tuple]]] | None:
+    """(source, package, version, path) -> sha256, and sha256 -> origins; None if the crawl wrote no index."""
+    if not store.exists(key):
+        return None
+    by_key: dict[tuple, str] = {}
+    by_sha: dict[str, list[tuple]] = defaultdict(list)
+    for line in gzip.decompress(store.get_bytes(key)).decode().splitlines():
+        o = json.loads(line)
+        k = (o["source"], o["package"], o["version"], o["path"])
+        by_key[k] = o["sha256"]
+        by_sha[o["sha256"]].append(k)
+    return by_key, by_sha
+
+
+def check_origin(meta: dict, text_sha: str, origins, stats: Counter) -> str | None:
+    """Verify/fix one record's provenance in place; returns a drop reason or None."""
+    if text_sha != meta["sha256"]:
+        return "hash_mismatch"
+    if origins is None:
+        stats["unchecked/no_origin_index"] += 1
+        return None
+    by_key, by_sha = origins
+    key = (meta["source"], meta["package"], meta["version"], meta["path"])
+    if by_key.get(key) == text_sha:
+        return None
+    candidates = by_sha.get(text_sha)
+    if not candidates:
+        return "unknown_origin"
+    # prefer an origin with the same file name, then the first in index order
+    name = meta["path"].rsplit("/", 1)[-1]
+    src, pkg, ver, path = next((c for c in candidates if c[3].rsplit("/", 1)[-1] == name), candidates[0])
+    stats[
+        "corrected/wrong_repo" if (src, pkg) != (meta["source"], meta["package"]) else "corrected/wrong_path"
+    ] += 1
+    meta["original_origin"] = f"{meta['source']}:{meta['package']}@{meta['version']}:{meta['path']}"
+    meta.update({"source": src, "package": pkg, "version": ver, "path": path})
+    return None
+
+
+def fix_records(records, clf: CodeLanguageClassifier, origins, stats: Counter, batch_size: int = 2000):
+    """Yield fixed records (a datatrove-style step: counts every drop and correction by reason)."""
+    batch: list[dict] = []
+
+    def flush():
+        probs = clf.predict_content([r["text"] for r in batch], k=5)
+        for rec, p in zip(batch, probs, strict=True):
+            meta = rec["metadata"]
+            declared = meta.get("declared_language")
+            decision = clf.decide(meta["path"], rec["text"], declared, p)
+            if decision.language is None:
+                stats["dropped/unknown_language"] += 1
+                continue
+            meta["language"] = decision.language
+            meta["language_reason"] = decision.reason
+            meta["language_score"] = round(p.get(decision.language, 0.0), 4)
+            if declared != decision.language:
+                ext = extension_of(meta["path"]) or "(none)"
+                stats[f"corrected/language/{decision.reason}"] += 1
+                stats[f"corrected/language_by_ext/{ext}:{declared}->{decision.language}"] += 1
+            stats["kept"] += 1
+            yield rec
+        batch.clear()
+
+    for rec in records:
+        stats["seen"] += 1
+        meta = rec["metadata"]
+        reason = check_origin(meta, sha256_hex(rec["text"].encode()), origins, stats)
+        if reason:
+            stats[f"dropped/{reason}"] += 1
+            continue
+        batch.append(rec)
+        if len(batch) >= batch_size:
+            yield from flush()
+    if batch:
+        yield from flush()
+
+
+def fix_metadata(
+    config: MetadataFixConfig, store: ObjectStore, snapshot: str, model_path: Path | None = None
+) -> StageResult:
+    """Fix language/path/repo metadata of `snapshot`'s crawled records and write the final code files."""
+    t0 = time.time()
+    src = f"{config.in_prefix}/{snapshot}"
+    dst = f"{config.out_prefix}/{snapshot}"
+    stats: Counter = Counter()
+    origins = load_origins(store, f"{src}/origins.jsonl.gz")
+    with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:
+        if model_path is None:
+            key = f"{config.model_prefix}/{config.model_snapshot or snapshot}/code_language.ftz"
+            if not store.exists(key):
+                key = key.removesuffix(".ftz") + ".bin"
+            model_path = store.download(key, Path(tmp) / key.rsplit("/", 1)[-1])
+        clf = CodeLanguageClassifier.load(model_path, override_threshold=config.override_threshold,
+                                          min_confidence=config.min_confidence)  # fmt: skip
+        kept: list[dict] = []
+        languages = Counter()
+        for rec in tqdm(fix_records(read_shards(store, src), clf, origins, stats, config.batch_size),
+                        desc="metadata fix", unit="file", mininterval=5):  # fmt: skip
+            kept.append(rec)
+            languages[rec["metadata"]["language"]] += 1
+    keys = write_shards(store, dst, kept, config.shard_records)
+    store.put_json(
+        f"{dst}/fix_stats.json", {"snapshot": snapshot, "stats": dict(stats), "languages": dict(languages)}
+    )
+    metrics = {k: float(v) for k, v in stats.items()}
+    metrics["seconds"] = time.time() - t0
+    reasons = [
+        {"reason": k, "files": v}
+        for k, v in sorted(stats.items())
+        if k.startswith(("dropped/", "corrected/"))
+    ]
+    md = [f"## Code metadata fix `{snapshot}`", f"{stats['seen']} records in, {stats['kept']} kept.", "",
+          markdown_table(reasons), "", "### Files per final language",
+          markdown_table([{"language": k, "files": v} for k, v in languages.most_common()])]  # fmt: skip
+    return StageResult(
+        metrics=metrics, outputs={"files": store.uri(dst)}, report_md="\n".join(md),
+        sample=[{**r, "text": r["text"][:400]} for r in kept if r["metadata"].get("language_reason") == "ambiguous_resolved"][:5],
+        data_version=data_version(r["id"] + r["metadata"]["language"] for r in kept),
+        extra={"shards": keys, "languages": dict(languages), "stats": dict(stats)},
+    )  # fmt: skip

@@ -1,0 +1,222 @@
+"""Per-language code quality classifiers for low-resource languages and quality-aware sampling weights.
+
+For each configured language: labels from an LLM-judge labels file when given (JSONL `{"id", "score"}`,
+score >= `judge_threshold` is high quality), else from the documented heuristics in
+`classifiers/code_quality.py` (top / bottom `label_quantile` of the heuristic score within the language);
+a fastText model per language, evaluated on held-out packages; a quality score on every file of the language
+(other languages get the heuristic score).
+
+Sampling weights (`<out_prefix>/<snapshot>/sampling_weights.json`): a language multiplier from temperature
+sampling over characters (share^(1/T), renormalised; T > 1 upsamples low-resource languages), times a per-file
+factor exp(beta * (quality - language mean)) normalised to mean 1 within the language, clipped to
+[min_file_weight, max_file_weight]. Per-file scores and weights: `scores/part-*.jsonl.gz`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from classifiers.code_quality import (
+    HQ,
+    LQ,
+    heuristic_quality,
+    is_test_path,
+    quality_features,
+    quality_scores,
+    train_quality_model,
+)
+from classifiers.fasttext_train import FastTextParams, classification_report
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.code.records import read_shards, write_shards
+
+log = logging.getLogger(__name__)
+
+
+class CodeQualityConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    in_prefix: str = Field("code/files", description="Fixed code files: <in_prefix>/<snapshot>/")
+    out_prefix: str = Field("code/quality", description="Models, scores, weights: <out_prefix>/<snapshot>/")
+    languages: list[str] = Field(
+        ["Scala", "Swift", "Lua"], description="Languages that get their own classifier"
+    )
+    judge_labels: str | None = Field(
+        None, description="Store key of LLM-judge labels JSONL {id, score}; None = heuristics"
+    )
+    judge_threshold: float = Field(3.0, description="Judge score at or above which a file is high quality")
+    label_quantile: float = Field(
+        0.3, gt=0, lt=0.5, description="Heuristic labels: top/bottom share per language"
+    )
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="Share of packages held out for evaluation")
+    min_files: int = Field(60, ge=4, description="Languages with fewer labelled files get no classifier")
+    epoch: int = Field(20, ge=1, description="fastText epochs")
+    lr: float = Field(0.3, gt=0, description="fastText learning rate")
+    word_ngrams: int = Field(2, ge=1, description="fastText word n-grams")
+    dim: int = Field(32, ge=2, description="fastText vector size")
+    bucket: int = Field(100_000, ge=1000, description="fastText hash buckets")
+    temperature: float = Field(2.0, ge=1, description="Language sampling temperature (1 = natural shares)")
+    beta: float = Field(
+        3.0, ge=0, description="Per-file weight exp(beta * (quality - mean)); 0 = quality-blind"
+    )
+    min_file_weight: float = Field(0.1, ge=0, description="Clip for per-file weights")
+    max_file_weight: float = Field(5.0, gt=0, description="Clip for per-file weights")
+    seed: int = Field(0, description="Seed of the split and fastText")
+
+
+def _hash(seed: int, s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
+
+
+def load_judge_labels(store: ObjectStore, key: str) -> dict[str, float]:
+    out = {}
+    for line in store.get_bytes(key).decode().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out[row["id"]] = float(row["score"])
+    return out
+
+
+def language_weights(chars: dict[str, int], temperature: float) -> dict[str, float]:
+    """Multiplier per language so that sampling shares become share^(1/T) (renormalised)."""
+    total = sum(chars.values()) or 1
+    shares = {lang: c / total for lang, c in chars.items()}
+    tempered = {lang: s ** (1 / temperature) for lang, s in shares.items()}
+    norm = sum(tempered.values()) or 1
+    return {lang: (tempered[lang] / norm) / shares[lang] if shares[lang] else 0.0 for lang in chars}
+
+
+def train_code_quality(
+    config: CodeQualityConfig, store: ObjectStore, snapshot: str, work_dir: Path | None = None
+) -> StageResult:
+    """Label, train and evaluate one quality model per configured language; score every file; write scores
+    and sampling weights. Returns per-language eval metrics and the model files."""
+    t0 = time.time()
+    work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-quality-"))
+    records = list(read_shards(store, f"{config.in_prefix}/{snapshot}"))
+    judge = load_judge_labels(store, config.judge_labels) if config.judge_labels else None
+    tested_packages = {
+        (r["metadata"]["source"], r["metadata"]["package"])
+        for r in records
+        if is_test_path(r["metadata"]["path"])
+    }
+    rows: list[dict] = []
+    for rec in records:
+        meta = rec["metadata"]
+        pkg = (meta["source"], meta["package"])
+        feats = quality_features(rec["text"], meta["language"], meta["path"], pkg in tested_packages)
+        rows.append({"id": rec["id"], "language": meta["language"], "group": f"{pkg[0]}:{pkg[1]}",
+                     "chars": len(rec["text"]), "heuristic": heuristic_quality(feats), "text": rec["text"]})  # fmt: skip
+    by_lang: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_lang[row["language"]].append(row)
+    metrics: dict[str, float] = {}
+    artifacts: dict[str, Path] = {}
+    outputs: dict[str, str] = {}
+    evals: dict[str, dict] = {}
+    prefix = f"{config.out_prefix}/{snapshot}"
+    for lang in config.languages:
+        items = by_lang.get(lang, [])
+        if judge is not None:
+            labelled = [
+                (r, HQ if judge[r["id"]] >= config.judge_threshold else LQ) for r in items if r["id"] in judge
+            ]
+            label_source = "judge"
+        else:
+            ranked = sorted(items, key=lambda r: (r["heuristic"], _hash(config.seed, r["id"])))
+            k = int(len(ranked) * config.label_quantile)
+            labelled = (
+                [(r, LQ) for r in ranked[:k]] + [(r, HQ) for r in ranked[len(ranked) - k :]] if k else []
+            )
+            label_source = "heuristic"
+        if len(labelled) < config.min_files:
+            log.warning(
+                "quality: %s has %d labelled files (< %d); using heuristic scores",
+                lang,
+                len(labelled),
+                config.min_files,
+            )
+            evals[lang] = {"skipped": f"{len(labelled)} labelled files"}
+            continue
+        groups = sorted({r["group"] for r, _ in labelled}, key=lambda g: _hash(config.seed, g))
+        test_groups, held = set(), 0
+        for g in groups:  # hold out whole packages up to the target share, keeping >= 1 for training
+            if held >= config.test_fraction * len(labelled) or len(test_groups) >= len(groups) - 1:
+                break
+            test_groups.add(g)
+            held += sum(1 for r, _ in labelled if r["group"] == g)
+        train = [(lab, r["text"]) for r, lab in labelled if r["group"] not in test_groups]
+        test = [(lab, r["text"]) for r, lab in labelled if r["group"] in test_groups]
+        params = FastTextParams(lr=config.lr, epoch=config.epoch, dim=config.dim, word_ngrams=config.word_ngrams,
+                                bucket=config.bucket, threads=1, seed=config.seed)  # fmt: skip
+        slug = lang.lower().replace(" ", "_").replace("+", "p").replace("#", "sharp")
+        model_path = work / f"quality_{slug}.bin"
+        model = train_quality_model(train, params, model_path)
+        ev = {
+            "label_source": label_source,
+            "train": len(train),
+            "test": len(test),
+            "test_groups": sorted(test_groups),
+        }
+        if test:
+            scores = quality_scores(model, [t for _, t in test])
+            pred = [HQ if s >= 0.5 else LQ for s in scores]
+            rep = classification_report([lab for lab, _ in test], pred, [HQ, LQ])
+            ev.update({"accuracy": rep.accuracy, "macro_f1": rep.macro_f1, "f1_hq": rep.per_class[HQ]["f1"]})
+            metrics[f"{slug}/accuracy"] = rep.accuracy
+            metrics[f"{slug}/macro_f1"] = rep.macro_f1
+        evals[lang] = ev
+        for r, s in zip(items, quality_scores(model, [r["text"] for r in items]), strict=True):
+            r["quality"] = round(s, 4)
+        artifacts[f"models/{model_path.name}"] = model_path
+        outputs[f"model_{slug}"] = store.put_file(f"{prefix}/{model_path.name}", model_path)
+    for row in rows:
+        row.setdefault("quality", row["heuristic"])
+    # sampling weights
+    chars = Counter()
+    for row in rows:
+        chars[row["language"]] += row["chars"]
+    lang_w = language_weights(dict(chars), config.temperature)
+    summary: dict[str, dict] = {}
+    for lang, items in by_lang.items():
+        mean_q = sum(r["quality"] for r in items) / len(items)
+        raw = [math.exp(config.beta * (r["quality"] - mean_q)) for r in items]
+        norm = sum(raw) / len(raw)
+        for r, w in zip(items, raw, strict=True):
+            r["weight"] = round(
+                lang_w[lang] * min(config.max_file_weight, max(config.min_file_weight, w / norm)), 5
+            )
+        buckets = Counter(min(4, int(r["quality"] * 5)) for r in items)
+        summary[lang] = {
+            "files": len(items), "chars": chars[lang], "mean_quality": round(mean_q, 4),
+            "language_weight": round(lang_w[lang], 5), "classifier": lang in evals and "skipped" not in evals[lang],
+            "quality_histogram": {f"{b / 5:.1f}-{(b + 1) / 5:.1f}": buckets[b] for b in range(5)},
+        }  # fmt: skip
+    weights_doc = {"snapshot": snapshot, "temperature": config.temperature, "beta": config.beta,
+                   "method": "weight(file) = language_weight * clip(exp(beta*(q - mean_q)) / mean, min, max)",
+                   "languages": summary, "eval": evals}  # fmt: skip
+    store.put_json(f"{prefix}/sampling_weights.json", weights_doc)
+    write_shards(store, f"{prefix}/scores", ({"id": r["id"], "language": r["language"], "quality": r["quality"],
+                                              "heuristic": r["heuristic"], "weight": r["weight"]} for r in rows), 50_000)  # fmt: skip
+    (work / "sampling_weights.json").write_text(json.dumps(weights_doc, indent=1))
+    artifacts["sampling_weights.json"] = work / "sampling_weights.json"
+    outputs["sampling_weights"] = store.uri(f"{prefix}/sampling_weights.json")
+    outputs["scores"] = store.uri(f"{prefix}/scores")
+    metrics["seconds"] = time.time() - t0
+    metrics["files_scored"] = float(len(rows))
+    table = [{"language": lang, "label_source": ev.get("label_source", "-"), "train": ev.get("train", 0),
+              "heldout": ev.get("test", 0), "accuracy": f"{ev['accuracy']:.3f}" if "accuracy" in ev else "-",
+              "mean_quality": summary.get(lang, {}).get("mean_quality", "-"),
+              "language_weight": summary.get(lang, {}).get("language_weight", "-")} for lang, ev in evals.items()]  # fmt: skip
+    md = [f"## Code quality `{snapshot}`", markdown_table(table)]
+    return StageResult(metrics=metrics, outputs=outputs, report_md="\n".join(md), artifacts=artifacts,
+                       sample=[{k: v for k, v in r.items() if k != "text"} for r in rows[:5]],
+                       extra={"eval": evals, "summary": summary})  # fmt: skip

@@ -111,8 +111,9 @@ class CrawlConfig(BaseModel):
     retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per attempt (+jitter)")
     timeout_s: float = Field(10.0, gt=0, description="Connect/read timeout and the wall-time limit per page")
     user_agent: str = Field(
-        "CrucibleBot/0.1 (+https://github.com/crucible-ml/crucible; research crawler)",
-        description="User-Agent header; its first token is matched against robots.txt groups",
+        "CrucibleBot/0.1 (research crawler)",
+        description="User-Agent header (add a contact URL for real crawls); its first token is matched "
+        "against robots.txt groups",
     )
     records_per_warc_file: int = Field(
         1000, ge=2, description="WARC records per output file (a crawled page is two: request + response)"

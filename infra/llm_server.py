@@ -1,0 +1,308 @@
+"""A small OpenAI-compatible chat server around an in-process model (a GGUF file, a HF model directory, or
+any object with a `chat()` method).
+
+It speaks the subset of the API that judges and rollouts use: `POST /v1/chat/completions` (non-streaming,
+`max_tokens`, `temperature`, `logprobs` + `top_logprobs`), `GET /v1/models`, `GET /health`, and `GET /stats`
+(request counters, so tests can assert how many calls a client made). Tests start it as a subprocess on
+127.0.0.1; it also serves as a local endpoint for a judge when no vLLM / llama.cpp server is around.
+
+    python -m infra.llm_server --gguf PATH [--port 0]          # prints "listening on http://HOST:PORT"
+    python -m infra.llm_server --factory package.module:make   # any ChatModel
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import re
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)  # alternatives at this position, best first
+
+
+@dataclass
+class ChatOutput:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str = "stop"
+
+
+class ChatModel(Protocol):
+    name: str
+
+    def chat(self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int) -> ChatOutput:
+        """Answer a chat; `top_logprobs` > 0 asks for the top alternatives at each generated position."""
+
+
+class TransformersChatModel:
+    """A causal LM loaded in-process with transformers: a HF model directory, or a GGUF file (`gguf_file=`).
+
+    Greedy decoding when temperature is 0. `next_token_logprobs` gives the distribution over chosen candidate
+    tokens right after the prompt, which is how a judge reads a score without sampling.
+    """
+
+    def __init__(self, path: str | Path, threads: int | None = None, max_input_tokens: int = 2048,
+                 seed: int = 0):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(path)
+        if threads:
+            torch.set_num_threads(threads)
+        kwargs: dict[str, Any] = {}
+        if path.is_file():  # a GGUF file: transformers de-quantizes it into a torch model
+            kwargs["gguf_file"] = path.name
+            path = path.parent
+        started = time.time()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
+        self.name = kwargs.get("gguf_file") or path.name
+        self.max_input_tokens = max_input_tokens
+        self.seed = seed
+        self._lock = threading.Lock()  # one forward pass at a time: torch already uses every core we allow
+        log.info("loaded %s in %.1f s", self.name, time.time() - started)
+
+    def prompt_ids(self, messages: list[dict]):
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False)
+        if hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)[-self.max_input_tokens :]
+
+    def token_id(self, text: str) -> int:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is not a single token for {self.name}: {ids}")
+        return ids[0]
+
+    def next_token_logprobs(self, messages: list[dict], candidates: list[str], assistant_prefix: str = ""
+                            ) -> tuple[dict[str, float], int]:
+        """Log-probabilities of each candidate as the first answer token, and the prompt's token count."""
+        import torch
+
+        ids = self.prompt_ids(messages)
+        if assistant_prefix:
+            ids = ids + self.tokenizer.encode(assistant_prefix, add_special_tokens=False)
+        with self._lock, torch.no_grad():
+            logits = self.model(torch.tensor([ids])).logits[0, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return {c: float(logprobs[self.token_id(c)]) for c in candidates}, len(ids)
+
+    def chat(self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
+             ) -> ChatOutput:
+        import torch
+
+        ids = self.prompt_ids(messages)
+        with self._lock, torch.no_grad():
+            torch.manual_seed(self.seed)
+            out = self.model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or None,
+                top_p=None, top_k=None, output_logits=True, return_dict_in_generate=True,
+                pad_token_id=self.tokenizer.eos_token_id,
+            )
+        new_ids = out.sequences[0, len(ids) :].tolist()
+        eos = self.tokenizer.eos_token_id
+        finish = "stop" if new_ids and new_ids[-1] == eos else "length"
+        new_ids = [t for t in new_ids if t != eos]
+        logprobs = None
+        if top_logprobs:
+            logprobs = []
+            for tok_id, step_logits in zip(new_ids, out.logits, strict=False):
+                lp = torch.log_softmax(step_logits[0].float(), dim=-1)
+                top = torch.topk(lp, top_logprobs)
+                logprobs.append(TokenLogprob(
+                    self.tokenizer.decode([tok_id]), float(lp[tok_id]),
+                    [(self.tokenizer.decode([int(i)]), float(v)) for v, i in zip(top.values, top.indices,
+                                                                                   strict=True)],
+                ))
+        return ChatOutput(self.tokenizer.decode(new_ids, skip_special_tokens=True), len(ids), len(new_ids),
+                          logprobs, finish)
+
+
+_MATH_WORDS = re.compile(
+    r"\b(theorem|proof|lemma|equation|integral|derivative|polynomial|matrix|prime|probability|function|"
+    r"solve|solution|sum|limit|vector|triangle|angle|algebra|calculus|geometry|integer|fraction)s?\b",
+    re.IGNORECASE,
+)
+_MATH_SYMBOLS = re.compile(r"[=+\-*/^<>]|\d")
+
+
+class KeywordScorerModel:
+    """A tiny deterministic 'judge': scores 0-5 by the density of math words and symbols in the last user
+    message. For tests and dry runs of judge clients without a real LLM; answers like `Score: 3`."""
+
+    name = "keyword-scorer"
+
+    def score(self, text: str) -> int:
+        words = max(1, len(text.split()))
+        density = (3 * len(_MATH_WORDS.findall(text)) + 0.5 * len(_MATH_SYMBOLS.findall(text))) / words
+        return max(0, min(5, int(density * 10)))
+
+    def chat(self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
+             ) -> ChatOutput:
+        user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+        doc = user.split("<document>")[-1].split("</document>")[0]  # score the document, not the rubric
+        score = self.score(doc)
+        logprobs = None
+        if top_logprobs:
+            # a peaked distribution around the score, so log-prob weighted parsing has something to read
+            top = sorted(((str(s), -1.5 * abs(s - score) - 0.05) for s in range(6)), key=lambda t: -t[1])
+            logprobs = [TokenLogprob(str(score), top[0][1], top[:top_logprobs])]
+        return ChatOutput(f"{score}", len(user.split()), 1, logprobs)
+
+
+class OpenAICompatibleServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, model: ChatModel, host: str = "127.0.0.1", port: int = 0):
+        super().__init__((host, port), _Handler)
+        self.model = model
+        self.stats: dict[str, int] = {}
+        self.stats_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def count(self, key: str) -> None:
+        with self.stats_lock:
+            self.stats[key] = self.stats.get(key, 0) + 1
+
+
+def chat_completion_response(model_name: str, out: ChatOutput, want_logprobs: bool) -> dict:
+    """An OpenAI `chat.completion` object for one choice."""
+    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
+                              "finish_reason": out.finish_reason, "logprobs": None}
+    if want_logprobs and out.logprobs is not None:
+        choice["logprobs"] = {"content": [
+            {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+             "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in t.top]}
+            for t in out.logprobs
+        ]}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+        "model": model_name, "choices": [choice],
+        "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+                  "total_tokens": out.prompt_tokens + out.completion_tokens},
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: OpenAICompatibleServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, message: str) -> None:
+        self.server.count(f"errors/{status}")
+        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        if self.path == "/health":
+            self._send(200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": self.server.model.name, "object": "model",
+                                                         "owned_by": "crucible"}]})
+        elif self.path == "/stats":
+            with self.server.stats_lock:
+                self._send(200, dict(self.server.stats))
+        else:
+            self._error(404, f"no route {self.path}")
+
+    def do_POST(self) -> None:  # noqa: N802
+        if self.path != "/v1/chat/completions":
+            self._error(404, f"no route {self.path}")
+            return
+        self.server.count("requests/chat")
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            messages = body["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages must be a non-empty list")
+        except (ValueError, KeyError, TypeError) as exc:
+            self._error(400, f"bad request: {exc}")
+            return
+        if body.get("stream"):
+            self._error(400, "stream=true is not supported by this server")
+            return
+        if int(body.get("n", 1)) != 1:
+            self._error(400, "only n=1 is supported")
+            return
+        want_logprobs = bool(body.get("logprobs"))
+        top = int(body.get("top_logprobs") or 0) if want_logprobs else 0
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        try:
+            out = self.server.model.chat(messages, max_tokens=max_tokens,
+                                         temperature=float(body.get("temperature") or 0.0),
+                                         top_logprobs=max(top, 1) if want_logprobs else 0)
+        except Exception as exc:  # a model failure is the client's 500, not a dead server
+            log.exception("model failed")
+            self._error(500, f"model failed: {exc}")
+            return
+        self.server.count("responses/chat")
+        self._send(200, chat_completion_response(self.server.model.name, out, want_logprobs))
+
+
+def load_factory(spec: str) -> ChatModel:
+    """`module:callable` -> the ChatModel the callable returns."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--gguf", help="a GGUF model file")
+    which.add_argument("--hf-dir", help="a Hugging Face model directory")
+    which.add_argument("--keyword-scorer", action="store_true", help="the deterministic keyword scorer")
+    which.add_argument("--factory", help="module:callable returning a ChatModel")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = a free port")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    if args.gguf or args.hf_dir:
+        model: ChatModel = TransformersChatModel(args.gguf or args.hf_dir, threads=args.threads)
+    elif args.keyword_scorer:
+        model = KeywordScorerModel()
+    else:
+        model = load_factory(args.factory)
+    server = OpenAICompatibleServer(model, args.host, args.port)
+    print(f"listening on {server.url}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()

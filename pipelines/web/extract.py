@@ -9,6 +9,11 @@ Every step sends what it drops to `<out>/dropped/<step>/*.jsonl.gz` with `metada
 funnel (docs in, dropped per step and reason, kept) comes back as metrics and a Markdown table. Both stages
 work in a temp dir (datatrove's completion markers and logs stay there) and then replace `<out>/` in the store,
 so a rerun starts from scratch and the same input gives byte-identical shards.
+
+Metrics: `docs_in`, `docs_out` (kept), `docs_dropped`, `drop_rate`, `seconds`, `docs_per_s`,
+`dropped/<step>` and `dropped/<step>/<reason>`, `kept_language_docs/<lang>`; the extract stage adds
+`detected_language_docs/<lang>` (top lid.176 label of every document that reached language ID) and
+`target_language_share` (share of those in `config.languages`).
 """
 
 from __future__ import annotations
@@ -137,7 +142,12 @@ def _extract_steps(
         return DropWriter(str(out / DROPPED / step), step)
 
     steps: list[tuple[str | None, object]] = [
-        ("read", HtmlWarcReader(str(folder), str(paths_file), snapshot, exclusion_writer=drops("read"))),
+        (
+            "read",
+            HtmlWarcReader(
+                str(folder), str(paths_file), snapshot, exclusion_writer=drops("read"), doc_progress=True
+            ),
+        ),
         (
             "extract",
             TrafilaturaWithDrops(
@@ -169,7 +179,7 @@ def _quality_steps(
         return DropWriter(str(out / DROPPED / step), step)
 
     steps: list[tuple[str | None, object]] = [
-        (None, JsonlReader(str(folder), paths_file=str(paths_file), add_file_path=False))
+        (None, JsonlReader(str(folder), paths_file=str(paths_file), add_file_path=False, doc_progress=True))
     ]
     if config.gopher_repetition:
         steps.append(
@@ -225,7 +235,10 @@ def _quality_steps(
 
 
 def _run(config: ExtractConfig, steps: list[tuple[str | None, object]], out: Path, logs: Path):
-    """Run named steps + language count + kept writer; returns (funnel, kept language counts, seconds)."""
+    """Run the named steps, then count languages and write `kept/`.
+
+    Returns (funnel, kept docs per language, seconds, {step name: datatrove stats}).
+    """
     pipeline = [step for _, step in steps] + [
         CountLanguages(),
         JsonlWriter(str(out / KEPT), compression="gzip"),
@@ -423,8 +436,10 @@ def extract_documents(
 ) -> StageResult:
     """Main text of the HTML responses in the WARC files under `warc_prefix`, in `config.languages`.
 
-    Writes `<out_prefix>/kept/NNNNN.jsonl.gz` (metadata url, date, snapshot, language, language_score) and
-    `<out_prefix>/dropped/{read,extract,min_length,language}/NNNNN.jsonl.gz` with `drop_reason`.
+    Writes `<out_prefix>/kept/NNNNN.jsonl.gz` (metadata url, date, snapshot, warc_file, language,
+    language_score), `<out_prefix>/dropped/{read,extract,min_length,language}/NNNNN.jsonl.gz` (with
+    `drop_step`, `drop_reason`) and `<out_prefix>/manifest.json`. WARC files are split between
+    `config.tasks` tasks; with more than one worker, a calling script needs an `if __name__ == "__main__"` guard.
     """
     lid_model = packaged_file(LID_176)  # resolved before the run: nothing downloads inside the pipeline
 

@@ -56,8 +56,11 @@ def iter_tar(fileobj_or_path, strip_top: bool, what: str) -> Iterator[Member]:
 
                 def read(info=info, data=data) -> bytes:
                     if not data:
-                        fh = tf.extractfile(info)
-                        data.append(fh.read() if fh else b"")
+                        try:
+                            fh = tf.extractfile(info)
+                            data.append(fh.read() if fh else b"")
+                        except Exception as exc:  # tarfile, lzma, zlib and bz2 each raise their own types
+                            raise ArchiveError(f"{what}: corrupt member {info.name} ({exc!r})") from None
                     return data[0]
 
                 yield Member(path, info.size, read)

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
@@ -89,9 +89,8 @@ def records_from_source(spec: SourceSpec, fetched: code_sources.FetchedSource, c
                         snapshot: str, stats: Counter, origins: list[dict]) -> list[dict]:  # fmt: skip
     """Scan every member of a fetched source; keep at most `cap` code files (a seeded hash sample)."""
     licenses = LicenseIndex()
-    heap: list[
-        tuple[int, str, dict]
-    ] = []  # max-heap on the sample key (negated): the `cap` smallest keys win
+    # max-heap on the sample key (negated): the `cap` smallest keys win
+    heap: list[tuple[int, str, dict]] = []
     package = (
         spec.name if spec.kind != "git" else spec.name.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
     )
@@ -102,6 +101,8 @@ def records_from_source(spec: SourceSpec, fetched: code_sources.FetchedSource, c
         reason = skip_reason_for_path(member.path, member.size, config.max_file_bytes)
         if reason is None and spec.include and not any(fnmatch.fnmatch(member.path, g) for g in spec.include):
             reason = "not_included"
+        if reason is None and declared_language(member.path) is None and PurePosixPath(member.path).suffix:
+            reason = "unknown_language"  # an unknown extension: only extension-less files get a shebang look
         if reason in ("too_large", "binary", "empty"):
             stats[f"dropped/{reason}"] += 1
             continue
@@ -113,6 +114,9 @@ def records_from_source(spec: SourceSpec, fetched: code_sources.FetchedSource, c
                             "path": member.path, "sha256": digest})  # fmt: skip
         if reason is None and text is None:
             reason = "binary"
+        key = _sample_key(config.seed, member.path)
+        if reason is None and len(heap) >= cap and -heap[0][0] < key:
+            reason = "over_source_cap"  # decided before the content checks: they are the costly part
         if reason is None and (reason := skip_reason_for_content(member.path, text)) is None:
             prior = language_prior(member.path, text)
             declared = declared_language(member.path) or prior.language
@@ -121,12 +125,15 @@ def records_from_source(spec: SourceSpec, fetched: code_sources.FetchedSource, c
         if reason is not None:
             stats[f"dropped/{reason}"] += 1
             continue
-        key = _sample_key(config.seed, member.path)
-        if len(heap) >= cap and -heap[0][0] < key:
-            stats["dropped/over_source_cap"] += 1
-            continue
-        rec = {"text": text, "path": member.path, "size": len(data), "sha256": digest, "declared": declared,
-               "language": prior.language or declared, "language_source": prior.source if prior.language else "extension"}  # fmt: skip
+        rec = {
+            "text": text,
+            "path": member.path,
+            "size": len(data),
+            "sha256": digest,
+            "declared": declared,
+            "language": prior.language or declared,
+            "language_source": prior.source if prior.language else "extension",
+        }
         heapq.heappush(heap, (-key, member.path, rec))
         if len(heap) > cap:
             heapq.heappop(heap)

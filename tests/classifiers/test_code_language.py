@@ -1,0 +1,158 @@
+"""Code language ID: Linguist-style priors, each ambiguous extension, the content classifier and its eval."""
+
+from __future__ import annotations
+
+import pytest
+from code_snippets import corpus, snippet
+
+from classifiers.code_language import CodeLanguageClassifier, code_tokens, train_code_language_model, training_label
+from classifiers.code_language_rules import (
+    declared_language,
+    language_from_modeline,
+    language_from_shebang,
+    language_prior,
+    resolve_ambiguous,
+)
+from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
+
+C_HEADER = "#ifndef FOO_H\n#define FOO_H\n#include <stddef.h>\nstruct foo { int x; };\nint foo_init(struct foo *f);\n#endif\n"
+CPP_HEADER = "#pragma once\n#include <vector>\nnamespace geo {\nclass Point {\npublic:\n  double x, y;\n};\n}\n"
+OBJC_HEADER = "#import <Foundation/Foundation.h>\n@interface RCTBridge : NSObject\n@property NSString *name;\n@end\n"
+OBJC_M = '#import "RCTBridge.h"\n@implementation RCTBridge\n- (void)start {\n  NSLog(@"hi");\n}\n@end\n'
+MATLAB_M = "function y = smooth3(x, n)\n% SMOOTH3 moving average\n  y = filter(ones(1, n) / n, 1, x);\nend\n"
+PERL_PL = "#!/usr/bin/perl\nuse strict;\nuse warnings;\nmy @files = glob('*.txt');\nprint scalar(@files), \"\\n\";\n"
+PROLOG_PL = ":- module(lists2, [append3/4]).\nappend3(A, B, C, D) :-\n    append(A, B, AB),\n    append(AB, C, D).\n"
+VERILOG_V = "module counter(input clk, output reg [3:0] q);\n  always @(posedge clk) q <= q + 1;\nendmodule\n"
+COQ_V = "Require Import Arith.\nTheorem plus_0 : forall n, n + 0 = n.\nProof.\n  induction n; simpl; auto.\nQed.\n"
+TS_TS = "export function add(a: number, b: number): number {\n  return a + b;\n}\n"
+QT_TS = '<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE TS>\n<TS version="2.1" language="fr">\n<context></context>\n</TS>\n'
+
+
+@pytest.mark.parametrize(
+    "ext,text,expected",
+    [
+        (".h", C_HEADER, None),  # no C++/ObjC marker: stays the declared C
+        (".h", CPP_HEADER, "C++"),
+        (".h", OBJC_HEADER, "Objective-C"),
+        (".m", OBJC_M, "Objective-C"),
+        (".m", MATLAB_M, "MATLAB"),
+        (".pl", PERL_PL, "Perl"),
+        (".pl", PROLOG_PL, "Prolog"),
+        (".v", VERILOG_V, "Verilog"),
+        (".v", COQ_V, "Coq"),
+        (".ts", TS_TS, "TypeScript"),
+        (".ts", QT_TS, "XML"),
+    ],
+)
+def test_each_ambiguous_extension_is_resolved_by_content_markers(ext, text, expected):
+    assert resolve_ambiguous(ext, text) == expected
+
+
+def test_declared_language_is_what_an_extension_only_system_records():
+    assert declared_language("include/foo.h") == "C"
+    assert declared_language("ios/RCTView.m") == "Objective-C"
+    assert declared_language("lib/foo.pl") == "Perl"
+    assert declared_language("rtl/top.v") == "Verilog"
+    assert declared_language("i18n/app_de.ts") == "TypeScript"
+    assert declared_language("src/Main.scala") == "Scala"
+    assert declared_language("build/Makefile") == "Makefile"
+    assert declared_language("README") is None
+
+
+def test_shebang_and_modeline_priors():
+    assert language_from_shebang("#!/usr/bin/env python3\nprint(1)\n") == "Python"
+    assert language_from_shebang("#!/bin/sh\nset -e\n") == "Shell"
+    assert language_from_shebang("#!/usr/bin/env -S lua5.4 -W\n") == "Lua"
+    assert language_from_shebang("#!/usr/bin/perl -w\n") == "Perl"
+    assert language_from_shebang("#!/usr/bin/unknown-thing\n") is None
+    assert language_from_modeline("# -*- mode: ruby -*-\nfoo\n") == "Ruby"
+    assert language_from_modeline("x = 1\n-- vim: set ft=lua:\n") == "Lua"
+    prior = language_prior("bin/tool", "#!/usr/bin/env ruby\nputs 1\n")
+    assert (prior.language, prior.source) == ("Ruby", "shebang")
+    prior = language_prior("x.pl", PROLOG_PL)
+    assert (prior.language, prior.source, prior.ambiguous) == ("Prolog", "heuristic", True)
+
+
+def test_tokens_keep_operators_sigils_and_line_structure():
+    toks = code_tokens("#include <stdio.h>\nint main() {\n\treturn a->b :: c;\n}\n")
+    assert toks[:3] == ["NL", "#include", "<"]
+    assert "->" in toks and "::" in toks and "NLtab" in toks
+    assert code_tokens("my $x = 42;")[1:4] == ["my", "$x", "="]
+    assert "0" in code_tokens("x = 12345")  # digits are normalised
+
+
+def test_training_labels_use_unambiguous_extensions_and_strong_heuristics_only():
+    assert training_label("a/b.scala", "object A") == ("Scala", "extension")
+    assert training_label("a/b.h", C_HEADER) == (None, "heuristic")  # C headers are not guessed
+    assert training_label("a/b.h", CPP_HEADER) == ("C++", "heuristic")
+    assert training_label("a/b.m", MATLAB_M, use_heuristics=False) == (None, "ambiguous")
+    assert training_label("bin/run", "#!/bin/bash\necho hi\n") == ("Shell", "shebang")
+    assert training_label("notes.txt", "hello") == (None, "none")
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    train = corpus(40, seed=1)
+    path = tmp_path_factory.mktemp("model") / "lang.bin"
+    params = FastTextParams(epoch=15, dim=16, threads=1, bucket=20_000, seed=0, min_count=1)
+    model = train_code_language_model([(lang, text) for lang, _, text in train], params, path)
+    assert path.exists()
+    return CodeLanguageClassifier(model)
+
+
+def test_content_classifier_separates_languages_on_unseen_files(classifier, tmp_path):
+    test = corpus(15, seed=99)
+    probs = classifier.predict_content([t for _, _, t in test], k=1)
+    pred = [max(p, key=p.get) for p in probs]
+    report = classification_report([lang for lang, _, _ in test], pred)
+    assert report.accuracy >= 0.95
+    assert report.per_class["Lua"]["f1"] >= 0.95
+    png = plot_confusion(report, tmp_path / "cm.png", "test")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "path,language,expected",
+    [
+        ("include/view.h", "C++", "C++"),
+        ("include/view.h", "Objective-C", "Objective-C"),
+        ("scripts/filt.m", "MATLAB", "MATLAB"),
+        ("ios/View.m", "Objective-C", "Objective-C"),
+        ("lib/facts.pl", "Prolog", "Prolog"),
+        ("lib/tool.pl", "Perl", "Perl"),
+        ("theories/Arith.v", "Coq", "Coq"),
+        ("rtl/alu.v", "Verilog", "Verilog"),
+        ("i18n/app_de.ts", "XML", "XML"),
+        ("src/app.ts", "TypeScript", "TypeScript"),
+    ],
+)
+def test_decide_fixes_each_ambiguous_extension(classifier, path, language, expected):
+    import random
+
+    text = snippet(language, random.Random(7))
+    declared = declared_language(path)
+    probs = classifier.predict_content([text])[0]
+    decision = classifier.decide(path, text, declared, probs)
+    assert decision.language == expected
+    assert decision.reason == "ambiguous_resolved"
+
+
+def test_content_overrides_a_wrong_extension_only_when_confident(classifier):
+    import random
+
+    lua = snippet("Lua", random.Random(3))
+    probs = classifier.predict_content([lua])[0]
+    assert max(probs, key=probs.get) == "Lua"
+    decision = classifier.decide("src/thing.py", lua, "Python", probs)
+    if probs["Lua"] >= classifier.override_threshold:
+        assert (decision.language, decision.reason) == ("Lua", "content_override")
+    classifier_strict = CodeLanguageClassifier(classifier.model, override_threshold=1.01)
+    assert classifier_strict.decide("src/thing.py", lua, "Python", probs).language == "Python"
+
+
+def test_classification_report_numbers():
+    rep = classification_report(["a", "a", "b", "b"], ["a", "b", "b", "c"], ["a", "b"])
+    assert rep.accuracy == 0.5
+    assert rep.per_class["a"] == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3), "support": 2}
+    assert rep.per_class["b"]["precision"] == 0.5
+    assert rep.extra["predicted_other"] == {"c": 1}

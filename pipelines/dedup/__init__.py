@@ -1,0 +1,49 @@
+"""Deduplication of web documents and code files: exact + MinHash LSH near-dedup, across snapshots.
+
+Entry point: `dedup_partition(config, store, snapshot)` (stage.py) -> StageResult. Two engines give the same
+result: `datatrove` (LocalPipelineExecutor, one machine) and `spark` (PySpark). Modules:
+
+    config.py        DedupConfig (profile sections dedup_web / dedup_code)
+    fingerprints.py  the shared core: normalise, tokenise, shingle, MinHash, bands, Jaccard estimates
+    shards.py        per-shard work: fingerprint a shard, apply a shard's plan (kept docs, index part, clusters)
+    clusters.py      exact -> URL -> near phases and connected components (numpy/scipy reference)
+    index.py         the persistent cross-partition index and its manifests
+    local_engine.py  datatrove engine;  spark_engine.py  Spark engine;  stage.py  orchestration and report
+
+Which copy survives (the keep rule)
+-----------------------------------
+Within a cluster the document with the smallest node id survives. Node ids are `seq << 40 | rank`:
+1. the earliest *processed* partition wins ("first processed wins"): every document of a partition already
+   in the index beats every document of the partition being processed;
+2. within a partition: highest quality score (`metadata[quality_field]`, missing = lowest), then oldest
+   `metadata.snapshot`, then smallest document id (then shard and line, for ties).
+Phases: exact duplicates (normalised content hash), then URL duplicates (web), then near duplicates (MinHash
+LSH, bucket links verified by estimated Jaccard >= verify_threshold, connected components). Clusters are
+transitive: a document linked to a dropped document of an earlier partition is dropped too.
+
+Cross-snapshot, incremental, backfill
+-------------------------------------
+Each processed partition is committed to `dedup/<kind>/index/<snapshot>/` with a `seq` (processing order)
+that reruns keep. A partition is deduplicated against exactly the partitions with a smaller seq, so:
+- a new snapshot is deduplicated against every snapshot processed before it;
+- backfilling an OLDER snapshot after newer ones: the backfilled snapshot loses its copies of documents the
+  newer, already processed snapshots kept ("first processed wins"). Published partitions never change
+  retroactively, so nothing downstream has to rerun; the price is that the surviving copy of a page can be
+  the newer crawl of it;
+- rerunning a partition is idempotent: same seq, same earlier partitions, same output, and its index entry
+  is replaced. If its input changed, later partitions that were deduplicated against the old version are
+  reported as `stale_partitions` (metric, report, _SUCCESS.json) and should be rerun.
+Runs of the same kind must be serialised (two concurrent new partitions would not see each other).
+
+Crash safety
+------------
+Every object is published atomically; the index manifest (the commit) and `_SUCCESS.json` are written after
+all shard outputs, and `_SUCCESS.json` is deleted when a run starts. Index parts live in a version directory
+that only the manifest points to. A killed run therefore leaves no success marker and no committed index
+change, and rerunning it overwrites everything with the same bytes an uninterrupted run writes.
+"""
+
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.stage import DedupRateCheck, check_dedup_rate, dedup_partition, plot_cluster_sizes
+
+__all__ = ["DedupConfig", "DedupRateCheck", "check_dedup_rate", "dedup_partition", "plot_cluster_sizes"]

@@ -1,0 +1,176 @@
+"""The persistent dedup index: per processed partition, the fingerprints (band keys, signature, exact-match
+keys) of all its documents, so later partitions are deduplicated against it.
+
+Layout in the store, per kind:
+
+    dedup/<kind>/index/<snapshot>/manifest.json          the commit point (seq, version, parts, counts)
+    dedup/<kind>/index/<snapshot>/v-<version>/<shard>.parquet   one part per input shard
+
+A partition's `seq` is its position in processing order, assigned on its first run and kept by reruns.
+Document node ids are `seq << 40 | rank` where `rank` orders the partition's documents by the keep rule,
+so "smaller node id" means "wins the cluster" everywhere. The manifest is written last; parts of an
+unfinished run sit in a version directory no manifest points to and are ignored (and later deleted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infra.store import ObjectStore
+
+NODE_SHIFT = 40  # up to 2^40 documents per partition, 2^23 partitions
+MANIFEST = "manifest.json"
+
+
+class IndexMismatchError(ValueError):
+    """The index was built with a different dedup config; mixing them would compare unlike signatures."""
+
+
+@dataclass
+class IndexEntry:
+    """One processed partition in the index."""
+
+    snapshot: str
+    seq: int
+    version: str
+    config: str  # DedupConfig.fingerprint()
+    parts: list[str] = field(default_factory=list)
+    docs: int = 0
+    kept: int = 0
+    deduped_against: list[dict] = field(default_factory=list)  # [{snapshot, seq, version}] of earlier entries
+
+    @property
+    def ref(self) -> dict:
+        return {"snapshot": self.snapshot, "seq": self.seq, "version": self.version}
+
+
+def list_entries(store: ObjectStore, index_prefix: str) -> list[IndexEntry]:
+    """Committed entries (those with a manifest), by seq."""
+    entries = []
+    for snapshot in store.list_prefixes(index_prefix):
+        key = f"{index_prefix}/{snapshot}/{MANIFEST}"
+        if store.exists(key):
+            entries.append(IndexEntry(**store.get_json(key)))
+    return sorted(entries, key=lambda e: e.seq)
+
+
+def check_compatible(entries: list[IndexEntry], config_fingerprint: str, index_prefix: str) -> None:
+    bad = [e.snapshot for e in entries if e.config != config_fingerprint]
+    if bad:
+        raise IndexMismatchError(
+            f"{index_prefix}: snapshots {bad} were deduplicated with another config (fingerprint differs from "
+            f"{config_fingerprint}); use the same ngram/bands/rows/seed/normalisation, or a new index_prefix"
+        )
+
+
+def assign_seq(entries: list[IndexEntry], snapshot: str) -> int:
+    """A rerun keeps its partition's seq; a new partition comes after every committed one."""
+    for entry in entries:
+        if entry.snapshot == snapshot:
+            return entry.seq
+    return max((e.seq for e in entries), default=-1) + 1
+
+
+def earlier_entries(entries: list[IndexEntry], seq: int) -> list[IndexEntry]:
+    return [e for e in entries if e.seq < seq]
+
+
+def partition_version(
+    config_fingerprint: str, shard_keys: list[str], shard_digests: dict[str, str], earlier: list[IndexEntry]
+) -> str:
+    """Content hash of everything that decides a partition's output: config, input shards, earlier index."""
+    payload = {
+        "config": config_fingerprint,
+        "shards": sorted(shard_keys),
+        "digests": sorted(shard_digests.items()),
+        "earlier": [e.ref for e in sorted(earlier, key=lambda e: e.seq)],
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def stale_partitions(entries: list[IndexEntry], snapshot: str, new_version: str) -> list[str]:
+    """Later partitions that were deduplicated against another version of `snapshot` (they should rerun)."""
+    stale = []
+    for entry in entries:
+        for ref in entry.deduped_against:
+            if ref["snapshot"] == snapshot and ref["version"] != new_version:
+                stale.append(entry.snapshot)
+    return sorted(set(stale))
+
+
+def commit_entry(store: ObjectStore, index_prefix: str, entry: IndexEntry) -> None:
+    """Publish the manifest (the commit), then drop this snapshot's parts of other versions."""
+    prefix = f"{index_prefix}/{entry.snapshot}"
+    store.put_json(f"{prefix}/{MANIFEST}", asdict(entry))
+    keep = set(entry.parts) | {f"{prefix}/{MANIFEST}"}
+    for key in store.list(prefix + "/"):
+        if key not in keep:
+            store.delete(key)
+
+
+@dataclass
+class IndexArrays:
+    """Columns of all earlier partitions' documents, sorted by node (the local engine's view)."""
+
+    node: np.ndarray  # int64
+    doc_id: np.ndarray  # object (str)
+    content_hash: np.ndarray  # int64
+    url_hash: np.ndarray  # int64, valid where has_url
+    has_url: np.ndarray  # bool
+    bands: np.ndarray  # (n, num_bands) int64
+    sig: np.ndarray  # (n, num_perm) uint32
+
+    @classmethod
+    def empty(cls, num_bands: int, num_perm: int) -> IndexArrays:
+        return cls(
+            node=np.zeros(0, np.int64),
+            doc_id=np.zeros(0, object),
+            content_hash=np.zeros(0, np.int64),
+            url_hash=np.zeros(0, np.int64),
+            has_url=np.zeros(0, bool),
+            bands=np.zeros((0, num_bands), np.int64),
+            sig=np.zeros((0, num_perm), np.uint32),
+        )
+
+
+def table_arrays(table: pa.Table, num_bands: int, num_perm: int) -> dict[str, np.ndarray]:
+    """node/doc_id/content_hash/url_hash/has_url/bands/sig numpy arrays from a fingerprint-like table."""
+    n = table.num_rows
+    url = table.column("url_hash")
+    bands = table.column("bands").combine_chunks()
+    sig = table.column("sig").to_pylist()
+    return {
+        "doc_id": np.array(table.column("doc_id").to_pylist(), dtype=object),
+        "content_hash": table.column("content_hash").to_numpy(),
+        "url_hash": url.fill_null(0).to_numpy(),
+        "has_url": url.is_valid().to_numpy(zero_copy_only=False),
+        "bands": bands.flatten().to_numpy().reshape(n, num_bands)
+        if n
+        else np.zeros((0, num_bands), np.int64),
+        "sig": np.frombuffer(b"".join(sig), dtype="<u4").reshape(n, num_perm)
+        if n
+        else np.zeros((0, num_perm), np.uint32),
+    }
+
+
+def load_index(store: ObjectStore, entries: list[IndexEntry], num_bands: int, num_perm: int) -> IndexArrays:
+    """Read the parts of `entries` into memory: ~(8 * num_bands + 4 * num_perm + 40) bytes per document."""
+    tables = []
+    for entry in entries:
+        for key in entry.parts:
+            with store.local_copy(key) as path:
+                tables.append(
+                    pq.read_table(
+                        path, columns=["node", "doc_id", "content_hash", "url_hash", "bands", "sig"]
+                    )
+                )
+    if not tables:
+        return IndexArrays.empty(num_bands, num_perm)
+    table = pa.concat_tables(tables).sort_by("node")
+    return IndexArrays(node=table.column("node").to_numpy(), **table_arrays(table, num_bands, num_perm))

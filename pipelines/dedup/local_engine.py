@@ -1,0 +1,226 @@
+"""The single-machine engine: datatrove's LocalPipelineExecutor runs our steps over the shards in parallel
+(fingerprints, then the kept/index/cluster writes); clustering in between is numpy (`clusters.py`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.pipeline.base import PipelineStep
+
+from infra.store import ObjectStore
+from pipelines.dedup.clusters import assign_nodes, cluster_size_histogram, resolve_clusters
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.fingerprints import MinHasher
+from pipelines.dedup.index import NODE_SHIFT, load_index, partition_version, table_arrays
+from pipelines.dedup.job import EngineResult, PartitionJob
+from pipelines.dedup.shards import (
+    FINGERPRINT_SCHEMA,
+    PLAN_SCHEMA,
+    PartitionLayout,
+    apply_shard,
+    fingerprint_row,
+    iter_shard_documents,
+    shard_stem,
+)
+
+log = logging.getLogger(__name__)
+
+_SHARD, _DIGEST, _LINE = "dedup_shard", "dedup_shard_digest", "dedup_line"
+
+
+class StoreShardReader(PipelineStep):
+    """Reads this task's share of JSONL.gz shards from the object store as Documents (position in metadata)."""
+
+    type = "📖 - READER"
+    name = "🗄️ store shards"
+
+    def __init__(self, store: ObjectStore, shard_keys: list[str]):
+        super().__init__()
+        self.store = store
+        self.shard_keys = shard_keys
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        for key in self.shard_keys[rank::world_size]:
+            self.stat_update("shards")
+            for line, doc, digest in iter_shard_documents(self.store, key):
+                self.stat_update("documents")
+                meta = dict(doc.get("metadata") or {})
+                meta.update({_SHARD: key, _DIGEST: digest, _LINE: line})
+                yield Document(text=doc.get("text") or "", id=doc.get("id"), metadata=meta)
+
+
+class MinhashFingerprinter(PipelineStep):
+    """Fingerprints every document (tokens, exact keys, MinHash bands, signature) into `<out_dir>/<rank>.parquet`."""
+
+    type = "🫂 - DEDUP"
+    name = "🔏 fingerprints"
+
+    def __init__(self, config: DedupConfig, snapshot: str, out_dir: str):
+        super().__init__()
+        self.config = config
+        self.snapshot = snapshot
+        self.out_dir = out_dir
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        hasher = MinHasher(self.config)
+        rows = []
+        for doc in data:
+            meta = doc.metadata
+            with self.track_time():
+                row = fingerprint_row(
+                    hasher, doc.text, doc.id, meta, meta[_SHARD], meta[_DIGEST], meta[_LINE], self.snapshot
+                )
+            rows.append(row)
+            self.stat_update("fingerprinted")
+            self.stat_update("tokens", value=row["tokens"])
+        pq.write_table(
+            pa.Table.from_pylist(rows, schema=FINGERPRINT_SCHEMA), f"{self.out_dir}/{rank:05d}.parquet"
+        )
+        yield from ()
+
+
+class DedupShardWriter(PipelineStep):
+    """Applies each shard's plan: kept documents, index part and cluster rows to the store; counts to disk."""
+
+    type = "🫂 - DEDUP"
+    name = "💾 apply dedup plan"
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        layout: PartitionLayout,
+        shard_keys: list[str],
+        work_dir: str,
+        gzip_level: int,
+    ):
+        super().__init__()
+        self.store = store
+        self.layout = layout
+        self.shard_keys = shard_keys
+        self.work_dir = work_dir
+        self.gzip_level = gzip_level
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        for key in self.shard_keys[rank::world_size]:
+            plan = pq.read_table(f"{self.work_dir}/plans/{shard_stem(key)}.parquet")
+            with self.track_time():
+                stats = apply_shard(self.store, self.layout, key, plan, self.gzip_level)
+            self.stat_update("documents", value=stats["docs_in"])
+            self.stat_update("dropped", value=stats["docs_in"] - stats["docs_out"])
+            Path(f"{self.work_dir}/stats/{shard_stem(key)}.json").write_text(json.dumps(stats))
+        yield from ()
+
+
+def _execute(pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, logs: Path) -> None:
+    tasks = max(1, min(config.tasks, n_shards))
+    LocalPipelineExecutor(
+        pipeline=pipeline,
+        tasks=tasks,
+        workers=min(config.workers, tasks),
+        logging_dir=str(logs),
+        skip_completed=False,
+    ).run()
+
+
+def _plan_tables(table: pa.Table, decisions, job: PartitionJob, index) -> dict[str, pa.Table]:
+    """Split the partition's fingerprints + decisions into one PLAN_SCHEMA table per shard (by line)."""
+    base = np.int64(job.seq) << np.int64(NODE_SHIFT)
+    root = decisions.root
+    own = root >= base
+    doc_ids = np.array(table.column("doc_id").to_pylist(), dtype=object)
+    root_doc = np.empty(len(root), dtype=object)
+    root_doc[own] = doc_ids[root[own] - base]
+    root_doc[~own] = index.doc_id[np.searchsorted(index.node, root[~own])]
+    by_seq = job.snapshot_by_seq
+    root_snapshot = np.array([by_seq[int(r) >> NODE_SHIFT] for r in root], dtype=object)
+    plan = pa.table(
+        {
+            "line": table.column("line"),
+            "node": table.column("node"),
+            "doc_id": table.column("doc_id"),
+            "tokens": table.column("tokens"),
+            "content_hash": table.column("content_hash"),
+            "url_hash": table.column("url_hash"),
+            "bands": table.column("bands"),
+            "sig": table.column("sig"),
+            "kept": pa.array(decisions.kept, pa.bool_()),
+            "reason": pa.array(decisions.reason.tolist(), pa.string()),
+            "root": pa.array(root, pa.int64()),
+            "root_doc_id": pa.array(root_doc.tolist(), pa.string()),
+            "root_snapshot": pa.array(root_snapshot.tolist(), pa.string()),
+            "cluster_size": pa.array(decisions.cluster_size, pa.int64()),
+        },
+        schema=PLAN_SCHEMA,
+    ).append_column("shard", table.column("shard"))
+    plan = plan.sort_by([("shard", "ascending"), ("line", "ascending")])
+    shards = plan.column("shard").to_numpy(zero_copy_only=False)
+    out = {}
+    for key in job.shard_keys:
+        lo, hi = np.searchsorted(shards, key, "left"), np.searchsorted(shards, key, "right")
+        out[key] = plan.slice(lo, hi - lo).drop_columns(["shard"])
+    return out
+
+
+def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None) -> EngineResult:
+    """Fingerprint (datatrove tasks) -> cluster (numpy, this process) -> apply (datatrove tasks)."""
+    cfg = job.config
+    with tempfile.TemporaryDirectory(prefix="dedup-", dir=scratch) as tmp:
+        work = Path(tmp)
+        for sub in ("fingerprints", "plans", "stats"):
+            (work / sub).mkdir()
+        _execute(
+            [
+                StoreShardReader(store, job.shard_keys),
+                MinhashFingerprinter(cfg, job.layout.snapshot, str(work / "fingerprints")),
+            ],
+            cfg,
+            len(job.shard_keys),
+            work / "logs-fingerprint",
+        )
+        parts = [pq.read_table(p) for p in sorted((work / "fingerprints").glob("*.parquet"))]
+        fingerprints = pa.concat_tables(parts) if parts else FINGERPRINT_SCHEMA.empty_table()
+        digests = fingerprints.group_by("shard").aggregate([("shard_digest", "min")])
+        digest_map = dict(
+            zip(
+                digests.column("shard").to_pylist(),
+                digests.column("shard_digest_min").to_pylist(),
+                strict=True,
+            )
+        )
+        version = partition_version(cfg.fingerprint(), job.shard_keys, digest_map, job.earlier)
+        job = replace(job, layout=replace(job.layout, version=version))
+
+        table = assign_nodes(fingerprints, job.seq)
+        arrays = table_arrays(table, cfg.num_bands, cfg.num_perm)
+        arrays["node"] = table.column("node").to_numpy()
+        index = load_index(store, job.earlier, cfg.num_bands, cfg.num_perm)
+        log.info(
+            "dedup %s: %d documents against %d indexed", job.layout.snapshot, table.num_rows, len(index.node)
+        )
+        decisions = resolve_clusters(arrays, index, job.seq, cfg.verify_threshold, cfg.url_dedup)
+        del arrays
+
+        for key, plan in _plan_tables(table, decisions, job, index).items():
+            pq.write_table(plan, work / "plans" / f"{shard_stem(key)}.parquet")
+        _execute(
+            [DedupShardWriter(store, job.layout, job.shard_keys, str(work), cfg.gzip_level)],
+            cfg,
+            len(job.shard_keys),
+            work / "logs-apply",
+        )
+        stats = [json.loads((work / "stats" / f"{shard_stem(k)}.json").read_text()) for k in job.shard_keys]
+    return EngineResult(
+        version=version,
+        shard_stats=stats,
+        histogram=cluster_size_histogram(decisions.root, decisions.cluster_size),
+        counts=decisions.counts,
+    )

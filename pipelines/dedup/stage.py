@@ -1,0 +1,283 @@
+"""`dedup_partition`: one snapshot of web documents or code files -> kept documents, clusters, index entry.
+
+Inputs (datatrove JSONL.gz shards): web `web/filtered/<snapshot>/kept/*.jsonl.gz`, code
+`code/files/<snapshot>/*.jsonl.gz`. Outputs: `dedup/<kind>/<snapshot>/kept/<shard>.jsonl.gz` (the input
+lines of the kept documents, in order), `dedup/<kind>/<snapshot>/clusters/<shard>.parquet` (every document
+in a cluster of two or more: its root, the root's snapshot, the reason it was dropped), the index entry
+`dedup/<kind>/index/<snapshot>/` and `dedup/<kind>/<snapshot>/_SUCCESS.json`, written last.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pyarrow.parquet as pq
+
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.dedup.config import DedupConfig
+from pipelines.dedup.index import (
+    IndexEntry,
+    assign_seq,
+    check_compatible,
+    commit_entry,
+    earlier_entries,
+    list_entries,
+    stale_partitions,
+)
+from pipelines.dedup.job import EngineResult, PartitionJob
+from pipelines.dedup.shards import SHARD_SUFFIX, PartitionLayout
+
+log = logging.getLogger(__name__)
+
+_COUNTS = (
+    "docs_in",
+    "docs_out",
+    "tokens_in",
+    "tokens_out",
+    "exact_dups",
+    "url_dups",
+    "near_dups",
+    "cross_partition_dups",
+)
+
+
+def default_input_prefix(kind: str, snapshot: str) -> str:
+    return f"web/filtered/{snapshot}/kept" if kind == "web" else f"code/files/{snapshot}"
+
+
+def list_shards(store: ObjectStore, prefix: str) -> list[str]:
+    keys = [k for k in store.list(prefix.rstrip("/") + "/") if k.endswith(SHARD_SUFFIX)]
+    if not keys:
+        raise FileNotFoundError(f"no *{SHARD_SUFFIX} shards under {store.uri(prefix)}")
+    names = [PurePosixPath(k).name for k in keys]
+    if len(set(names)) != len(names):
+        raise ValueError(
+            f"{store.uri(prefix)}: shard file names must be unique (outputs are named after them)"
+        )
+    return keys
+
+
+def dedup_partition(
+    config: DedupConfig,
+    store: ObjectStore,
+    snapshot: str,
+    input_prefix: str | None = None,
+    out_prefix: str | None = None,
+    index_prefix: str | None = None,
+    *,
+    spark=None,
+    scratch: Path | None = None,
+) -> StageResult:
+    """Deduplicate one snapshot against itself and every partition committed to the index before it.
+
+    `config.kind` picks the default prefixes; `spark` is an existing SparkSession for `engine="spark"`
+    (else one is built from `config.spark_master`). Runs of the same kind must not overlap (serialise them).
+    """
+    kind = config.kind
+    input_prefix = (input_prefix or default_input_prefix(kind, snapshot)).rstrip("/")
+    out_prefix = (out_prefix or f"dedup/{kind}/{snapshot}").rstrip("/")
+    index_prefix = (index_prefix or f"dedup/{kind}/index").rstrip("/")
+    shard_keys = list_shards(store, input_prefix)
+    entries = list_entries(store, index_prefix)
+    check_compatible(entries, config.fingerprint(), index_prefix)
+    seq = assign_seq(entries, snapshot)
+    earlier = earlier_entries(entries, seq)
+    layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix)
+    store.delete(layout.success_key)  # an interrupted run must not look finished
+    job = PartitionJob(config=config, layout=layout, seq=seq, shard_keys=shard_keys, earlier=earlier)
+
+    started = time.perf_counter()
+    if config.engine == "spark":
+        from pipelines.dedup.spark_engine import run_spark, spark_session
+
+        result = run_spark(spark or spark_session(config), store, job)
+    else:
+        from pipelines.dedup.local_engine import run_local
+
+        result = run_local(store, job, scratch)
+    seconds = time.perf_counter() - started
+    layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix, result.version)
+
+    _drop_orphans(store, layout, shard_keys)
+    metrics = _metrics(result, seconds, earlier)
+    entry = IndexEntry(
+        snapshot=snapshot,
+        seq=seq,
+        version=result.version,
+        config=config.fingerprint(),
+        parts=[layout.index_part_key(k) for k in shard_keys],
+        docs=int(metrics["docs_in"]),
+        kept=int(metrics["docs_out"]),
+        deduped_against=[e.ref for e in earlier],
+    )
+    commit_entry(store, index_prefix, entry)
+    stale = stale_partitions([e for e in entries if e.snapshot != snapshot], snapshot, result.version)
+    metrics["stale_partitions"] = float(len(stale))
+
+    out_dir = Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
+    histogram_png = plot_cluster_sizes(result.histogram, out_dir / "cluster_sizes.png", f"{kind} {snapshot}")
+    check = check_dedup_rate(metrics, config)
+    report = _report(config, snapshot, seq, metrics, result, earlier, stale, check)
+    store.put_json(
+        layout.success_key,
+        {
+            "version": result.version,
+            "seq": seq,
+            "metrics": metrics,
+            "stale_partitions": stale,
+            "histogram": {str(k): v for k, v in sorted(result.histogram.items())},
+        },
+    )
+    return StageResult(
+        metrics=metrics,
+        outputs={
+            "kept": store.uri(f"{out_prefix}/kept/"),
+            "clusters": store.uri(f"{out_prefix}/clusters/"),
+            "index": store.uri(layout.entry_prefix + "/"),
+        },
+        report_md=report,
+        sample=_cluster_sample(store, layout, shard_keys),
+        artifacts={"dedup/cluster_sizes.png": histogram_png},
+        data_version=result.version,
+        extra={
+            "seq": seq,
+            "stale_partitions": stale,
+            "histogram": result.histogram,
+            "check_passed": check.passed,
+            "check_description": check.description,
+        },
+    )
+
+
+def _drop_orphans(store: ObjectStore, layout: PartitionLayout, shard_keys: list[str]) -> None:
+    """Remove outputs of shards that are no longer in the input (a rerun on a changed snapshot)."""
+    expected = {layout.kept_key(k) for k in shard_keys} | {layout.clusters_key(k) for k in shard_keys}
+    for sub in ("kept/", "clusters/"):
+        for key in store.list(f"{layout.out_prefix}/{sub}"):
+            if key not in expected:
+                store.delete(key)
+
+
+def _metrics(result: EngineResult, seconds: float, earlier: list[IndexEntry]) -> dict[str, float]:
+    m = {name: float(sum(s[name] for s in result.shard_stats)) for name in _COUNTS}
+    m["removed_fraction"] = 1.0 - m["docs_out"] / m["docs_in"] if m["docs_in"] else 0.0
+    m["unique_tokens"] = m[
+        "tokens_out"
+    ]  # tokens left after exact + fuzzy dedup (the report's "unique tokens")
+    m["token_retention"] = m["tokens_out"] / m["tokens_in"] if m["tokens_in"] else 0.0
+    m["clusters"] = float(sum(result.histogram.values()))
+    m["largest_cluster"] = float(max(result.histogram, default=1))
+    m["candidate_pairs"] = float(result.counts.get("candidate_pairs", 0))
+    m["verified_pairs"] = float(result.counts.get("verified_pairs", 0))
+    m["indexed_docs"] = float(sum(e.docs for e in earlier))
+    m["shards"] = float(len(result.shard_stats))
+    m["seconds"] = seconds
+    m["docs_per_s"] = m["docs_in"] / seconds if seconds > 0 else 0.0
+    return m
+
+
+@dataclass(frozen=True)
+class DedupRateCheck:
+    passed: bool
+    description: str
+
+
+def check_dedup_rate(metrics: dict[str, float], config: DedupConfig) -> DedupRateCheck:
+    """Fails when the fraction of removed documents is implausible (outside the configured bounds)."""
+    rate, docs = metrics["removed_fraction"], metrics["docs_in"]
+    bounds = f"[{config.min_removed_fraction:.2f}, {config.max_removed_fraction:.2f}]"
+    if docs < config.check_min_docs:
+        return DedupRateCheck(
+            True, f"{docs:.0f} docs < check_min_docs={config.check_min_docs}: rate {rate:.3f} not judged"
+        )
+    ok = config.min_removed_fraction <= rate <= config.max_removed_fraction
+    return DedupRateCheck(ok, f"removed {rate:.3f} of {docs:.0f} docs; plausible range {bounds}")
+
+
+def plot_cluster_sizes(histogram: dict[int, int], path: Path, title: str) -> Path:
+    """Bar chart of duplicate-cluster sizes (clusters of >= 2 documents), log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if histogram:
+        sizes = sorted(histogram)
+        ax.bar([str(s) for s in sizes], [histogram[s] for s in sizes], color="#4c72b0")
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no duplicate clusters", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("documents per cluster")
+    ax.set_ylabel("clusters")
+    ax.set_title(f"dedup clusters: {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _report(
+    config: DedupConfig,
+    snapshot: str,
+    seq: int,
+    m: dict,
+    result: EngineResult,
+    earlier: list[IndexEntry],
+    stale: list[str],
+    check: DedupRateCheck,
+) -> str:
+    after_exact = m["docs_in"] - m["exact_dups"]
+    after_url = after_exact - m["url_dups"]
+    funnel = [
+        {"step": "input", "documents": int(m["docs_in"]), "removed": 0},
+        {
+            "step": "exact (normalised content)",
+            "documents": int(after_exact),
+            "removed": int(m["exact_dups"]),
+        },
+        {"step": "url", "documents": int(after_url), "removed": int(m["url_dups"])},
+        {
+            "step": f"near (MinHash {config.num_bands}x{config.rows_per_band}, {config.ngram_size}-grams)",
+            "documents": int(m["docs_out"]),
+            "removed": int(m["near_dups"]),
+        },
+    ]
+    lines = [
+        f"## Dedup `{config.kind}` snapshot `{snapshot}` (engine {config.engine}, seq {seq})",
+        "",
+        markdown_table(funnel),
+        "",
+        f"- tokens {int(m['tokens_in']):,} -> {int(m['tokens_out']):,} ({m['token_retention']:.1%} kept)",
+        f"- {int(m['clusters'])} duplicate clusters, largest {int(m['largest_cluster'])}; "
+        f"{int(m['cross_partition_dups'])} documents dropped for a copy in an earlier partition",
+        f"- LSH candidate pairs {int(m['candidate_pairs'])}, verified (est. Jaccard >= {config.verify_threshold}) "
+        f"{int(m['verified_pairs'])}",
+        f"- deduplicated against {len(earlier)} earlier partitions ({int(m['indexed_docs'])} docs): "
+        + (", ".join(e.snapshot for e in earlier) or "none"),
+        f"- rate check: {'pass' if check.passed else 'FAIL'} ({check.description})",
+        f"- {m['docs_per_s']:.0f} docs/s, version `{result.version}`",
+    ]
+    if stale:
+        lines.append(
+            f"- **stale**: {', '.join(stale)} were deduplicated against an older version of this "
+            "snapshot; rerun them"
+        )
+    return "\n".join(lines)
+
+
+def _cluster_sample(
+    store: ObjectStore, layout: PartitionLayout, shard_keys: list[str], size: int = 5
+) -> list[dict]:
+    rows: list[dict] = []
+    for key in shard_keys:
+        with store.local_copy(layout.clusters_key(key)) as path:
+            rows += [r for r in pq.read_table(path).to_pylist() if not r["kept"]]
+        if len(rows) >= size:
+            break
+    return rows[:size]

@@ -2,7 +2,7 @@
 
 Documents are 200 seeded pseudo-words, so unrelated documents share no 5-gram. Two snapshots:
 
-`2024-10` (processed first), 168 documents in 4 shards:
+`2024-10` (processed first), 166 documents in 4 shards:
   - base-000..119   120 originals (quality 0.5)
   - exact-00..09    10 copies of base-000..009 that differ only in case, punctuation, whitespace and digits
   - url-00..05      6 new texts under the URL of base-010..015 (upper-case host, #fragment)
@@ -16,7 +16,7 @@ Documents are 200 seeded pseudo-words, so unrelated documents share no 5-gram. T
   - bexact-0..4     exact copies of base-070..074
   - bnear-0..4      near copies (2 substitutions) of base-080..084
   - bdropped-0..1   exact copies of near-00 and exact-00, which 2024-10 itself dropped
-  - bself-0..3      near copies of old-000..003
+  - bself-0..3      near copies of old-000..003 (equal quality: the smaller id bself-* is kept)
 """
 
 from __future__ import annotations
@@ -173,5 +173,5 @@ B_DROPPED = (
     {f"bexact-{i}" for i in range(5)}
     | {f"bnear-{i}" for i in range(5)}
     | {"bdropped-0", "bdropped-1"}
-    | {f"bself-{i}" for i in range(4)}
+    | {f"old-{i:03d}" for i in range(4)}  # same quality and snapshot: the smaller id "bself-*" wins
 )

@@ -64,7 +64,7 @@ class TokenizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     vocab_size: int = Field(
-        8192, ge=512, le=1_000_000, description="Vocabulary size incl. bytes and specials"
+        8192, ge=300, le=1_000_000, description="Vocabulary size incl. bytes and specials"
     )
     min_frequency: int = Field(2, ge=1, description="Minimum pair count for a BPE merge")
     max_docs: int = Field(200_000, ge=1, description="Train on at most this many documents")

@@ -1,0 +1,248 @@
+"""Evals run on every checkpoint: held-out perplexity per source (short and long context) and RULER-style
+passkey retrieval at several lengths and depths, scored as multiple choice by log-likelihood (chance =
+1/num_choices, so the numbers mean something even for a few-million-parameter model). One PNG per eval."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from training.data import TokenStream, iter_shard_documents
+from training.recall_tasks import FillerText, PasskeyItem, passkey_items
+
+log = logging.getLogger(__name__)
+
+# (prompt ids, list of continuation ids) -> log-likelihood of each continuation
+ChoiceScorer = Callable[[np.ndarray, list[list[int]]], np.ndarray]
+
+
+class EvalConfig(BaseModel):
+    """Checkpoint eval settings (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    short_seq_len: int = Field(
+        256, ge=8, description="Context of the short-context perplexity (pretraining length)"
+    )
+    long_seq_len: int | None = Field(
+        None, description="Context of the long perplexity; None = the longest passkey length"
+    )
+    ppl_max_tokens: int = Field(
+        32_768, ge=64, description="Held-out tokens scored per source and context length"
+    )
+    passkey_lengths: list[int] = Field([256, 512, 1024, 2048], description="Passkey prompt lengths (tokens)")
+    passkey_depths: list[float] = Field([0.1, 0.3, 0.5, 0.7, 0.9], description="Needle depths (0 = start)")
+    passkey_per_cell: int = Field(8, ge=1, description="Items per (length, depth) cell")
+    passkey_choices: int = Field(4, ge=2, description="Candidate keys per item (chance = 1/choices)")
+    passkey_digits: int = Field(5, ge=1, description="Digits per key")
+    filler_source: str = Field("web", description="Held-out source whose text fills the passkey haystack")
+    batch_size: int = Field(4, ge=1, description="Sequences per forward pass")
+    seed: int = Field(1234, description="Seed of the passkey set (same set for every checkpoint)")
+
+
+@dataclass
+class EvalReport:
+    metrics: dict[str, float] = field(default_factory=dict)
+    plots: dict[str, Path] = field(default_factory=dict)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- perplexity
+
+
+def _logits(model: torch.nn.Module, input_ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    """Logits [B, T, V] (only the last `keep` positions if keep > 0) of an HF causal LM or any module."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        out = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep)
+    else:
+        out = model(input_ids=input_ids)
+    logits = out.logits if hasattr(out, "logits") else out
+    return logits[:, -keep:] if keep else logits
+
+
+@torch.no_grad()
+def token_nll(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> tuple[float, int]:
+    """Summed next-token negative log-likelihood over `rows` [N, T] and the number of predicted tokens."""
+    total, count = 0.0, 0
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i : i + batch_size]
+        logits = _logits(model, batch)[:, :-1].float()
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum")
+        total += float(nll)
+        count += batch[:, 1:].numel()
+    return total, count
+
+
+def heldout_rows(paths: Sequence[str | Path], seq_len: int, max_tokens: int) -> torch.Tensor:
+    """Consecutive non-overlapping windows of `seq_len` from the start of the held-out stream (deterministic)."""
+    stream = TokenStream(paths)
+    n_rows = max(1, min(max_tokens, stream.num_tokens) // seq_len)
+    return torch.from_numpy(np.stack([stream.read(i * seq_len, seq_len) for i in range(n_rows)]))
+
+
+def perplexity(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> float:
+    """exp(mean next-token NLL) over `rows`."""
+    total, count = token_nll(model, rows, batch_size)
+    return math.exp(total / count)
+
+
+# ---------------------------------------------------------------------------------------------- passkey
+
+
+def model_choice_scorer(model: torch.nn.Module, batch_size: int = 4) -> ChoiceScorer:
+    """Scores continuations by the model's summed log-probability given the prompt."""
+
+    @torch.no_grad()
+    def score(prompt: np.ndarray, choices: list[list[int]]) -> np.ndarray:
+        width = max(len(c) for c in choices)
+        scores = []
+        for i in range(0, len(choices), batch_size):
+            group = choices[i : i + batch_size]
+            rows = np.stack([np.concatenate([prompt, c + [0] * (width - len(c))]) for c in group])
+            ids = torch.from_numpy(rows.astype(np.int64))
+            # Only the positions that predict the choice tokens: the last `width + 1` minus the final one.
+            logp = torch.log_softmax(_logits(model, ids, keep=width + 1)[:, :-1].float(), dim=-1)
+            for j, c in enumerate(group):
+                scores.append(float(logp[j, torch.arange(len(c)), torch.tensor(c)].sum()))
+        return np.array(scores)
+
+    return score
+
+
+def passkey_accuracy(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> dict[str, float]:
+    """Multiple-choice accuracy overall, per length and per (length, depth)."""
+    hits: dict[tuple[int, float], list[bool]] = {}
+    for item in tqdm(items, desc="passkey", leave=False):
+        scores = scorer(item.prompt, item.choices)
+        hits.setdefault((item.length, item.depth), []).append(int(np.argmax(scores)) == item.answer)
+    metrics: dict[str, float] = {}
+    for length in sorted({k[0] for k in hits}):
+        cells = {d: h for (n, d), h in hits.items() if n == length}
+        flat = [x for h in cells.values() for x in h]
+        metrics[f"passkey/acc/{length}"] = float(np.mean(flat))
+        for depth, h in sorted(cells.items()):
+            metrics[f"passkey/acc/{length}/depth_{depth:.2f}"] = float(np.mean(h))
+    metrics["passkey/acc"] = float(np.mean([x for h in hits.values() for x in h]))
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+
+def _plot_perplexity(metrics: Mapping[str, float], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(k for k in metrics if k.startswith("ppl/"))
+    sources = sorted({k.split("/")[2] for k in keys})
+    contexts = sorted({int(k.split("/")[1].removeprefix("ctx_")) for k in keys})
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    width = 0.8 / max(len(contexts), 1)
+    for i, ctx in enumerate(contexts):
+        values = [metrics.get(f"ppl/ctx_{ctx}/{s}", np.nan) for s in sources]
+        ax.bar(np.arange(len(sources)) + i * width, values, width, label=f"context {ctx}")
+    ax.set_xticks(np.arange(len(sources)) + width * (len(contexts) - 1) / 2, sources)
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_passkey(metrics: Mapping[str, float], config: EvalConfig, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths, depths = config.passkey_lengths, config.passkey_depths
+    grid = np.array(
+        [[metrics.get(f"passkey/acc/{n}/depth_{d:.2f}", np.nan) for n in lengths] for d in depths]
+    )
+    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.5 * len(depths) + 2))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    for (r, c), v in np.ndenumerate(grid):
+        ax.text(c, r, f"{v:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    ax.set_title(f"{title} (chance {1 / config.passkey_choices:.2f})")
+    fig.colorbar(im, ax=ax, label="accuracy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+
+
+def evaluate_checkpoint(
+    model: torch.nn.Module,
+    encode: Callable[[str], list[int]],
+    heldout: Mapping[str, Sequence[str | Path]],
+    config: EvalConfig,
+    out_dir: str | Path,
+    eos_id: int,
+    label: str = "checkpoint",
+) -> EvalReport:
+    """Held-out perplexity per source at short and long context, and passkey accuracy on the RULER-style grid.
+
+    heldout: source -> held-out token shard paths (from `training.data.shard_paths(..., "heldout")`).
+    encode: text -> token ids (the checkpoint's tokenizer). Returns metrics, plot paths and tables.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    report = EvalReport()
+    long_len = config.long_seq_len or max(config.passkey_lengths)
+    contexts = sorted({config.short_seq_len, long_len})
+    rows = []
+    for source, paths in sorted(heldout.items()):
+        for ctx in contexts:
+            data = heldout_rows(paths, ctx, config.ppl_max_tokens)
+            ppl = perplexity(model, data, config.batch_size)
+            report.metrics[f"ppl/ctx_{ctx}/{source}"] = ppl
+            rows.append(
+                {"source": source, "context": ctx, "tokens": int(data.numel()), "perplexity": round(ppl, 3)}
+            )
+    report.tables["perplexity"] = rows
+    report.plots["evals/perplexity.png"] = _plot_perplexity(report.metrics, out_dir / "perplexity.png", label)
+
+    filler_paths = heldout.get(config.filler_source) or next(iter(heldout.values()))
+    filler = FillerText(list(iter_shard_documents(filler_paths)), eos_id=eos_id)
+    items = passkey_items(
+        encode,
+        filler,
+        config.passkey_lengths,
+        config.passkey_depths,
+        config.passkey_per_cell,
+        config.passkey_choices,
+        config.seed,
+        config.passkey_digits,
+    )
+    report.metrics.update(passkey_accuracy(model_choice_scorer(model, config.batch_size), items))
+    report.metrics["passkey/chance"] = 1 / config.passkey_choices
+    report.tables["passkey"] = [
+        {"length": n, "accuracy": round(report.metrics[f"passkey/acc/{n}"], 3)}
+        for n in config.passkey_lengths
+    ]
+    report.plots["evals/passkey.png"] = _plot_passkey(report.metrics, config, out_dir / "passkey.png", label)
+    model.train(was_training)
+    return report

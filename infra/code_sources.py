@@ -58,9 +58,13 @@ def _run(
     except subprocess.TimeoutExpired:
         raise SourceFetchError(f"{what}: {' '.join(cmd[:4])} timed out after {timeout:.0f}s") from None
     if proc.returncode != 0:
-        raise SourceFetchError(
-            f"{what}: `{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip()[-600:]}"
-        )
+        lines = [
+            x for x in (proc.stderr or proc.stdout).splitlines() if x.strip() and not x.startswith("W: ")
+        ]
+        # apt/npm put the reason on their error lines: keep those, not the whole invocation
+        errors = [x for x in lines if x.startswith(("E:", "npm error", "ERROR", "fatal"))] or lines
+        detail = " | ".join(errors[-3:])[:500]
+        raise SourceFetchError(f"{what}: `{cmd[0]} ... {cmd[-1]}` failed (exit {proc.returncode}): {detail}")
     return proc.stdout
 
 

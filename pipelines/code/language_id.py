@@ -94,6 +94,28 @@ def labelled_files(records, config: CodeLanguageIdConfig, stats: Counter) -> lis
     return out
 
 
+def refine_single_group_languages(files: list[dict]) -> dict[str, int]:
+    """A language found in one package only cannot be held out by package: split its files in that package by
+    component (the two directories below the files' common prefix, e.g. `src/library` vs `src/compiler`).
+    Returns language -> number of components made."""
+    groups: dict[str, set[str]] = defaultdict(set)
+    for f in files:
+        groups[f["label"]].add(f["group"])
+    made = {}
+    for lang, gs in groups.items():
+        if len(gs) != 1:
+            continue
+        mine = [f for f in files if f["label"] == lang]
+        dirs = [f["path"].split("/")[:-1] for f in mine]
+        common = 0
+        while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:
+            common += 1
+        for f, d in zip(mine, dirs, strict=True):
+            f["group"] = f"{f['group']}#{'/'.join(d[common : common + 2]) or '.'}"
+        made[lang] = len({f["group"] for f in mine})
+    return made
+
+
 def split_by_group(files: list[dict], test_fraction: float, seed: int) -> set[str]:
     """Choose held-out groups: walk groups in seeded hash order and hold one out while its languages' held-out
     shares stay under the target (never the last training group of a language)."""
@@ -135,6 +157,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     keep = {lang for lang, n in counts.items() if n >= config.min_files_per_language}
     stats["files/dropped_rare_language"] = sum(n for lang, n in counts.items() if lang not in keep)
     files = [f for f in files if f["label"] in keep]
+    components = refine_single_group_languages(files)
     test_groups = split_by_group(files, config.test_fraction, config.seed)
     train = [f for f in files if f["group"] not in test_groups]
     test = [f for f in files if f["group"] in test_groups]
@@ -168,6 +191,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         "not_scored": not_scored, "top_confusions": [[t, p, n] for (t, p), n in confusions.most_common(25)],
         "files_per_second": len(eval_files) / max(pred_seconds, 1e-9), "train_seconds": train_seconds,
         "label_sources": {k: v for k, v in stats.items()}, "config": config.model_dump(),
+        "split_by_component": components,
     })  # fmt: skip
     plot_path = plot_confusion(
         report, work / "confusion.png", f"code language ID, held-out packages ({snapshot})"
@@ -203,6 +227,12 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
           f"Held-out packages: accuracy **{report.accuracy:.4f}**, macro-F1 **{report.macro_f1:.4f}** over "
           f"{len(scored)} languages, {len(eval_files)} files in {len(test_groups)} packages "
           f"({report.extra['files_per_second']:.0f} files/s).", "", markdown_table(rows)]  # fmt: skip
+    if components:
+        md += [
+            "",
+            "Found in one package only, held out by component within it: "
+            + ", ".join(f"{k} ({v} components)" for k, v in sorted(components.items())),
+        ]
     if not_scored:
         md += ["", f"Trained but not scored (too few held-out files): {', '.join(not_scored)}"]
     if confusions:

@@ -116,10 +116,15 @@ def fix_records(records, clf: CodeLanguageClassifier, origins, stats: Counter, b
             yield rec
         batch.clear()
 
+    emitted: set[tuple] = set()
     for rec in records:
         stats["seen"] += 1
         meta = rec["metadata"]
         reason = check_origin(meta, sha256_hex(rec["text"].encode()), origins, stats)
+        key = (meta["source"], meta["package"], meta["version"], meta["path"])
+        if reason is None and key in emitted:
+            reason = "duplicate_origin"  # re-attributed to a file that is already in the snapshot
+        emitted.add(key)
         if reason:
             stats[f"dropped/{reason}"] += 1
             continue

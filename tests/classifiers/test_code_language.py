@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from code_snippets import corpus, snippet
 
-from classifiers.code_language import CodeLanguageClassifier, code_tokens, train_code_language_model, training_label
+from classifiers.code_language import (
+    CodeLanguageClassifier,
+    code_tokens,
+    train_code_language_model,
+    training_label,
+)
 from classifiers.code_language_rules import (
     declared_language,
     language_from_modeline,
@@ -16,12 +21,18 @@ from classifiers.code_language_rules import (
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
 
 C_HEADER = "#ifndef FOO_H\n#define FOO_H\n#include <stddef.h>\nstruct foo { int x; };\nint foo_init(struct foo *f);\n#endif\n"
-CPP_HEADER = "#pragma once\n#include <vector>\nnamespace geo {\nclass Point {\npublic:\n  double x, y;\n};\n}\n"
-OBJC_HEADER = "#import <Foundation/Foundation.h>\n@interface RCTBridge : NSObject\n@property NSString *name;\n@end\n"
+CPP_HEADER = (
+    "#pragma once\n#include <vector>\nnamespace geo {\nclass Point {\npublic:\n  double x, y;\n};\n}\n"
+)
+OBJC_HEADER = (
+    "#import <Foundation/Foundation.h>\n@interface RCTBridge : NSObject\n@property NSString *name;\n@end\n"
+)
 OBJC_M = '#import "RCTBridge.h"\n@implementation RCTBridge\n- (void)start {\n  NSLog(@"hi");\n}\n@end\n'
 MATLAB_M = "function y = smooth3(x, n)\n% SMOOTH3 moving average\n  y = filter(ones(1, n) / n, 1, x);\nend\n"
 PERL_PL = "#!/usr/bin/perl\nuse strict;\nuse warnings;\nmy @files = glob('*.txt');\nprint scalar(@files), \"\\n\";\n"
-PROLOG_PL = ":- module(lists2, [append3/4]).\nappend3(A, B, C, D) :-\n    append(A, B, AB),\n    append(AB, C, D).\n"
+PROLOG_PL = (
+    ":- module(lists2, [append3/4]).\nappend3(A, B, C, D) :-\n    append(A, B, AB),\n    append(AB, C, D).\n"
+)
 VERILOG_V = "module counter(input clk, output reg [3:0] q);\n  always @(posedge clk) q <= q + 1;\nendmodule\n"
 COQ_V = "Require Import Arith.\nTheorem plus_0 : forall n, n + 0 = n.\nProof.\n  induction n; simpl; auto.\nQed.\n"
 TS_TS = "export function add(a: number, b: number): number {\n  return a + b;\n}\n"

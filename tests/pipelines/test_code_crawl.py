@@ -19,7 +19,9 @@ from pipelines.code.crawl import CodeCrawlConfig, crawl_code
 from pipelines.code.records import read_shards
 
 MIT = "MIT License\n\nPermission is hereby granted, free of charge, to any person obtaining a copy of this software\n"
-APACHE = "                                 Apache License\n                           Version 2.0, January 2004\n"
+APACHE = (
+    "                                 Apache License\n                           Version 2.0, January 2004\n"
+)
 DEP5 = (
     "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: lua-foo\n\n"
     "Files: *\nCopyright: 2020 Someone\nLicense: GPL-2+\n\nFiles: debian/*\nCopyright: 2021 Other\nLicense: MIT\n"
@@ -30,7 +32,9 @@ LUA = "local M = {}\n\nfunction M.add(a, b)\n  return a + b\nend\n\nreturn M\n"
 def _git(repo: Path, *args: str) -> str:
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@x",
            "HOME": str(repo.parent), "PATH": "/usr/bin:/bin"}  # fmt: skip
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
 
 
 def make_git_repo(root: Path) -> tuple[Path, str]:
@@ -77,7 +81,9 @@ def make_deb(root: Path) -> Path:
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
     out = root / "lua-foo_1.2-1_all.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(out)], check=True, capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(out)], check=True, capture_output=True
+    )
     return out
 
 
@@ -123,7 +129,9 @@ def crawled(tmp_path_factory):
     broken = root / "broken-1.0.tgz"
     broken.write_bytes(npm.read_bytes()[: len(npm.read_bytes()) // 2])
     bad_deb = root / "bad_1.0_all.deb"
-    bad_deb.write_bytes(b"!<arch>\ndebian-binary   0           0     0     100644  4         `\n2.0\n" + b"garbage" * 10)
+    bad_deb.write_bytes(
+        b"!<arch>\ndebian-binary   0           0     0     100644  4         `\n2.0\n" + b"garbage" * 10
+    )
     manifest = root / "manifest.yaml"
     manifest.write_text(
         "description: local test sources\nmax_files_per_source: 50\nsources:\n"
@@ -156,7 +164,10 @@ def test_git_repo_records_have_commit_hash_licence_and_language(crawled):
     assert main["size"] == len(recs["app/main.py"]["text"].encode())
     assert (main["language"], main["declared_language"], main["license"]) == ("Python", "Python", "MIT")
     assert recs["sub/lib.go"]["metadata"]["license"] == "Apache-2.0"  # the nearest LICENSE file wins
-    assert (recs["scripts/run"]["metadata"]["language"], recs["scripts/run"]["metadata"]["language_source"]) == ("Shell", "shebang")
+    assert (
+        recs["scripts/run"]["metadata"]["language"],
+        recs["scripts/run"]["metadata"]["language_source"],
+    ) == ("Shell", "shebang")
 
 
 def test_skip_rules_count_binary_vendored_generated_with_reasons(crawled):
@@ -204,12 +215,21 @@ def test_corrupted_archives_fail_clearly_and_other_packages_are_kept(crawled):
     assert any("broken-1.0.tgz" in e and "corrupt" in e for e in errors)
     assert any("bad_1.0_all.deb" in e for e in errors)
     assert "Failed sources" in res.report_md
-    assert {r["metadata"]["package"] for r in crawled["records"]} == {"demo-repo", "lua-foo", "rn-thing", "demo", "rn-thing-capped"}
+    assert {r["metadata"]["package"] for r in crawled["records"]} == {
+        "demo-repo",
+        "lua-foo",
+        "rn-thing",
+        "demo",
+        "rn-thing-capped",
+    }
 
 
 def test_outputs_origins_and_stats_in_store(crawled):
     store = crawled["store"]
-    origins = [json.loads(x) for x in gzip.decompress(store.get_bytes("code/raw/snap-1/origins.jsonl.gz")).splitlines()]
+    origins = [
+        json.loads(x)
+        for x in gzip.decompress(store.get_bytes("code/raw/snap-1/origins.jsonl.gz")).splitlines()
+    ]
     paths = {(o["package"], o["path"]) for o in origins}
     assert ("demo-repo", "notes.txt") in paths and ("demo-repo", "app/main.py") in paths
     assert ("demo-repo", "logo.png") not in paths  # only text files are origins
@@ -220,10 +240,14 @@ def test_outputs_origins_and_stats_in_store(crawled):
 
 def test_rerun_is_served_from_the_cache_and_is_deterministic(crawled, tmp_path):
     store = LocalStore(tmp_path / "store2")
-    shutil.rmtree(crawled["repo"] / ".git")  # a re-fetch of the git source would now fail: it must hit the cache
+    shutil.rmtree(
+        crawled["repo"] / ".git"
+    )  # a re-fetch of the git source would now fail: it must hit the cache
     cfg = CodeCrawlConfig()
     res = crawl_code(cfg, store, "snap-1", crawled["manifest"], cache_dir=crawled["cache"])
-    assert res.metrics.get("sources/failed") == 3  # the 2 corrupt archives + the repo that no longer resolves HEAD
+    assert (
+        res.metrics.get("sources/failed") == 3
+    )  # the 2 corrupt archives + the repo that no longer resolves HEAD
     # the same git commit pinned in the manifest is served from the cache without touching the repo
     manifest = crawled["manifest"].read_text().replace("commit: HEAD", f"commit: {crawled['commit']}")
     pinned = tmp_path / "pinned.yaml"

@@ -1,0 +1,203 @@
+"""Code language ID benchmark: our content classifier vs guesslang and pygments `guess_lexer`, content only
+(no file names), on the same held-out package files of a crawled snapshot.
+
+    .venv/bin/python benchmarks/code_lang_id.py --snapshot 2026-11 [--max-files 3000]
+
+Needs the outputs of `crawl_code` (code/raw/<snapshot>) and `train_code_language_classifier`
+(code/language_id/<snapshot>: model + heldout.jsonl.gz) in the profile's store.
+
+guesslang (TensorFlow) never goes into the project venv: on first use this script creates a separate venv
+(`<state dir>/bench-venv`: `pip install --no-deps guesslang==2.2.1` + `tensorflow-cpu==2.21.0`) and runs
+guesslang there in a subprocess that reads the texts and prints its predictions as JSON. guesslang's saved
+model is called directly (`tf.saved_model.load`): its `Guess` wrapper needs `tf.estimator`, gone from TF 2.16+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from classifiers.code_language import CodeLanguageClassifier
+from classifiers.fasttext_train import classification_report
+from infra.settings import load_profile
+from infra.stage import markdown_table
+from infra.store import open_store
+from pipelines.code.records import read_shards
+
+log = logging.getLogger("code_lang_id")
+
+GUESSLANG_PINS = ["guesslang==2.2.1"]
+TENSORFLOW_PIN = "tensorflow-cpu==2.21.0"
+
+# guesslang language names -> ours (its "Lisp" covers both Lisps we label)
+GUESSLANG_NAMES = {"Matlab": "MATLAB", "Batchfile": "Batchfile"}
+GUESSLANG_LISP = {"Emacs Lisp", "Common Lisp"}
+
+# pygments lexer names -> ours
+PYGMENTS_NAMES = {
+    "Python": "Python", "Python 2.x": "Python", "C": "C", "C++": "C++", "Java": "Java", "Go": "Go", "Rust": "Rust",
+    "JavaScript": "JavaScript", "TypeScript": "TypeScript", "Ruby": "Ruby", "PHP": "PHP", "HTML+PHP": "PHP",
+    "Perl": "Perl", "Perl6": "Perl", "Bash": "Shell", "Shell": "Shell", "Lua": "Lua", "Scala": "Scala",
+    "Swift": "Swift", "Kotlin": "Kotlin", "Objective-C": "Objective-C", "Objective-C++": "Objective-C",
+    "Matlab": "MATLAB", "Octave": "MATLAB", "Haskell": "Haskell", "Erlang": "Erlang", "EmacsLisp": "Emacs Lisp",
+    "Common Lisp": "Common Lisp", "Tcl": "Tcl", "S": "R", "R": "R", "SQL": "SQL", "Prolog": "Prolog",
+    "Coq": "Coq", "verilog": "Verilog", "systemverilog": "Verilog", "Clojure": "Clojure", "Markdown": "Markdown",
+    "JSON": "JSON", "YAML": "YAML", "HTML": "HTML", "CSS": "CSS", "XML": "XML", "Makefile": "Makefile",
+    "CMake": "CMake", "TeX": "TeX", "Groovy": "Groovy", "TOML": "TOML", "Scheme": "Scheme", "Racket": "Racket",
+}  # fmt: skip
+
+GUESSLANG_RUNNER = r"""
+import json, os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf
+import guesslang
+from pathlib import Path
+data = Path(guesslang.__file__).parent / "data"
+names = {ext: name for name, ext in json.loads((data / "languages.json").read_text()).items()}
+t0 = time.time()
+model = tf.saved_model.load(str(data / "model"))
+load_s = time.time() - t0
+texts = [json.loads(line)["text"] for line in open(sys.argv[1])]
+fn = model.signatures["serving_default"]
+fn(tf.constant(["warm up"]))
+out = []
+t0 = time.time()
+for text in texts:  # one file per call, as guesslang's own Guess.probabilities does
+    pred = fn(tf.constant([text]))
+    scores = pred["scores"][0].numpy()
+    classes = pred["classes"][0].numpy()
+    out.append(names[classes[scores.argmax()].decode()])
+print(json.dumps({"predictions": out, "seconds": time.time() - t0, "load_seconds": load_s}))
+"""
+
+
+def ensure_bench_venv(venv: Path) -> Path:
+    """A separate venv with guesslang + tensorflow-cpu (never the project venv); returns its python."""
+    python = venv / "bin" / "python"
+    marker = venv / ".guesslang-ready"
+    if marker.exists():
+        return python
+    log.info("creating %s with guesslang and %s (one time, a few minutes)", venv, TENSORFLOW_PIN)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--no-deps", *GUESSLANG_PINS], check=True)
+    subprocess.run([*pip, TENSORFLOW_PIN], check=True)
+    marker.write_text("ok\n")
+    return python
+
+
+def run_guesslang(python: Path, texts: list[str]) -> tuple[list[str], float]:
+    with tempfile.TemporaryDirectory(prefix="crucible-guesslang-") as tmp:
+        inp = Path(tmp) / "texts.jsonl"
+        inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        runner = Path(tmp) / "runner.py"
+        runner.write_text(GUESSLANG_RUNNER)
+        proc = subprocess.run([str(python), str(runner), str(inp)], capture_output=True, text=True, timeout=7200)
+        if proc.returncode != 0:
+            raise RuntimeError(f"guesslang runner failed: {proc.stderr[-2000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    preds = [GUESSLANG_NAMES.get(p, p) for p in result["predictions"]]
+    return preds, result["seconds"]
+
+
+def run_pygments(texts: list[str]) -> tuple[list[str], float]:
+    from pygments.lexers import guess_lexer
+    from pygments.util import ClassNotFound
+
+    preds = []
+    t0 = time.time()
+    for text in texts:
+        try:
+            name = guess_lexer(text).name
+        except ClassNotFound:
+            name = ""
+        preds.append(PYGMENTS_NAMES.get(name, name))
+    return preds, time.time() - t0
+
+
+def load_heldout(store, snapshot: str, max_files: int, seed: int) -> tuple[list[str], list[str], Path]:
+    prefix = f"code/language_id/{snapshot}"
+    heldout = [json.loads(x) for x in gzip.decompress(store.get_bytes(f"{prefix}/heldout.jsonl.gz")).splitlines()]
+    wanted = {h["id"]: h["label"] for h in heldout}
+    texts = {r["id"]: r["text"] for r in read_shards(store, f"code/raw/{snapshot}") if r["id"] in wanted}
+    ids = sorted(i for i in wanted if i in texts)
+    if max_files and len(ids) > max_files:
+        ids = sorted(random.Random(seed).sample(ids, max_files))
+    return [texts[i] for i in ids], [wanted[i] for i in ids], Path(prefix)
+
+
+def score(name: str, y_true: list[str], y_pred: list[str], seconds: float, labels: list[str]) -> dict:
+    rep = classification_report(y_true, y_pred, labels)
+    return {"method": name, "files": len(y_true), "accuracy": round(rep.accuracy, 4), "macro_f1": round(rep.macro_f1, 4),
+            "files_per_s": round(len(y_true) / max(seconds, 1e-9), 1), "seconds": round(seconds, 2)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--snapshot", default="2026-11")
+    ap.add_argument("--max-files", type=int, default=3000, help="seeded sample of held-out files (0 = all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bench-venv", type=Path, default=None, help="default: <state dir>/bench-venv")
+    ap.add_argument("--skip-guesslang", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    profile = load_profile()
+    store = open_store(profile.store, profile.state_path)
+    texts, y_true, prefix = load_heldout(store, args.snapshot, args.max_files, args.seed)
+    labels = sorted(set(y_true))
+    print(f"{len(texts)} held-out files, {len(labels)} languages, content only (no file names)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = store.download(f"{prefix}/code_language.ftz", Path(tmp) / "code_language.ftz")
+        clf = CodeLanguageClassifier.load(model)
+        t0 = time.time()
+        probs = clf.predict_content(texts, k=1)
+        ours_s = time.time() - t0
+    ours = [max(p, key=p.get) for p in probs]
+    pyg, pyg_s = run_pygments(texts)
+    rows = [score("crucible fastText", y_true, ours, ours_s, labels), score("pygments guess_lexer", y_true, pyg, pyg_s, labels)]
+
+    guess_rows = []
+    if not args.skip_guesslang:
+        venv = args.bench_venv or profile.state_path / "bench-venv"
+        gl, gl_s = run_guesslang(ensure_bench_venv(venv), texts)
+        # guesslang's languages only: a fair subset for all three
+        from_guesslang = set(json.loads((venv / "lib/python3.11/site-packages/guesslang/data/languages.json").read_text()))
+        supported = {GUESSLANG_NAMES.get(n, n) for n in from_guesslang} | GUESSLANG_LISP
+        idx = [i for i, lab in enumerate(y_true) if lab in supported]
+        gl_fixed = [y_true[i] if (gl[i] == "Lisp" and y_true[i] in GUESSLANG_LISP) else gl[i] for i in range(len(gl))]
+        rows.append(score("guesslang", y_true, gl_fixed, gl_s, labels))
+        sub = [y_true[i] for i in idx]
+        sub_labels = sorted(set(sub))
+        frac = len(idx) / max(1, len(y_true))
+        guess_rows = [
+            score("crucible fastText", sub, [ours[i] for i in idx], ours_s * frac, sub_labels),
+            score("guesslang", sub, [gl_fixed[i] for i in idx], gl_s * frac, sub_labels),
+            score("pygments guess_lexer", sub, [pyg[i] for i in idx], pyg_s * frac, sub_labels),
+        ]
+    print("\n## All held-out files\n" + markdown_table(rows))
+    if guess_rows:
+        print(f"\n## Languages guesslang supports ({len(set(sub))} languages)\n" + markdown_table(guess_rows))
+        ours_g, gl_g, pyg_g = guess_rows
+        print(f"\nratios vs guesslang (same files): accuracy {ours_g['accuracy']:.4f} vs {gl_g['accuracy']:.4f} "
+              f"(+{100 * (ours_g['accuracy'] - gl_g['accuracy']):.1f} pts), "
+              f"speed {ours_g['files_per_s'] / max(gl_g['files_per_s'], 1e-9):.1f}x")  # fmt: skip
+    print(f"ratios vs pygments (all files): accuracy {rows[0]['accuracy']:.4f} vs {rows[1]['accuracy']:.4f}, "
+          f"speed {rows[0]['files_per_s'] / max(rows[1]['files_per_s'], 1e-9):.1f}x")
+    result = {"snapshot": args.snapshot, "all": rows, "guesslang_subset": guess_rows}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

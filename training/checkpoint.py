@@ -1,0 +1,142 @@
+"""Atomic, complete training checkpoints and the HF export.
+
+A checkpoint is a directory `<root>/step_<N>/` holding the model and optimizer state (written by the
+engine), `trainer_state.json` (step, tokens seen, config) and per rank `rng_rank<r>.pt` (torch, numpy,
+python RNG states) and `data_rank<r>.json` (the batch source's position). It is written under
+`<root>/.tmp_step_<N>/` and renamed into place once every rank has finished, so a process killed at any
+moment leaves either the previous checkpoint or the new one, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointEngine(Protocol):
+    """What a checkpoint needs from the training engine (local torch or DeepSpeed)."""
+
+    rank: int
+    world_size: int
+
+    def save_state(self, directory: Path) -> None: ...
+
+    def load_state(self, directory: Path) -> None: ...
+
+    def barrier(self) -> None: ...
+
+
+def rng_state() -> dict[str, Any]:
+    """The torch, numpy and python RNG states of this process."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_model_state(model: nn.Module, path: Path) -> None:
+    """The full state dict (parameters and persistent buffers, e.g. the router bias) as safetensors."""
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path))
+
+
+def load_model_state(model: nn.Module, path: Path) -> None:
+    model.load_state_dict(load_file(str(path)), strict=True)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    engine: CheckpointEngine,
+    trainer_state: dict[str, Any],
+    data_state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write checkpoint `step` atomically (all ranks call this); keeps the newest `keep`. Returns its path."""
+    root = Path(root)
+    final = root / f"step_{step:08d}"
+    tmp = root / f".tmp_step_{step:08d}"
+    if engine.rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # a previous run killed while writing this step
+        tmp.mkdir()
+    engine.barrier()
+    engine.save_state(tmp)
+    torch.save(rng_state(), tmp / f"rng_rank{engine.rank}.pt")
+    (tmp / f"data_rank{engine.rank}.json").write_text(json.dumps(data_state))
+    if engine.rank == 0:
+        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1, default=str))
+    engine.barrier()
+    if engine.rank == 0:
+        _fsync_tree(tmp)
+        if final.exists():  # same step saved before (e.g. rerun of a finished run): replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    engine.barrier()
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first (temp dirs of killed writes are ignored)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, engine: CheckpointEngine) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restore model, optimizer and this rank's RNG from `path`; returns (trainer_state, data_state)."""
+    path = Path(path)
+    engine.load_state(path)
+    set_rng_state(torch.load(path / f"rng_rank{engine.rank}.pt", weights_only=False))
+    trainer_state = json.loads((path / "trainer_state.json").read_text())
+    data_state = json.loads((path / f"data_rank{engine.rank}.json").read_text())
+    return trainer_state, data_state
+
+
+def export_hf(model: nn.Module, out_dir: Path, extra_files: dict[str, Path] | None = None) -> Path:
+    """Save `model` as an HF model dir (config.json + model.safetensors), loadable with
+    `AutoModelForCausalLM.from_pretrained`; `extra_files` (e.g. {"tokenizer.json": path}) are copied in.
+    Written to a temp dir and renamed, like checkpoints."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".tmp_{out_dir.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    for name, src in (extra_files or {}).items():
+        shutil.copy2(src, tmp / name)
+    _fsync_tree(tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir

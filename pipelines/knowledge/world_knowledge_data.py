@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from classifiers.labelled_text import LabelledText
-from pipelines.knowledge.debian_packages import debian_package_root
+from infra.local_web import fetch_doc_package
 from pipelines.knowledge.dictd import dictd_databases, read_dictd
 from pipelines.knowledge.document_shards import read_documents
 from pipelines.knowledge.fortunes import fortune_files, read_fortunes
@@ -47,7 +47,7 @@ def dictionary_examples(package: str, limit: int | None, seed: int, min_chars: i
                         max_chars: int = 1500, cache_dir: Path | None = None) -> list[LabelledText]:
     """Entries of one dict-* package; consecutive short entries are joined up to `min_chars`."""
     out: list[LabelledText] = []
-    for index in dictd_databases(debian_package_root(package, cache_dir)):
+    for index in dictd_databases(fetch_doc_package(package, cache_dir)):
         current: list[str] = []
         first = ""
         for entry in read_dictd(index):
@@ -64,7 +64,7 @@ def fortune_examples(packages: Iterable[str], limit: int | None, seed: int, min_
     """Fortune cookies (quotes, jokes, one-liners): low-value text."""
     out, seen = [], set()
     for package in packages:
-        for path in fortune_files(debian_package_root(package, cache_dir)):
+        for path in fortune_files(fetch_doc_package(package, cache_dir)):
             for f in read_fortunes(path, min_chars=min_chars):
                 if f.text not in seen:  # fortunes-min repeats part of fortunes
                     seen.add(f.text)

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from pipelines.knowledge.debian_packages import debian_package_root
+from infra.local_web import fetch_doc_package
 from pipelines.knowledge.dictd import dictd_databases, read_dictd
 from pipelines.knowledge.fortunes import fortune_files, read_fortunes
 from pipelines.math.doc_pages import champ_problems, iter_doc_pages
@@ -49,7 +49,7 @@ def build_probe_set(seed: int = 0, cache_dir: Path | None = None) -> list[dict]:
     for p in champ[COUNTS["champ_solution"] : COUNTS["champ_solution"] + COUNTS["champ_problem"]]:
         add("champ_problem", 3, p["problem"], "champ-dataset", "MIT", p["id"])
 
-    sympy_root = debian_package_root("python-sympy-doc", cache_dir) / "usr/share/doc/python-sympy-doc/html"
+    sympy_root = fetch_doc_package("python-sympy-doc", cache_dir) / "usr/share/doc/python-sympy-doc/html"
     pages = [p for sub in ("tutorials", "guides", "explanation") for p in iter_doc_pages(sympy_root / sub)]
     rng.shuffle(pages)
     for page in pages[: COUNTS["sympy_doc"]]:
@@ -61,12 +61,12 @@ def build_probe_set(seed: int = 0, cache_dir: Path | None = None) -> list[dict]:
         start = rng.randrange(0, max(1, len(text) - MAX_CHARS))  # a window of the menu, not always its top
         add("navigation", 0, text[start:], "python-sympy-doc", "BSD-3-Clause", "page chrome")
 
-    jargon = [e for idx in dictd_databases(debian_package_root("dict-jargon", cache_dir))
+    jargon = [e for idx in dictd_databases(fetch_doc_package("dict-jargon", cache_dir))
               for e in read_dictd(idx, min_chars=300) if not _MATHY.search(e.text)]
     for e in rng.sample(jargon, COUNTS["jargon_entry"]):
         add("jargon_entry", 1, e.text, "dict-jargon", "public-domain", e.headword)
 
-    fortunes_root = debian_package_root("fortunes", cache_dir)
+    fortunes_root = fetch_doc_package("fortunes", cache_dir)
     cookies = [f for path in fortune_files(fortunes_root) if path.name not in {"food", "science", "education"}
                for f in read_fortunes(path, min_chars=150) if not _MATHY.search(f.text)]
     for f in rng.sample(cookies, COUNTS["fortune"]):

@@ -1,0 +1,59 @@
+"""Which judge a stage uses, as config: the tiny default is SmolLM2-135M-Instruct in-process, the cluster
+default an OpenAI-compatible endpoint whose URL comes from the environment (`CRUCIBLE_JUDGE_URL`, ...)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from classifiers.judge.backends import JudgeBackend, LocalModelBackend, OpenAIChatBackend
+from classifiers.judge.client import JudgeClient, JudgeClientConfig
+from classifiers.judge.prompt_files import load_prompt
+from classifiers.judge.quality_gate import GateConfig
+from infra.store import ObjectStore
+
+
+class JudgeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    backend: Literal["local", "openai"] = Field(
+        "local", description="local = a model in this process; openai = an OpenAI-compatible HTTP endpoint"
+    )
+    local_model: str | None = Field(
+        None, description="GGUF file or HF model dir for the local backend; None = packaged SmolLM2-135M-Instruct"
+    )
+    local_threads: int | None = Field(None, ge=1, description="torch threads for the local backend")
+    endpoint_env: str = Field(
+        "CRUCIBLE_JUDGE", description="Env prefix of the endpoint: <P>_URL, <P>_MODEL, <P>_API_KEY"
+    )
+    timeout_s: float = Field(60.0, gt=0, description="HTTP timeout per judge call")
+    max_retries: int = Field(4, ge=0, description="Retries per judge call (timeouts, 5xx, malformed bodies)")
+    backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles per retry (with jitter)")
+    top_logprobs: int = Field(10, ge=0, le=20, description="Ask the endpoint for first-token alternatives")
+    client: JudgeClientConfig = Field(default_factory=JudgeClientConfig, description="Batching, budget, cache")
+    gate: GateConfig = Field(default_factory=GateConfig, description="Probe-set quality gate")
+
+
+def build_backend(config: JudgeConfig) -> JudgeBackend:
+    if config.backend == "local":
+        from infra.packaged import SMOLLM2_GGUF, packaged_file
+
+        path = config.local_model or str(packaged_file(SMOLLM2_GGUF))
+        return LocalModelBackend(path, threads=config.local_threads)
+    from infra.llm_server import llm_endpoint_from_env
+
+    endpoint = llm_endpoint_from_env(config.endpoint_env)
+    if endpoint is None:
+        raise ValueError(
+            f"judge backend 'openai' needs {config.endpoint_env}_URL (and _MODEL, _API_KEY) in the environment, "
+            "e.g. a vLLM / SGLang / llama.cpp server, or `python -m infra.llm_server --gguf FILE`"
+        )
+    return OpenAIChatBackend(endpoint.base_url, endpoint.model, endpoint.api_key, timeout_s=config.timeout_s,
+                             max_retries=config.max_retries, backoff_s=config.backoff_s,
+                             top_logprobs=config.top_logprobs)
+
+
+def build_judge(config: JudgeConfig, store: ObjectStore, prompt_name: str,
+                backend: JudgeBackend | None = None) -> JudgeClient:
+    """A JudgeClient for `prompt_name` (e.g. edu_math_v1); pass `backend` to share one loaded model."""
+    return JudgeClient(backend or build_backend(config), load_prompt(prompt_name), store, config.client)

@@ -181,12 +181,15 @@ def synthetic_recall_rows(
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n_rows):
+        row = None
         if rng.random() < multikey_share:
             num_keys = int(rng.integers(2, 7))
-            row = multikey_sequence(
-                encode, filler, rng, seq_len, eos_id, num_keys, int(rng.integers(1, num_keys))
-            )
-        else:
-            row = passkey_sequence(encode, filler, rng, seq_len, eos_id)
-        rows.append(row)
+            num_questions = int(rng.integers(1, num_keys))
+            while row is None and num_keys >= 2:  # short rows: fewer keys until the template fits
+                try:
+                    row = multikey_sequence(encode, filler, rng, seq_len, eos_id, num_keys, num_questions)
+                except ValueError:
+                    num_keys -= 1
+                    num_questions = min(num_questions, num_keys - 1)
+        rows.append(row if row is not None else passkey_sequence(encode, filler, rng, seq_len, eos_id))
     return np.stack(rows) if rows else np.zeros((0, seq_len), dtype=np.int64)

@@ -1,0 +1,186 @@
+"""Context extension: RoPE stretching (ABF / YaRN), long-doc up-sampling, interleaved packing, recall rows."""
+
+import math
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from training.context_extension import (
+    ContextExtensionConfig,
+    ContextStage,
+    build_midtrain_rows,
+    extend_rope,
+    interleave_chunks,
+    length_weights,
+    pack_random,
+    pack_similar,
+    row_purity,
+    similarity_order,
+)
+from training.recall_tasks import FillerText, synthetic_recall_rows
+
+
+def glm_config(**kw):
+    from transformers import GlmMoeDsaConfig
+
+    return GlmMoeDsaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+        kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, index_topk=32,
+        index_head_dim=16, index_n_heads=2, first_k_dense_replace=1, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **kw,
+    )  # fmt: skip
+
+
+def rotary(config):
+    from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaRotaryEmbedding
+
+    return GlmMoeDsaRotaryEmbedding(config)
+
+
+def test_abf_raises_rope_base():
+    base = glm_config()
+    stage = ContextStage(name="ctx_1024", seq_len=1024, rope_theta=40_000.0)
+    cfg = extend_rope(base, stage, "abf", base_seq_len=256)
+    assert cfg.rope_parameters == {"rope_type": "default", "rope_theta": 40_000.0}
+    assert cfg.max_position_embeddings == 1024
+    assert base.rope_parameters["rope_theta"] == 10_000.0 and base.max_position_embeddings == 256  # copy
+    inv = rotary(cfg).inv_freq
+    assert torch.allclose(inv, 1.0 / 40_000.0 ** (torch.arange(0, 8, 2).float() / 8))
+
+
+def test_yarn_scales_low_frequencies_only():
+    base = glm_config()
+    stage = ContextStage(name="ctx_1024", seq_len=1024)
+    cfg = extend_rope(base, stage, "yarn", base_seq_len=256)
+    assert cfg.rope_parameters == {
+        "rope_type": "yarn",
+        "rope_theta": 10_000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    assert cfg.max_position_embeddings == 1024
+    old, new = rotary(base), rotary(cfg)
+    assert new.attention_scaling == pytest.approx(0.1 * math.log(4.0) + 1.0)
+    # The fastest rotation (dim 0) is kept, the slowest is interpolated by the full factor.
+    assert float(new.inv_freq[0]) == pytest.approx(float(old.inv_freq[0]))
+    assert float(new.inv_freq[-1]) == pytest.approx(float(old.inv_freq[-1]) / 4.0)
+    # A second YaRN stage keeps the pretraining length as the original and grows the factor.
+    cfg2 = extend_rope(cfg, ContextStage(name="ctx_2048", seq_len=2048), "yarn", base_seq_len=256)
+    assert (
+        cfg2.rope_parameters["factor"] == 8.0
+        and cfg2.rope_parameters["original_max_position_embeddings"] == 256
+    )
+
+
+def test_stage_lengths_must_increase():
+    with pytest.raises(ValidationError, match="must increase"):
+        ContextExtensionConfig(base_seq_len=256, stages=[ContextStage(name="a", seq_len=256)])
+    assert [s.seq_len for s in ContextExtensionConfig().stages] == [1024, 2048]
+
+
+def test_interleave_chunks_round_robin():
+    a, b = np.arange(0, 5), np.arange(100, 103)
+    assert interleave_chunks([a, b], 2).tolist() == [0, 1, 100, 101, 2, 3, 102, 4]
+    assert interleave_chunks([a, b], 0).tolist() == [0, 1, 2, 3, 4, 100, 101, 102]
+
+
+def topic_docs(n_per_topic=60, seed=0):
+    """Three topics with disjoint vocabularies (ids 10-59, 60-109, 110-159) plus shared 'stop words' 2-9."""
+    rng = random.Random(seed)
+    docs, labels = [], []
+    for topic in range(3):
+        for _ in range(n_per_topic):
+            n = rng.randint(20, 60)
+            ids = [rng.randrange(10 + 50 * topic, 60 + 50 * topic) if rng.random() < 0.6 else rng.randrange(2, 10)
+                   for _ in range(n)]  # fmt: skip
+            docs.append(np.array(ids + [0]))
+            labels.append(topic)
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    return [docs[i] for i in order], [labels[i] for i in order]
+
+
+def test_interleaved_packing_groups_similar_docs():
+    docs, labels = topic_docs()
+    order = similarity_order(docs, vocab_size=200, docs_per_cluster=8, seed=0)
+    probs = length_weights(np.array([len(d) for d in docs]), 1.0)
+    rng = np.random.default_rng(0)
+    similar = [pack_similar(docs, order, probs, 256, 16, rng)[1] for _ in range(60)]
+    random_rows = [pack_random(docs, probs, 256, rng)[1] for _ in range(60)]
+    purity_similar, purity_random = row_purity(similar, labels), row_purity(random_rows, labels)
+    assert purity_similar > 0.9
+    assert purity_random < 0.6  # 3 balanced topics: ~0.45 by chance for ~7 docs per row
+    # Adjacent docs in similarity order share a topic far more often than in corpus order.
+    assert np.mean([labels[order[i]] == labels[order[i + 1]] for i in range(len(order) - 1)]) > 0.9
+
+
+def test_length_weighted_sampler_upsamples_long_docs():
+    lengths = np.array([10] * 90 + [1000] * 10)
+    for alpha, expected in [
+        (0.0, 0.10),
+        (1.0, 10_000 / 10_900),
+        (2.0, 10 * 1000**2 / (10 * 1000**2 + 90 * 100)),
+    ]:
+        assert length_weights(lengths, alpha)[90:].sum() == pytest.approx(expected)
+
+
+def test_midtrain_rows_mix_and_lengths():
+    docs, _ = topic_docs(40)
+    long_docs = [np.arange(2, 1200) % 150 + 10 for _ in range(4)]
+    filler = FillerText(docs, eos_id=0)
+
+    def encode(text):  # a byte "tokenizer": ids 160-255 never clash with the topic ids
+        return [160 + (b % 96) for b in text.encode()]
+
+    config = ContextExtensionConfig(
+        base_seq_len=128, rows_per_stage=80, synthetic_share=0.25, long_doc_alpha=2.0,
+        stages=[ContextStage(name="s1", seq_len=512)],
+    )  # fmt: skip
+    rows, metrics = build_midtrain_rows(
+        {"web": docs + long_docs}, {"web": 1.0}, filler, encode, 0, 256, config, config.stages[0]
+    )
+    assert rows.shape == (80, 512)
+    assert metrics["rows/synthetic"] == 20
+    assert metrics["rows/interleaved"] + metrics["rows/random"] == 60
+    # alpha=2 makes the 4 long docs dominate the natural rows, well above their share of corpus tokens.
+    assert metrics["long_doc_token_share/sampled"] > metrics["long_doc_token_share/corpus"] + 0.2
+    again, _ = build_midtrain_rows(
+        {"web": docs + long_docs}, {"web": 1.0}, filler, encode, 0, 256, config, config.stages[0]
+    )
+    assert (again == rows).all()  # seeded
+
+
+def ascii_encode(text):  # printable ASCII -> ids 160..255, clear of the topic-doc ids
+    return [160 + ord(c) - 32 for c in text.replace("\n", " ")]
+
+
+def ascii_decode(row):
+    return "".join(chr(t - 160 + 32) if t >= 160 else ("|" if t == 0 else "#") for t in row)
+
+
+def test_synthetic_recall_rows_answer_from_context():
+    docs, _ = topic_docs(20)
+    rows = synthetic_recall_rows(
+        ascii_encode, FillerText(docs, eos_id=0), n_rows=40, seq_len=700, eos_id=0, seed=1, multikey_share=0.5
+    )
+    assert rows.shape == (40, 700)
+    kinds = {"passkey": 0, "multikey": 0}
+    for row in rows:
+        text = ascii_decode(row)
+        assert text.endswith("|")  # the answer, then EOS
+        if "What is the pass key?" in text:
+            kinds["passkey"] += 1
+            needle = re.search(r"The pass key is (\d{5})\. Remember it", text).group(1)
+            assert text.endswith(f"What is the pass key? The pass key is {needle}|")
+        else:
+            kinds["multikey"] += 1
+            codes = dict(re.findall(r" The secret code of (\w+) is (\d{5})\. ", text))
+            asked = re.findall(r"What is the secret code of (\w+)\? The secret code of \1 is (\d{5})\.", text)
+            assert 2 <= len(codes) <= 6 and 1 <= len(asked) < len(codes)
+            assert all(codes[name] == key for name, key in asked)
+    assert 10 <= kinds["passkey"] <= 30 and 10 <= kinds["multikey"] <= 30

@@ -1,0 +1,391 @@
+"""Staged context-extension midtraining (RECIPE.md "Mid-training"): per stage, stretch RoPE (ABF or YaRN), then
+train on rows of the stage's length built from up-sampled long documents, interleaved packing of similar
+documents, and synthetic long-range recall sequences (passkey, MRCR-like multi-key).
+
+The asset layer calls, per stage: `build_midtrain_shards` (data) then `midtrain_stage` (parent checkpoint ->
+new checkpoint).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import xxhash
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from training.data import iter_shard_documents, load_shard_meta, mixture_weights, shard_paths
+from training.recall_tasks import FillerText, synthetic_recall_rows
+
+log = logging.getLogger(__name__)
+
+
+class ContextStage(BaseModel):
+    """One context-extension stage."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="Stage name, e.g. 'ctx_1024' (used in store keys and model names)")
+    seq_len: int = Field(ge=16, description="Training context length of this stage (tokens)")
+    rope_theta: float | None = Field(None, gt=0, description="ABF: RoPE base for this stage; None = keep")
+    steps: int = Field(200, ge=1, description="Optimizer steps in this stage")
+    batch_size: int = Field(4, ge=1, description="Rows per step")
+    learning_rate: float = Field(1e-3, gt=0, description="Peak learning rate of this stage")
+
+
+class ContextExtensionConfig(BaseModel):
+    """Context-extension midtraining settings (defaults are the `tiny` profile's: 256 -> 1024 -> 2048)."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_seq_len: int = Field(256, ge=16, description="Context length of pretraining (the base checkpoint)")
+    rope_method: Literal["abf", "yarn"] = Field(
+        "abf", description="abf: raise the RoPE base; yarn: YaRN scaling"
+    )
+    stages: list[ContextStage] = Field(
+        default_factory=lambda: [
+            ContextStage(name="ctx_1024", seq_len=1024, rope_theta=40_000.0, steps=300, learning_rate=1e-3),
+            ContextStage(name="ctx_2048", seq_len=2048, rope_theta=80_000.0, steps=150, learning_rate=5e-4),
+        ],
+        description="Stages in order; each starts from the previous stage's checkpoint",
+    )
+    rows_per_stage: int = Field(
+        1024, ge=1, description="Packed rows built per stage (batches sample them with replacement)"
+    )
+    long_doc_alpha: float = Field(
+        1.5,
+        ge=0,
+        description="Doc sampling weight ∝ length^alpha (1 = token-proportional, >1 favours long docs)",
+    )
+    interleave_share: float = Field(
+        0.5, ge=0, le=1, description="Share of natural rows packed from similar docs"
+    )
+    interleave_chunk_tokens: int = Field(
+        128,
+        ge=0,
+        description="Similar docs are cut into chunks of this size and interleaved (0 = concatenated)",
+    )
+    similarity_cluster_docs: int = Field(
+        16, ge=2, description="Target docs per tf-idf k-means cluster when grouping similar docs"
+    )
+    synthetic_share: float = Field(
+        0.25, ge=0, le=1, description="Share of rows that are synthetic recall rows"
+    )
+    multikey_share: float = Field(
+        0.5, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
+    )
+    seed: int = Field(0, description="Seed for sampling, packing and synthetic rows")
+
+    @model_validator(mode="after")
+    def _increasing(self) -> ContextExtensionConfig:
+        lengths = [self.base_seq_len] + [s.seq_len for s in self.stages]
+        if any(b <= a for a, b in zip(lengths, lengths[1:], strict=False)):
+            raise ValueError(f"stages: seq_len must increase from base_seq_len, got {lengths}")
+        return self
+
+    def stage(self, name: str) -> ContextStage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise ValueError(f"unknown context stage {name!r}; stages are {[s.name for s in self.stages]}")
+
+
+# ---------------------------------------------------------------------------------------------- RoPE
+
+
+def extend_rope(hf_config: Any, stage: ContextStage, method: str, base_seq_len: int) -> Any:
+    """A copy of a transformers config stretched to `stage.seq_len`.
+
+    abf:  rope_parameters = {"rope_type": "default", "rope_theta": stage.rope_theta}
+    yarn: rope_parameters = {"rope_type": "yarn", "rope_theta": <pretraining base>, "factor": seq_len / base_seq_len,
+          "original_max_position_embeddings": base_seq_len}
+    Both set max_position_embeddings = stage.seq_len.
+    """
+    cfg = copy.deepcopy(hf_config)
+    rope = dict(cfg.rope_parameters or {"rope_type": "default", "rope_theta": 10000.0})
+    if method == "abf":
+        theta = stage.rope_theta or rope.get("rope_theta", 10000.0)
+        rope = {"rope_type": "default", "rope_theta": float(theta)}
+    elif method == "yarn":
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": float(rope.get("rope_theta", 10000.0)),
+            "factor": stage.seq_len / base_seq_len,
+            "original_max_position_embeddings": base_seq_len,
+        }
+    else:
+        raise ValueError(f"rope_method must be 'abf' or 'yarn', got {method!r}")
+    cfg.rope_parameters = rope
+    cfg.max_position_embeddings = stage.seq_len
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- packing
+
+
+def length_weights(lengths: np.ndarray, alpha: float) -> np.ndarray:
+    """Doc sampling probabilities ∝ length^alpha."""
+    w = np.asarray(lengths, dtype=np.float64) ** alpha
+    return w / w.sum()
+
+
+def doc_vectors(docs: Sequence[np.ndarray], vocab_size: int, dim: int, seed: int) -> np.ndarray:
+    """Unit-norm random projections [n_docs, dim] of the docs' tf-idf vectors (cosine is roughly preserved)."""
+    df = np.zeros(vocab_size, dtype=np.float64)
+    for d in docs:
+        df[np.unique(d)] += 1
+    idf = np.log((1 + len(docs)) / (1 + df))
+    planes = np.random.default_rng(seed).standard_normal((vocab_size, dim))
+    vecs = np.zeros((len(docs), dim))
+    for i, d in enumerate(docs):
+        ids, counts = np.unique(d, return_counts=True)
+        vecs[i] = (counts * idf[ids]) @ planes[ids]
+    return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+
+
+def similarity_clusters(vecs: np.ndarray, n_clusters: int, seed: int, iters: int = 10) -> np.ndarray:
+    """Spherical k-means cluster id per doc (seeded init from random docs)."""
+    n = len(vecs)
+    k = max(1, min(n_clusters, n))
+    centroids = vecs[np.random.default_rng(seed).choice(n, size=k, replace=False)]
+    labels = np.zeros(n, dtype=np.int64)
+    for _ in range(iters):
+        labels = np.argmax(vecs @ centroids.T, axis=1)
+        for c in range(k):
+            members = vecs[labels == c]
+            if len(members):
+                mean = members.sum(0)
+                centroids[c] = mean / max(np.linalg.norm(mean), 1e-12)
+    return labels
+
+
+def similarity_order(
+    docs: Sequence[np.ndarray], vocab_size: int, docs_per_cluster: int, seed: int, dim: int = 64
+) -> np.ndarray:
+    """Doc indices ordered so that similar docs are adjacent: tf-idf k-means clusters, visited as a chain
+    that always moves to the most similar unvisited cluster."""
+    vecs = doc_vectors(docs, vocab_size, dim, seed)
+    labels = similarity_clusters(vecs, max(1, len(docs) // docs_per_cluster), seed)
+    ids = np.unique(labels)
+    centroids = np.stack([vecs[labels == c].mean(0) for c in ids])
+    sims = centroids @ centroids.T
+    chain, seen = [0], {0}
+    while len(chain) < len(ids):
+        nxt = max((j for j in range(len(ids)) if j not in seen), key=lambda j: sims[chain[-1], j])
+        chain.append(nxt)
+        seen.add(nxt)
+    return np.concatenate([np.flatnonzero(labels == ids[c]) for c in chain])
+
+
+def _window(doc: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarray:
+    if len(doc) <= length:
+        return doc
+    start = int(rng.integers(0, len(doc) - length + 1))
+    return doc[start : start + length]
+
+
+def pack_random(
+    docs: Sequence[np.ndarray], probs: np.ndarray, seq_len: int, rng: np.random.Generator
+) -> tuple[np.ndarray, list[int]]:
+    """One row: docs drawn with `probs` and concatenated (a long doc gives a random window)."""
+    parts, used, n = [], [], 0
+    while n < seq_len:
+        i = int(rng.choice(len(docs), p=probs))
+        piece = _window(docs[i], seq_len - n, rng)
+        parts.append(piece)
+        used.append(i)
+        n += len(piece)
+    return np.concatenate(parts)[:seq_len], used
+
+
+def interleave_chunks(group: Sequence[np.ndarray], chunk: int) -> np.ndarray:
+    """Round-robin chunks of the docs in `group`: A1 B1 C1 A2 B2 ... (continuing A needs looking back)."""
+    if chunk <= 0:
+        return np.concatenate(list(group))
+    pieces = [[d[i : i + chunk] for i in range(0, len(d), chunk)] for d in group]
+    out = []
+    for k in range(max(len(p) for p in pieces)):
+        out += [p[k] for p in pieces if k < len(p)]
+    return np.concatenate(out)
+
+
+def pack_similar(
+    docs: Sequence[np.ndarray],
+    order: np.ndarray,
+    probs: np.ndarray,
+    seq_len: int,
+    chunk: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, list[int]]:
+    """One row from a seed doc (drawn with `probs`) and its neighbours in similarity order, interleaved."""
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    pos = int(rank[int(rng.choice(len(docs), p=probs))])
+    group, used, n = [], [], 0
+    step = 0
+    while n < seq_len and step < len(order):
+        # Walk outwards from the seed: pos, pos+1, pos-1, pos+2, ... (the nearest neighbours first).
+        offset = (step + 1) // 2 * (1 if step % 2 else -1)
+        j = pos + offset
+        step += 1
+        if not 0 <= j < len(order):
+            continue
+        i = int(order[j])
+        piece = _window(docs[i], seq_len - n, rng)
+        group.append(piece)
+        used.append(i)
+        n += len(piece)
+    row = interleave_chunks(group, chunk)
+    if len(row) < seq_len:  # fewer docs than a row: repeat
+        row = np.resize(row, seq_len)
+    return row[:seq_len], used
+
+
+def build_midtrain_rows(
+    docs_by_source: Mapping[str, Sequence[np.ndarray]],
+    weights: Mapping[str, float],
+    filler: FillerText,
+    encode,
+    eos_id: int,
+    vocab_size: int,
+    config: ContextExtensionConfig,
+    stage: ContextStage,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """[rows_per_stage, stage.seq_len] token rows and stats: synthetic recall rows, similar-doc rows and
+    length-weighted random rows; a row's source is drawn with the mixture `weights`."""
+    seed = config.seed + xxhash.xxh32_intdigest(stage.name)
+    rng = np.random.default_rng(seed)
+    n_rows, seq_len = config.rows_per_stage, stage.seq_len
+    n_synth = int(round(config.synthetic_share * n_rows))
+    sources = sorted(s for s in docs_by_source if docs_by_source[s] and weights.get(s, 0) > 0)
+    probs_by_source = {
+        s: length_weights(np.array([len(d) for d in docs_by_source[s]]), config.long_doc_alpha)
+        for s in sources
+    }
+    orders = {
+        s: similarity_order(docs_by_source[s], vocab_size, config.similarity_cluster_docs, seed)
+        for s in sources
+    }
+    source_p = np.array([weights[s] for s in sources], dtype=np.float64)
+    source_p /= source_p.sum()
+    stats: Counter = Counter()
+    rows = []
+    long_tokens = 0
+    for _ in range(n_rows - n_synth):
+        s = sources[int(rng.choice(len(sources), p=source_p))]
+        docs = docs_by_source[s]
+        if rng.random() < config.interleave_share:
+            row, used = pack_similar(
+                docs, orders[s], probs_by_source[s], seq_len, config.interleave_chunk_tokens, rng
+            )
+            stats["rows/interleaved"] += 1
+        else:
+            row, used = pack_random(docs, probs_by_source[s], seq_len, rng)
+            stats["rows/random"] += 1
+        stats[f"rows/source/{s}"] += 1
+        long_tokens += sum(min(len(docs[i]), seq_len) for i in used if len(docs[i]) >= config.base_seq_len)
+        rows.append(row)
+    synth = synthetic_recall_rows(encode, filler, n_synth, seq_len, eos_id, seed + 1, config.multikey_share)
+    stats["rows/synthetic"] = n_synth
+    all_rows = np.concatenate([np.stack(rows) if rows else np.zeros((0, seq_len), np.int64), synth])
+    all_rows = all_rows[rng.permutation(len(all_rows))]
+    natural_tokens = (n_rows - n_synth) * seq_len
+    metrics = {k: float(v) for k, v in stats.items()}
+    # Share of natural-row tokens that come from docs longer than the pretraining context, vs the corpus share.
+    metrics["long_doc_token_share/sampled"] = (
+        min(long_tokens / natural_tokens, 1.0) if natural_tokens else 0.0
+    )
+    all_docs = [d for s in sources for d in docs_by_source[s]]
+    total = sum(len(d) for d in all_docs)
+    metrics["long_doc_token_share/corpus"] = (
+        sum(len(d) for d in all_docs if len(d) >= config.base_seq_len) / total if total else 0.0
+    )
+    return all_rows, metrics
+
+
+# ---------------------------------------------------------------------------------------------- stage data
+
+
+def build_midtrain_shards(
+    config: ContextExtensionConfig,
+    stage_name: str,
+    store: ObjectStore,
+    manifest_key: str,
+    tokenizer_path: str | Path,
+    out_prefix: str,
+    cache_dir: str | Path | None = None,
+) -> StageResult:
+    """Build one stage's packed rows from the token shards of `manifest_key` and publish them as a token shard
+    of `seq_len`-aligned rows under `out_prefix` (read with `TokenBatches(..., aligned=True)`)."""
+    from training.data import load_corpus_tokenizer, token_dtype
+
+    stage = config.stage(stage_name)
+    manifest = store.get_json(manifest_key)
+    train = shard_paths(store, manifest_key, "train", cache_dir)
+    docs_by_source = {s: list(iter_shard_documents(p)) for s, p in train.items()}
+    weights = mixture_weights(manifest.get("weights") or {s: 1.0 for s in train}, {s: 1 for s in train})
+    tok = load_corpus_tokenizer(tokenizer_path)
+    eos_id = manifest["tokenizer"]["eos_id"]
+    # Synthetic rows hide their keys in training text (never the held-out text the passkey eval uses).
+    filler_source = "web" if "web" in docs_by_source else sorted(docs_by_source)[0]
+    filler = FillerText(docs_by_source[filler_source], eos_id=eos_id)
+    rows, metrics = build_midtrain_rows(
+        docs_by_source,
+        weights,
+        filler,
+        lambda text: tok.encode(text, add_special_tokens=False).ids,
+        eos_id,
+        manifest["tokenizer"]["vocab_size"],
+        config,
+        stage,
+    )
+    out_prefix = out_prefix.strip("/")
+    base = f"{out_prefix}/shard-00000"
+    with store.writer(f"{base}.tokens.npy", suffix=".npy") as tmp:
+        np.save(tmp, rows.reshape(-1).astype(token_dtype(manifest["tokenizer"]["vocab_size"])))
+    with store.writer(f"{base}.docs.npy", suffix=".npy") as tmp:
+        np.save(tmp, np.arange(len(rows) + 1, dtype=np.int64) * stage.seq_len)
+    data_version = xxhash.xxh64_hexdigest(rows.tobytes())
+    stage_manifest = {
+        "stage": stage.model_dump(),
+        "config": config.model_dump(),
+        "token_manifest": manifest_key,
+        "token_data_version": manifest.get("data_version"),
+        "shards": [f"{base}.tokens.npy"],
+        "rows": len(rows),
+        "seq_len": stage.seq_len,
+        "data_version": data_version,
+    }
+    store.put_json(f"{out_prefix}/manifest.json", stage_manifest)
+    metrics.update({"rows": float(len(rows)), "tokens": float(rows.size), "seq_len": float(stage.seq_len)})
+    table = [{"metric": k, "value": round(v, 4)} for k, v in sorted(metrics.items())]
+    return StageResult(
+        metrics=metrics,
+        outputs={"manifest": f"{out_prefix}/manifest.json", "shard": f"{base}.tokens.npy"},
+        report_md=f"## Midtraining data `{stage.name}` ({stage.seq_len} tokens)\n\n" + markdown_table(table),
+        data_version=data_version,
+        extra={"manifest": stage_manifest},
+    )
+
+
+def row_purity(rows_docs: Sequence[Sequence[int]], labels: Sequence[Any]) -> float:
+    """Mean share of a row's docs that carry the row's majority label (1.0 = every row is one topic)."""
+    shares = []
+    for used in rows_docs:
+        counts = Counter(labels[i] for i in used)
+        shares.append(max(counts.values()) / len(used))
+    return float(np.mean(shares))
+
+
+def docs_meta(paths: Sequence[str | Path]) -> list[dict]:
+    return [m for p in paths for m in load_shard_meta(p)]
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

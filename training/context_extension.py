@@ -9,7 +9,6 @@ new checkpoint).
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
-from training.data import iter_shard_documents, load_shard_meta, mixture_weights, shard_paths
+from training.data import iter_shard_documents, mixture_weights, shard_paths
 from training.recall_tasks import FillerText, synthetic_recall_rows
 
 log = logging.getLogger(__name__)
@@ -38,6 +37,12 @@ class ContextStage(BaseModel):
     steps: int = Field(200, ge=1, description="Optimizer steps in this stage")
     batch_size: int = Field(4, ge=1, description="Rows per step")
     learning_rate: float = Field(1e-3, gt=0, description="Peak learning rate of this stage")
+    dsa_mode: Literal["dense", "sparse"] = Field(
+        "sparse", description="Attention while training: sparse = DSA top-k with the indexer on its own loss"
+    )
+    indexer_warmup_steps: int = Field(
+        0, ge=0, description="Indexer-only warm-up steps at the new length before the main phase (0 = none)"
+    )
 
 
 class ContextExtensionConfig(BaseModel):
@@ -50,8 +55,18 @@ class ContextExtensionConfig(BaseModel):
     )
     stages: list[ContextStage] = Field(
         default_factory=lambda: [
-            ContextStage(name="ctx_1024", seq_len=1024, rope_theta=40_000.0, steps=300, learning_rate=1e-3),
-            ContextStage(name="ctx_2048", seq_len=2048, rope_theta=80_000.0, steps=150, learning_rate=5e-4),
+            ContextStage(
+                name="ctx_1024", seq_len=1024, rope_theta=40_000.0, steps=300, indexer_warmup_steps=30
+            ),
+            ContextStage(
+                name="ctx_2048",
+                seq_len=2048,
+                rope_theta=80_000.0,
+                steps=150,
+                batch_size=2,
+                learning_rate=5e-4,
+                indexer_warmup_steps=20,
+            ),
         ],
         description="Stages in order; each starts from the previous stage's checkpoint",
     )
@@ -374,6 +389,127 @@ def build_midtrain_shards(
     )
 
 
+def stage_model_config(model_cfg: Any, stage: ContextStage, method: str, base_seq_len: int) -> Any:
+    """The pretraining `training.model.ModelConfig` with this stage's RoPE (same shapes, see `extend_rope`)."""
+    if method == "abf":
+        update = {"rope_theta": stage.rope_theta or model_cfg.rope_theta, "rope_scaling": None}
+    elif method == "yarn":
+        update = {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": stage.seq_len / base_seq_len,
+                "original_max_position_embeddings": base_seq_len,
+            }
+        }
+    else:
+        raise ValueError(f"rope_method must be 'abf' or 'yarn', got {method!r}")
+    return model_cfg.model_copy(update={**update, "max_position_embeddings": stage.seq_len})
+
+
+def midtrain_job_specs(
+    parent_dir: str | Path,
+    model_cfg: Any,
+    trainer_cfg: Any,
+    config: ContextExtensionConfig,
+    stage_name: str,
+    rows_shards: Sequence[str | Path],
+    run_dir: str | Path,
+    heldout: Mapping[str, Sequence[str | Path]] | None = None,
+    tokenizer_dir: str | Path | None = None,
+) -> list[Any]:
+    """The training phases of one stage as `training.job.TrainJobSpec`s, in order: an optional indexer-only
+    warm-up at the new length, then the main phase; each starts from the previous phase's HF export.
+
+    model_cfg: the pretraining `ModelConfig` (this stage's RoPE is applied here); trainer_cfg: the profile's
+    `TrainerConfig` (steps, LR and DSA mode are taken from the stage); rows_shards: `build_midtrain_shards` output.
+    """
+    from training.job import DataSpec, TrainJobSpec
+
+    stage = config.stage(stage_name)
+    run_dir = Path(run_dir)
+    data = DataSpec(
+        factory="training.data:token_batches",
+        kwargs={
+            "shard_paths": [str(p) for p in rows_shards],
+            "seq_len": stage.seq_len,
+            "batch_size": stage.batch_size,
+            "seed": config.seed,
+            "aligned": True,
+        },
+    )
+    eval_data = None
+    if heldout:
+        eval_data = DataSpec(
+            factory="training.data:heldout_batches",
+            kwargs={
+                "shard_paths": {s: [str(p) for p in ps] for s, ps in heldout.items()},
+                "seq_len": stage.seq_len,
+                "batch_size": stage.batch_size,
+                "max_batches": 2,
+            },
+        )
+    extra = {}
+    if tokenizer_dir:
+        extra = {n: str(Path(tokenizer_dir) / n) for n in ("tokenizer.json", "tokenizer_config.json")}
+    model = stage_model_config(model_cfg, stage, config.rope_method, config.base_seq_len)
+    phases = []
+    if stage.indexer_warmup_steps and stage.dsa_mode == "sparse":
+        phases.append(("indexer_warmup", "indexer_warmup", stage.indexer_warmup_steps))
+    phases.append(("main", stage.dsa_mode, stage.steps))
+    specs, init_from = [], str(parent_dir)
+    for name, mode, steps in phases:
+        optim = trainer_cfg.optim.model_copy(update={"lr": stage.learning_rate})
+        if mode == "indexer_warmup":  # GLM-5 warms the indexer up at a high LR (RECIPE.md: 5e-3)
+            optim = optim.model_copy(update={"lr": max(stage.learning_rate, 5e-3), "optimizer": "adamw"})
+        trainer = trainer_cfg.model_copy(update={"steps": steps, "dsa_mode": mode, "optim": optim})
+        phase_dir = run_dir / name
+        spec = TrainJobSpec(
+            run_dir=str(phase_dir),
+            model=model,
+            init_from=init_from,
+            trainer=trainer,
+            data=data,
+            eval_data=eval_data,
+            extra_files=extra,
+        )
+        specs.append(spec)
+        init_from = str(phase_dir / "hf")
+    return specs
+
+
+def midtrain_stage(
+    parent_dir: str | Path,
+    model_cfg: Any,
+    trainer_cfg: Any,
+    config: ContextExtensionConfig,
+    stage_name: str,
+    rows_shards: Sequence[str | Path],
+    run_dir: str | Path,
+    heldout: Mapping[str, Sequence[str | Path]] | None = None,
+    tokenizer_dir: str | Path | None = None,
+    in_process: bool = False,
+) -> Path:
+    """Train one context-extension stage from the parent checkpoint; returns the new HF checkpoint dir.
+
+    Runs each phase of `midtrain_job_specs` as a child process (`training.job.run_training_job`, resumable,
+    fails loudly) or, with `in_process=True`, in this process (tests, notebooks).
+    """
+    from training.job import run_training_job
+
+    result: dict = {}
+    for spec in midtrain_job_specs(
+        parent_dir, model_cfg, trainer_cfg, config, stage_name, rows_shards, run_dir, heldout, tokenizer_dir
+    ):
+        if in_process:
+            from training.launch_entry import run
+
+            result = run(spec)
+        else:
+            result = run_training_job(spec)
+        log.info("midtrain %s phase %s: %s", stage_name, Path(spec.run_dir).name, result.get("metrics"))
+    return Path(result["hf_dir"])
+
+
 def row_purity(rows_docs: Sequence[Sequence[int]], labels: Sequence[Any]) -> float:
     """Mean share of a row's docs that carry the row's majority label (1.0 = every row is one topic)."""
     shares = []
@@ -381,11 +517,3 @@ def row_purity(rows_docs: Sequence[Sequence[int]], labels: Sequence[Any]) -> flo
         counts = Counter(labels[i] for i in used)
         shares.append(max(counts.values()) / len(used))
     return float(np.mean(shares))
-
-
-def docs_meta(paths: Sequence[str | Path]) -> list[dict]:
-    return [m for p in paths for m in load_shard_meta(p)]
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -14,7 +14,6 @@ shards stay one-per-source and a new weight needs no re-tokenization.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import logging
 import math
@@ -451,7 +450,7 @@ class TokenStream:
 class TokenBatches:
     """Deterministic, resumable batches of `seq_len` token windows drawn from token shards.
 
-    Batch `i` is a pure function of (seed, i): each row picks a source by `weights` (default: by token count)
+    Batch `i` is a pure function of (seed, rank, i): each row picks a source by `weights` (default: by token count)
     and a uniformly random window in it (`aligned=True`: windows start at multiples of `seq_len`, for shards of
     pre-packed rows). Iterating yields {"input_ids", "labels"} (int64, [batch_size, seq_len]); `position`
     is the index of the next batch, saved by `state_dict()` and restored by `load_state_dict()`.
@@ -466,7 +465,12 @@ class TokenBatches:
         start_position: int = 0,
         weights: Mapping[str, float] | None = None,
         aligned: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
     ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world_size {world_size}")
+        self.rank, self.world_size = rank, world_size
         if not isinstance(shard_paths, Mapping):
             shard_paths = {"all": list(shard_paths)}
         self.sources = sorted(s for s, paths in shard_paths.items() if paths)
@@ -485,7 +489,7 @@ class TokenBatches:
 
     def plan(self, position: int) -> list[tuple[str, int]]:
         """(source, start offset) of every row of batch `position`."""
-        rng = np.random.default_rng([self.seed, position])
+        rng = np.random.default_rng([self.seed, self.rank, position])  # each data-parallel rank its own rows
         picks = rng.choice(len(self.sources), size=self.batch_size, p=self.probs)
         rows = []
         for idx in picks:
@@ -522,19 +526,36 @@ class TokenBatches:
         self.position = int(state["position"])
 
 
-def read_manifest(store: ObjectStore, manifest_key: str) -> dict:
-    return store.get_json(manifest_key)
+def token_batches(rank: int = 0, world_size: int = 1, **kwargs: Any) -> TokenBatches:
+    """Factory for training job specs (`training.data:token_batches`); kwargs as for `TokenBatches`."""
+    return TokenBatches(rank=rank, world_size=world_size, **kwargs)
 
 
-def sha_of_paths(paths: Iterable[Path]) -> str:
-    """A content hash over local shard files (for lineage tags)."""
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        h.update(Path(p).name.encode())
-        with open(p, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
+def heldout_batches(
+    shard_paths: Sequence[str | Path] | Mapping[str, Sequence[str | Path]],
+    seq_len: int,
+    batch_size: int,
+    max_batches: int = 4,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[dict[str, Any]]:
+    """Fixed eval batches (up to `max_batches` per source): consecutive windows from the start of each
+    source's held-out stream, split over ranks (factory for job specs: `training.data:heldout_batches`)."""
+    import torch
+
+    if not isinstance(shard_paths, Mapping):
+        shard_paths = {"all": list(shard_paths)}
+    rows = []
+    for source in sorted(shard_paths):
+        stream = TokenStream(shard_paths[source])
+        n = max(1, min(stream.num_tokens // seq_len, max_batches * batch_size))
+        rows += [stream.read(i * seq_len, seq_len) for i in range(n)]
+    rows = rows[rank::world_size]
+    batches = []
+    for i in range(0, min(len(rows), max_batches * batch_size * len(shard_paths)), batch_size):
+        ids = torch.from_numpy(np.stack(rows[i : i + batch_size]))
+        batches.append({"input_ids": ids, "labels": ids.clone()})
+    return batches
 
 
 __all__ = [
@@ -548,4 +569,6 @@ __all__ = [
     "mixture_weights",
     "partition_of",
     "shard_paths",
+    "token_batches",
+    "heldout_batches",
 ]

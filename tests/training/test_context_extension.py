@@ -1,5 +1,6 @@
 """Context extension: RoPE stretching (ABF / YaRN), long-doc up-sampling, interleaved packing, recall rows."""
 
+import json
 import math
 import random
 import re
@@ -16,6 +17,7 @@ from training.context_extension import (
     extend_rope,
     interleave_chunks,
     length_weights,
+    midtrain_stage,
     pack_random,
     pack_similar,
     row_purity,
@@ -184,3 +186,54 @@ def test_synthetic_recall_rows_answer_from_context():
             assert 2 <= len(codes) <= 6 and 1 <= len(asked) < len(codes)
             assert all(codes[name] == key for name, key in asked)
     assert 10 <= kinds["passkey"] <= 30 and 10 <= kinds["multikey"] <= 30
+
+
+def test_midtrain_stage_trains_from_parent_with_extended_rope(tmp_path):
+    from transformers import AutoConfig
+
+    from training.model import ModelConfig, build_model, load_model
+    from training.trainer import TrainerConfig
+
+    torch.set_num_threads(1)
+    model_cfg = ModelConfig.for_size("micro", vocab_size=256, max_position_embeddings=64, eos_token_id=0)
+    parent = tmp_path / "parent"
+    build_model(model_cfg, seed=0).save_pretrained(parent)
+    docs, _ = topic_docs(30)
+    config = ContextExtensionConfig(
+        base_seq_len=64, rows_per_stage=16, synthetic_share=0.0,
+        stages=[ContextStage(name="ctx_128", seq_len=128, rope_theta=40_000.0, steps=3, batch_size=2,
+                             indexer_warmup_steps=2)],
+    )  # fmt: skip
+    rows, _ = build_midtrain_rows(
+        {"web": docs}, {"web": 1.0}, FillerText(docs, 0), ascii_encode, 0, 256, config, config.stages[0]
+    )
+    shard = tmp_path / "rows.tokens.npy"
+    np.save(shard, rows.reshape(-1).astype(np.uint16))
+    np.save(tmp_path / "rows.docs.npy", np.arange(len(rows) + 1) * 128)
+    trainer_cfg = TrainerConfig(
+        precision="fp32", progress=False, eval_every=0, checkpoint_every=0, log_every=1
+    )
+    out = midtrain_stage(
+        parent, model_cfg, trainer_cfg, config, "ctx_128", [shard], tmp_path / "run",
+        heldout={"web": [shard]}, in_process=True,
+    )  # fmt: skip
+    assert out == tmp_path / "run" / "main" / "hf"
+    hf = AutoConfig.from_pretrained(out)
+    assert hf.rope_parameters["rope_theta"] == 40_000.0 and hf.max_position_embeddings == 128
+    before, warm, after = (
+        load_model(parent),
+        load_model(tmp_path / "run" / "indexer_warmup" / "hf"),
+        load_model(out),
+    )
+    name_idx = next(n for n, _ in before.named_parameters() if ".indexer." in n)
+    name_main = "model.embed_tokens.weight"
+    params = [dict(m.named_parameters()) for m in (before, warm, after)]
+    # Warm-up trains only the indexer; the main phase trains the model.
+    assert not torch.equal(params[0][name_idx], params[1][name_idx])
+    assert torch.equal(params[0][name_main], params[1][name_main])
+    assert not torch.equal(params[1][name_main], params[2][name_main])
+    metrics = [
+        json.loads(line) for line in (tmp_path / "run" / "main" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert max(m["step"] for m in metrics) == 3
+    assert any("eval_loss" in m for m in metrics) and any("topk_mass" in m for m in metrics)

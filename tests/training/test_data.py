@@ -171,3 +171,20 @@ def test_unknown_source_fails_with_name(corpus):
         build_token_shards(
             MixtureConfig(), corpus["store"], {"books": ["x/"]}, corpus["tok_dir"], "tokens/bad"
         )
+
+
+def test_ranks_draw_different_rows_and_heldout_batches_are_fixed(corpus):
+    from training.data import heldout_batches, token_batches
+
+    paths = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "train")
+    r0 = token_batches(rank=0, world_size=2, shard_paths=paths, seq_len=32, batch_size=4, seed=5)
+    r1 = token_batches(rank=1, world_size=2, shard_paths=paths, seq_len=32, batch_size=4, seed=5)
+    assert not (next(r0)["input_ids"] == next(r1)["input_ids"]).all()
+    held = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "heldout")
+    a = heldout_batches(held, seq_len=16, batch_size=2, max_batches=2)
+    b = heldout_batches(held, seq_len=16, batch_size=2, max_batches=2)
+    assert len(a) == 2 * 3 and all(
+        (x["input_ids"] == y["input_ids"]).all() for x, y in zip(a, b, strict=True)
+    )
+    halves = [heldout_batches(held, 16, 2, 2, rank=r, world_size=2) for r in (0, 1)]
+    assert sum(len(h) for h in halves) == len(a)

@@ -167,6 +167,9 @@ def apply_shard(
     `plan` has PLAN_SCHEMA, one row per document of the shard, sorted by line. Returns per-shard counts.
     """
     lines, _ = read_shard_lines(store, shard_key)
+    plan = plan.cast(
+        PLAN_SCHEMA
+    )  # one exact schema (list field names too): identical bytes from both engines
     if plan.num_rows != len(lines):
         raise RuntimeError(
             f"{shard_key}: plan has {plan.num_rows} rows for {len(lines)} documents; rerun the stage"

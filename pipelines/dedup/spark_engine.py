@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import replace
 
 import pyarrow as pa
@@ -92,7 +93,7 @@ def connected_components(edges):
     from pyspark.sql import functions as F
 
     e = edges.select(F.greatest("src", "dst").alias("u"), F.least("src", "dst").alias("v")).where("u != v")
-    e = e.distinct().localCheckpoint()
+    e = e.distinct()
     for round_no in range(1, _MAX_CC_ROUNDS + 1):
         # large-star: every neighbour larger than u links to the smallest of u's closed neighbourhood
         adj = e.unionByName(e.select(F.col("v").alias("u"), F.col("u").alias("v")))
@@ -121,6 +122,13 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     """Fingerprint (tasks) -> exact/URL/near phases and components (DataFrames) -> apply (tasks)."""
     from pyspark.sql import functions as F
 
+    clock = [time.perf_counter()]
+
+    def lap(what: str) -> None:
+        now = time.perf_counter()
+        log.info("spark dedup %s: %s took %.1fs", job.layout.snapshot, what, now - clock[0])
+        clock[0] = now
+
     cfg = job.config
     sc = spark.sparkContext
     spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark_shuffle_partitions))
@@ -145,6 +153,7 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     docs = spark.createDataFrame(ranked, ranked_schema).persist()
     docs.count()  # materialise before the fingerprints are released
     fps.unpersist()
+    lap("fingerprints and ranks")
 
     parts = [key for entry in job.earlier for key in entry.parts]
     if parts:
@@ -168,6 +177,7 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     else:
         url = s1.select("node", F.col("node").alias("url"))
     url = url.localCheckpoint()
+    lap("exact and url phases")
     s2 = url.where("url = node").select("node")
 
     # near: band buckets -> star links to the bucket's smallest node -> verified -> components
@@ -201,12 +211,14 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     verified = spark.createDataFrame(paired.rdd.mapPartitions(verify), edge_schema).localCheckpoint()
     counts = {"verified_pairs": verified.count()}
     counts["candidate_pairs"] = n_candidates.value
+    lap("lsh candidates and verification")
     if counts["verified_pairs"]:
         labels = connected_components(verified)
     else:
         labels = spark.createDataFrame([], "node long, label long")
     near = s2.join(labels, "node", "left").select("node", F.coalesce("label", "node").alias("near"))
     near = near.localCheckpoint()
+    lap("connected components")
 
     # roots: follow exact -> url -> near; earlier partitions' nodes are roots
     roots = (
@@ -261,7 +273,9 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
         table = pa.Table.from_pylist([{n: r[n] for n in plan_names} for r in shard_rows], schema=PLAN_SCHEMA)
         return apply_shard(store, layout, key, table.sort_by("line"), gzip_level)
 
+    lap("roots and cluster sizes")
     stats = plan.rdd.map(lambda r: (r["shard"], r)).groupByKey(n_shards).map(apply).collect()
+    lap("apply")
     written = {s["shard"] for s in stats}
     for key in job.shard_keys:  # shards without documents still get (empty) outputs
         if key not in written:

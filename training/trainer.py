@@ -62,6 +62,9 @@ class TrainerConfig(BaseModel):
     moe_aux_loss_coef: float = Field(1e-3, ge=0, description="Weight α of the MoE sequence-wise balance loss")
     moe_bias_update_rate: float = Field(1e-3, ge=0, description="Aux-loss-free router bias step per update")
     eval_every: int = Field(100, ge=0, description="Evaluate every N steps (0 = only at the end)")
+    eval_at_start: bool = Field(
+        False, description="Also evaluate before the first step (the 'at init' numbers)"
+    )
     checkpoint_every: int = Field(100, ge=0, description="Checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk")
     log_every: int = Field(10, gt=0, description="Report metrics every N steps")
@@ -260,6 +263,8 @@ class Trainer:
             total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.is_main), unit="step"
         )
         sums = torch.zeros(len(_SUMS), dtype=torch.float64)
+        if cfg.eval_at_start and self.step == 0:
+            self._emit(self.evaluate())
         window_start, window_tokens, grad_norm = time.perf_counter(), 0, 0.0
         while self.step < cfg.steps:
             lr = set_lr(self.engine.param_groups(), lr_multiplier(self.step, cfg.steps, cfg.optim))

@@ -1,0 +1,149 @@
+"""GLM-5 model configs, the DSA indexer's training forward, MoE balance and the HF export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GlmMoeDsaForCausalLM
+
+from infra.settings import load_profile, validate_stage
+from training.checkpoint import export_hf
+from training.dsa_indexer import (
+    collect_dsa_stats,
+    freeze_all_but_indexer,
+    indexer_kl_loss,
+    is_indexer_parameter,
+    set_dsa_mode,
+)
+from training.model import MODEL_SIZES, ModelConfig, build_model, hf_config, parameter_counts
+from training.moe_balance import RouterTaps, sequence_balance_loss, update_router_bias
+from training.pretrain import PretrainConfig
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the CI box is shared: one thread is faster than two contended ones
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def micro_model() -> GlmMoeDsaForCausalLM:
+    return build_model(ModelConfig.for_size("micro"), seed=0)
+
+
+def test_sizes_have_the_glm5_structure_and_expected_parameter_counts():
+    micro = build_model(ModelConfig.for_size("micro"))
+    tiny = build_model(ModelConfig())
+    counts_micro, counts_tiny = parameter_counts(micro), parameter_counts(tiny)
+    assert 100_000 < counts_micro["total"] < 200_000
+    assert 3_000_000 < counts_tiny["total"] < 8_000_000  # "a few million"
+    assert counts_tiny["active"] < counts_tiny["total"]  # routed experts: top-2 of 8 per token
+    cfg = tiny.config
+    assert cfg.model_type == "glm_moe_dsa"
+    assert cfg.mlp_layer_types == ["dense", "sparse", "sparse", "sparse"]  # first layer dense, then MoE
+    layer = tiny.model.layers[1]
+    assert layer.mlp.shared_experts is not None and layer.mlp.experts.num_experts == 8
+    assert layer.self_attn.indexer.index_topk == 128 and layer.self_attn.kv_lora_rank == 96  # DSA + MLA
+    # The cluster preset builds on the meta device (no memory) with ~1.5B parameters.
+    with torch.device("meta"):
+        cluster = GlmMoeDsaForCausalLM(hf_config(ModelConfig.for_size("cluster")))
+    assert 1.0e9 < parameter_counts(cluster)["total"] < 2.0e9
+
+
+def test_profile_model_sections_match_the_presets():
+    for profile, size in (("micro", "micro"), ("tiny", "tiny"), ("cluster", "cluster")):
+        cfg = validate_stage(load_profile(profile), "pretrain", PretrainConfig)
+        assert cfg.model == ModelConfig.for_size(size), profile
+    assert set(MODEL_SIZES) == {"micro", "tiny", "cluster"}
+    cfg = validate_stage(load_profile("micro"), "pretrain", PretrainConfig)
+    assert [cfg.dense.dsa_mode, cfg.indexer_warmup.dsa_mode, cfg.sparse.dsa_mode] == [
+        "dense",
+        "indexer_warmup",
+        "sparse",
+    ]
+    assert cfg.indexer_warmup.optim.lr == 5e-3  # phase default survives a partial YAML section
+
+
+def test_sparse_training_forward_equals_transformers_and_dense_differs_only_past_topk(micro_model):
+    model = micro_model.eval()
+    long_x = torch.randint(2, 512, (2, 48))  # longer than index_topk = 16
+    short_x = long_x[:, :16]
+    with torch.no_grad():
+        native_long, native_short = model(input_ids=long_x).logits, model(input_ids=short_x).logits
+        set_dsa_mode(model, "sparse")
+        sparse_long = model(input_ids=long_x).logits
+        stats = collect_dsa_stats(model)
+        set_dsa_mode(model, "dense")
+        dense_long, dense_short = model(input_ids=long_x).logits, model(input_ids=short_x).logits
+    assert torch.equal(sparse_long, native_long)
+    assert torch.allclose(dense_short, native_short, atol=1e-5)  # <= index_topk keys: top-k keeps everything
+    assert (dense_long - native_long).abs().max() > 1e-3
+    # First 16 queries see <= 16 keys; the other 32 per row are "long" queries for topk_mass.
+    assert int(stats["long_queries"]) == 2 * 32 * 2  # batch * long queries * layers
+    mass = float(stats["topk_mass_sum"] / stats["long_queries"])
+    assert 0.2 < mass < 0.8
+
+
+def test_indexer_loss_trains_only_the_indexer_and_lm_loss_never_reaches_it(micro_model):
+    x = torch.randint(2, 512, (2, 40))
+    set_dsa_mode(micro_model, "sparse")
+    out = micro_model(input_ids=x)
+    kl = collect_dsa_stats(micro_model)["indexer_loss"]
+    kl.backward(retain_graph=True)
+    with_grad = {
+        n for n, p in micro_model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0
+    }
+    assert with_grad and all(is_indexer_parameter(n) for n in with_grad)
+    micro_model.zero_grad(set_to_none=True)
+    out.logits.float().logsumexp(-1).mean().backward()
+    indexer_grads = [
+        n for n, p in micro_model.named_parameters() if is_indexer_parameter(n) and p.grad is not None
+    ]
+    assert indexer_grads == []
+    trainable = freeze_all_but_indexer(micro_model)
+    assert trainable == parameter_counts(micro_model)["indexer"]
+
+
+def test_indexer_kl_is_zero_on_a_match_and_positive_otherwise():
+    torch.manual_seed(0)
+    scores = torch.randn(2, 5, 5)
+    attend = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5)
+    p = torch.softmax(scores.masked_fill(~attend, float("-inf")), -1)
+    assert indexer_kl_loss(p, scores, attend).abs().max() < 1e-5
+    uniform = attend.float() / attend.sum(-1, keepdim=True)
+    kl = indexer_kl_loss(uniform, scores, attend)
+    assert (kl >= -1e-6).all() and kl[:, 1:].min() > 1e-3  # query 0 has a single key: KL 0
+
+
+def test_moe_balance_loss_and_bias_update(micro_model):
+    taps = RouterTaps(micro_model)
+    micro_model(input_ids=torch.randint(2, 512, (4, 32)))
+    ((router, logits, topk),) = taps.pop()  # one MoE layer in micro
+    loss = sequence_balance_loss(logits, topk, batch_size=4)
+    assert loss.requires_grad and 0.9 < float(loss.detach()) < 2.0  # 1.0 when perfectly balanced
+    # Perfect balance gives exactly 1: uniform scores, each expert chosen equally often.
+    n, e = 8, 4
+    even = torch.tensor([[0, 1], [2, 3]] * 4)
+    assert float(sequence_balance_loss(torch.zeros(n, e), even, batch_size=1)) == pytest.approx(1.0)
+    loads = {router: torch.tensor([10.0, 0.0, 5.0, 5.0], dtype=torch.float64)}
+    ratio = update_router_bias(loads, rate=0.1)
+    assert ratio == pytest.approx(2.0)
+    assert router.e_score_correction_bias.tolist() == pytest.approx([-0.1, 0.1, 0.0, 0.0])
+    taps.remove()
+
+
+def test_hf_export_loads_with_automodel_and_gives_the_same_logits(micro_model, tmp_path):
+    set_dsa_mode(micro_model, "sparse")  # the class swap must not leak into the export
+    with torch.no_grad():
+        micro_model.model.layers[1].mlp.gate.e_score_correction_bias.add_(0.5)  # a trained buffer survives
+    out = export_hf(micro_model, tmp_path / "hf")
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert type(loaded.model.layers[0].self_attn).__name__ == "GlmMoeDsaAttention"
+    set_dsa_mode(micro_model, "native")
+    x = torch.randint(2, 512, (1, 40))
+    with torch.no_grad():
+        assert torch.equal(micro_model.eval()(input_ids=x).logits, loaded(input_ids=x).logits)
+    assert not list(tmp_path.glob(".tmp_*"))

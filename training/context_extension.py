@@ -416,12 +416,15 @@ def midtrain_job_specs(
     run_dir: str | Path,
     heldout: Mapping[str, Sequence[str | Path]] | None = None,
     tokenizer_dir: str | Path | None = None,
+    distributed: Any = None,
+    callbacks: Sequence[str] = (),
 ) -> list[Any]:
     """The training phases of one stage as `training.job.TrainJobSpec`s, in order: an optional indexer-only
     warm-up at the new length, then the main phase; each starts from the previous phase's HF export.
 
     model_cfg: the pretraining `ModelConfig` (this stage's RoPE is applied here); trainer_cfg: the profile's
-    `TrainerConfig` (steps, LR and DSA mode are taken from the stage); rows_shards: `build_midtrain_shards` output.
+    `TrainerConfig` (steps, LR and DSA mode are taken from the stage); rows_shards: `build_midtrain_shards` output;
+    distributed: a `training.distributed.DistributedConfig` (None = one local process).
     """
     from training.job import DataSpec, TrainJobSpec
 
@@ -471,6 +474,8 @@ def midtrain_job_specs(
             data=data,
             eval_data=eval_data,
             extra_files=extra,
+            callbacks=list(callbacks),
+            **({"distributed": distributed} if distributed is not None else {}),
         )
         specs.append(spec)
         init_from = str(phase_dir / "hf")
@@ -488,6 +493,8 @@ def midtrain_stage(
     heldout: Mapping[str, Sequence[str | Path]] | None = None,
     tokenizer_dir: str | Path | None = None,
     in_process: bool = False,
+    distributed: Any = None,
+    torch_extensions_dir: str | Path | None = None,
 ) -> Path:
     """Train one context-extension stage from the parent checkpoint; returns the new HF checkpoint dir.
 
@@ -498,14 +505,23 @@ def midtrain_stage(
 
     result: dict = {}
     for spec in midtrain_job_specs(
-        parent_dir, model_cfg, trainer_cfg, config, stage_name, rows_shards, run_dir, heldout, tokenizer_dir
+        parent_dir,
+        model_cfg,
+        trainer_cfg,
+        config,
+        stage_name,
+        rows_shards,
+        run_dir,
+        heldout,
+        tokenizer_dir,
+        distributed,
     ):
         if in_process:
             from training.launch_entry import run
 
             result = run(spec)
         else:
-            result = run_training_job(spec)
+            result = run_training_job(spec, Path(torch_extensions_dir) if torch_extensions_dir else None)
         log.info("midtrain %s phase %s: %s", stage_name, Path(spec.run_dir).name, result.get("metrics"))
     return Path(result["hf_dir"])
 

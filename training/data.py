@@ -171,9 +171,13 @@ class _ShardBuffer:
         self.chunks, self.meta, self.n_tokens = [], [], 0
 
 
-def _file_version(store: ObjectStore, key: str) -> dict:
-    data = store.get_bytes(key)
-    return {"key": key, "bytes": len(data), "xxh64": xxhash.xxh64_hexdigest(data)}
+def _read_doc_file(store: ObjectStore, key: str) -> tuple[dict, list[dict]]:
+    """(version record {key, bytes, xxh64}, documents) of one JSONL(.gz) file, read once."""
+    with store.local_copy(key) as path:
+        data = Path(path).read_bytes()
+    text = gzip.decompress(data) if key.endswith(".gz") else data
+    docs = [json.loads(line) for line in text.decode("utf-8").splitlines() if line.strip()]
+    return {"key": key, "bytes": len(data), "xxh64": xxhash.xxh64_hexdigest(data)}, docs
 
 
 def _write_batch(tok, batch: list[tuple[str, dict]], eos_id: int, partition: str, buffers, counts) -> None:
@@ -181,11 +185,10 @@ def _write_batch(tok, batch: list[tuple[str, dict]], eos_id: int, partition: str
     encodings = tok.encode_batch([doc["text"] for _, doc in batch], add_special_tokens=False)
     for (split, doc), enc in zip(batch, encodings, strict=True):
         ids = enc.ids + [eos_id]
-        buffers[split].add(
-            ids, {"id": str(doc.get("id", "")), "partition": partition, "group": group_key(doc)}
-        )
-        counts[f"{split}/tokens"] += len(ids)
-        counts[f"{split}/docs"] += 1
+        meta = {"id": str(doc.get("id", "")), "partition": partition, "group": group_key(doc)}
+        buffers[split].add(ids, meta)
+        counts[f"{split}_tokens"] += len(ids)
+        counts[f"{split}_docs"] += 1
     batch.clear()
 
 
@@ -193,11 +196,78 @@ def load_corpus_tokenizer(tokenizer_path: str | Path):
     """The raw `tokenizers` object, with special-token text in documents encoded as plain text."""
     from tokenizers import Tokenizer
 
-    path = Path(tokenizer_path)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    tok = Tokenizer.from_file(str(_tokenizer_file(tokenizer_path)))
     # A web page that contains the string "<|endoftext|>" must not inject a real EOS.
     tok.encode_special_tokens = True
     return tok
+
+
+def _tokenizer_file(tokenizer_path: str | Path) -> Path:
+    path = Path(tokenizer_path)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+@dataclass
+class _SourceRun:
+    """Everything one source's tokenization reads and counts."""
+
+    source: str
+    buffers: dict[str, _ShardBuffer]
+    inputs: list[dict] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    docs_read: int = 0
+    n_heldout: int = 0
+
+
+def _tokenize_prefix(
+    run: _SourceRun, prefix: str, store, tok, eos_id: int, config: MixtureConfig, stats
+) -> None:
+    """Tokenize the docs under one prefix (a partition) into the source's train / held-out buffers."""
+    partition = partition_of(prefix)
+    lang_weights = None
+    if run.source == "code" and config.code_language_weights:
+        lang_weights = load_language_weights(store, config.code_quality_root, partition)
+    files, counts, batch = [], Counter(), []
+    for key in tqdm(document_keys(store, prefix), desc=f"tokenize {run.source}:{partition}", leave=False):
+        version, docs = _read_doc_file(store, key)
+        files.append(version)
+        for doc in docs:
+            if config.max_docs_per_source and run.docs_read >= config.max_docs_per_source:
+                stats[f"dropped/{run.source}/over_max_docs"] += 1
+                continue
+            text = doc.get("text") or ""
+            if len(text) < config.min_doc_chars:
+                stats[f"dropped/{run.source}/too_short"] += 1
+                continue
+            run.docs_read += 1
+            doc_id = str(doc.get("id") or xxhash.xxh64_hexdigest(text))
+            if run.n_heldout < config.heldout_max_docs and is_heldout(
+                doc_id, config.heldout_fraction, config.seed
+            ):
+                run.n_heldout += 1
+                batch.append(("heldout", doc))
+                continue
+            copies = 1
+            if lang_weights is not None:
+                lang = str((doc.get("metadata") or {}).get("language", "")).lower()
+                copies = copies_for_weight(lang_weights.get(lang, 1.0), doc_id, config.seed)
+                stats[f"code_language_copies/{lang or 'unknown'}"] += copies
+                stats[f"dropped/{run.source}/language_weight"] += copies == 0
+            batch.extend(("train", doc) for _ in range(copies))
+            if len(batch) >= config.encode_batch_size:
+                _write_batch(tok, batch, eos_id, partition, run.buffers, counts)
+    _write_batch(tok, batch, eos_id, partition, run.buffers, counts)
+    run.inputs.append(
+        {
+            "prefix": prefix,
+            "partition": partition,
+            "files": files,
+            "data_version": xxhash.xxh64_hexdigest(json.dumps(files, sort_keys=True)),
+            "language_weights": lang_weights,
+        }
+    )
+    for name in ("train_tokens", "train_docs", "heldout_tokens", "heldout_docs"):
+        run.metrics[f"{name}/{run.source}/{partition}"] = float(counts[name])
 
 
 def build_token_shards(
@@ -211,7 +281,7 @@ def build_token_shards(
 
     sources: source name (a key of `config.weights`) -> store prefixes holding JSONL(.gz) doc shards.
     Returns a StageResult whose `outputs["manifest"]` is the manifest key; metrics count docs and tokens per
-    source and per partition.
+    source and per partition; the manifest lists every input file with its size and hash.
     """
     from training.tokenizer import EOS
 
@@ -221,24 +291,18 @@ def build_token_shards(
             f"mixture.weights has no entry for source(s) {missing}; add a weight for each source"
         )
     tok = load_corpus_tokenizer(tokenizer_path)
-    eos_id = tok.token_to_id(EOS)
-    vocab_size = tok.get_vocab_size()
+    eos_id, vocab_size = tok.token_to_id(EOS), tok.get_vocab_size()
     dtype = token_dtype(vocab_size)
     out_prefix = out_prefix.strip("/")
-    tok_file = (
-        Path(tokenizer_path) / "tokenizer.json" if Path(tokenizer_path).is_dir() else Path(tokenizer_path)
-    )
-    tokenizer_hash = xxhash.xxh64_hexdigest(tok_file.read_bytes())
-
-    metrics: dict[str, float] = {}
-    stats: Counter = Counter()
+    tokenizer_hash = xxhash.xxh64_hexdigest(_tokenizer_file(tokenizer_path).read_bytes())
     manifest: dict[str, Any] = {
         "tokenizer": {"xxh64": tokenizer_hash, "vocab_size": vocab_size, "eos_id": eos_id},
         "dtype": dtype.name,
         "config": config.model_dump(),
         "sources": {},
     }
-    rows = []
+    metrics: dict[str, float] = {}
+    stats: Counter = Counter()
     for source, prefixes in sources.items():
         if not prefixes:
             continue
@@ -246,110 +310,59 @@ def build_token_shards(
             split: _ShardBuffer(store, f"{out_prefix}/{split}/{source}", dtype, config.shard_tokens)
             for split in ("train", "heldout")
         }
-        inputs = []
-        docs_read = 0
-        n_heldout = 0
+        run = _SourceRun(source, buffers)
         for prefix in prefixes:
-            partition = partition_of(prefix)
-            lang_weights = None
-            if source == "code" and config.code_language_weights:
-                lang_weights = load_language_weights(store, config.code_quality_root, partition)
-            keys = document_keys(store, prefix)
-            files = [_file_version(store, k) for k in keys]
-            inputs.append(
-                {
-                    "prefix": prefix,
-                    "partition": partition,
-                    "files": files,
-                    "data_version": xxhash.xxh64_hexdigest(json.dumps(files, sort_keys=True)),
-                    "language_weights": lang_weights,
-                }
-            )
-            counts = Counter()
-            batch: list[tuple[str, dict]] = []
-            for key in tqdm(keys, desc=f"tokenize {source}:{partition}", leave=False):
-                for doc in iter_documents(store, key):
-                    if config.max_docs_per_source and docs_read >= config.max_docs_per_source:
-                        stats[f"dropped/{source}/over_max_docs"] += 1
-                        continue
-                    text = doc.get("text") or ""
-                    if len(text) < config.min_doc_chars:
-                        stats[f"dropped/{source}/too_short"] += 1
-                        continue
-                    docs_read += 1
-                    doc_id = str(doc.get("id") or xxhash.xxh64_hexdigest(text))
-                    heldout = n_heldout < config.heldout_max_docs and is_heldout(
-                        doc_id, config.heldout_fraction, config.seed
-                    )
-                    if heldout:
-                        n_heldout += 1
-                        batch.append(("heldout", doc))
-                        continue
-                    copies = 1
-                    if lang_weights is not None:
-                        lang = str((doc.get("metadata") or {}).get("language", "")).lower()
-                        copies = copies_for_weight(lang_weights.get(lang, 1.0), doc_id, config.seed)
-                        stats[f"code_language_copies/{lang or 'unknown'}"] += copies
-                        stats[f"dropped/{source}/language_weight"] += copies == 0
-                    batch.extend(("train", doc) for _ in range(copies))
-                    if len(batch) >= config.encode_batch_size:
-                        _write_batch(tok, batch, eos_id, partition, buffers, counts)
-            _write_batch(tok, batch, eos_id, partition, buffers, counts)
-            for split in ("train", "heldout"):
-                metrics[f"{split}_tokens/{source}/{partition}"] = float(counts[f"{split}/tokens"])
-                metrics[f"{split}_docs/{source}/{partition}"] = float(counts[f"{split}/docs"])
+            _tokenize_prefix(run, prefix, store, tok, eos_id, config, stats)
         for buf in buffers.values():
             buf.flush()
-        train_tokens = sum(v for k, v in metrics.items() if k.startswith(f"train_tokens/{source}/"))
-        heldout_tokens = sum(v for k, v in metrics.items() if k.startswith(f"heldout_tokens/{source}/"))
-        metrics[f"train_tokens/{source}"] = train_tokens
-        metrics[f"heldout_tokens/{source}"] = heldout_tokens
+        for split in ("train", "heldout"):
+            metrics[f"{split}_tokens/{source}"] = sum(
+                v for k, v in run.metrics.items() if k.startswith(f"{split}_tokens/{source}/")
+            )
+        metrics.update(run.metrics)
         manifest["sources"][source] = {
-            "inputs": inputs,
+            "inputs": run.inputs,
             "train_shards": buffers["train"].keys,
             "heldout_shards": buffers["heldout"].keys,
-            "train_tokens": int(train_tokens),
-            "heldout_tokens": int(heldout_tokens),
+            "train_tokens": int(metrics[f"train_tokens/{source}"]),
+            "heldout_tokens": int(metrics[f"heldout_tokens/{source}"]),
         }
+
+    available = {s: v["train_tokens"] for s, v in manifest["sources"].items()}
+    weights = manifest["weights"] = mixture_weights(config.weights, available)
+    total = sum(available.values())
+    metrics["train_tokens/total"] = float(total)
+    rows = []
+    for source, entry in manifest["sources"].items():
+        weight = weights.get(source, 0.0)
+        share = entry["train_tokens"] / total if total else 0.0
+        metrics[f"mixture/{source}"] = weight
+        # Passes over this source's tokens per pass over all tokens (>1 = up-sampled by the mixture).
+        metrics[f"mixture_upsampling/{source}"] = weight / share if share else 0.0
         rows.append(
             {
                 "source": source,
-                "partitions": ", ".join(i["partition"] for i in inputs),
-                "train tokens": int(train_tokens),
-                "held-out tokens": int(heldout_tokens),
+                "partitions": ", ".join(i["partition"] for i in entry["inputs"]),
+                "train tokens": entry["train_tokens"],
+                "held-out tokens": entry["heldout_tokens"],
+                "weight": round(weight, 4),
+                "up-sampling": round(metrics[f"mixture_upsampling/{source}"], 3),
             }
         )
-
-    weights = mixture_weights(config.weights, {s: v["train_tokens"] for s, v in manifest["sources"].items()})
-    manifest["weights"] = weights
-    total = sum(v["train_tokens"] for v in manifest["sources"].values())
-    metrics["train_tokens/total"] = float(total)
-    for source, weight in weights.items():
-        metrics[f"mixture/{source}"] = weight
-        # How many times a source is repeated per pass over all tokens at this mixture (>1 = up-sampled).
-        share = manifest["sources"][source]["train_tokens"] / total if total else 0.0
-        metrics[f"mixture_upsampling/{source}"] = weight / share if share else 0.0
-        for row in rows:
-            if row["source"] == source:
-                row["weight"] = round(weight, 4)
     metrics.update({k: float(v) for k, v in stats.items()})
-    data_version = xxhash.xxh64_hexdigest(json.dumps(manifest, sort_keys=True, default=str))
-    manifest["data_version"] = data_version
+    data_version = manifest["data_version"] = xxhash.xxh64_hexdigest(
+        json.dumps(manifest, sort_keys=True, default=str)
+    )
     manifest_key = f"{out_prefix}/manifest.json"
     store.put_json(manifest_key, manifest)
     report = (
-        "## Token shards\n\n"
-        + markdown_table(rows)
-        + f"\n\nTokenizer xxh64 `{tokenizer_hash}`, dtype {dtype}."
+        f"## Token shards\n\n{markdown_table(rows)}\n\nTokenizer xxh64 `{tokenizer_hash}`, dtype {dtype}."
     )
     return StageResult(
         metrics=metrics,
         outputs={"manifest": manifest_key, "prefix": out_prefix},
         report_md=report,
-        sample=[
-            {"source": s, **{k: v for k, v in m.items() if k != "inputs"}}
-            for s, m in manifest["sources"].items()
-        ],
+        sample=rows,
         data_version=data_version,
         extra={"manifest": manifest},
     )

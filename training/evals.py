@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from infra.stage import StageResult
 from training.data import TokenStream, iter_shard_documents
 from training.recall_tasks import FillerText, PasskeyItem, passkey_items
 
@@ -246,3 +247,51 @@ def evaluate_checkpoint(
     report.plots["evals/passkey.png"] = _plot_passkey(report.metrics, config, out_dir / "passkey.png", label)
     model.train(was_training)
     return report
+
+
+def evaluate_checkpoint_dir(
+    checkpoint_dir: str | Path,
+    tokenizer_dir: str | Path,
+    heldout: Mapping[str, Sequence[str | Path]],
+    config: EvalConfig,
+    out_dir: str | Path,
+    dsa_mode: str = "native",
+) -> StageResult:
+    """Evaluate an HF checkpoint dir (as exported by the trainer) and package the result for the asset layer.
+
+    dsa_mode: attention used for the eval (`native` = transformers' DSA top-k, what a deployed checkpoint runs;
+    `dense` = full attention, e.g. for a base model whose indexer was never trained).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from infra.stage import markdown_table
+    from training.data import load_corpus_tokenizer
+    from training.dsa_indexer import set_dsa_mode
+    from training.tokenizer import EOS
+
+    tok = load_corpus_tokenizer(tokenizer_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
+    if dsa_mode != "native":
+        set_dsa_mode(model, dsa_mode)
+    label = f"{Path(checkpoint_dir).name} ({dsa_mode})"
+    report = evaluate_checkpoint(
+        model,
+        lambda text: tok.encode(text, add_special_tokens=False).ids,
+        heldout,
+        config,
+        out_dir,
+        eos_id=tok.token_to_id(EOS),
+        label=label,
+    )
+    md = (
+        f"## Evals: {label}\n\n### Held-out perplexity\n\n{markdown_table(report.tables['perplexity'])}"
+        f"\n\n### Passkey retrieval (chance {1 / config.passkey_choices:.2f})\n\n"
+        f"{markdown_table(report.tables['passkey'])}"
+    )
+    return StageResult(
+        metrics=report.metrics,
+        report_md=md,
+        sample=report.tables["passkey"],
+        artifacts=dict(report.plots),
+        extra={"tables": report.tables},
+    )

@@ -54,15 +54,18 @@ def tiny_glm(vocab_size, seed=0):
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
+def tok(tok_dir):
     from training.data import load_corpus_tokenizer
 
+    return load_corpus_tokenizer(tok_dir)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
     rng = random.Random(0)
     template = PASSKEY_INTRO + PASSKEY_NEEDLE.format(key=12345) + PASSKEY_QUESTION
     texts = [" ".join(rng.choices(WORDS, k=200)) + template for _ in range(30)]
-    return load_corpus_tokenizer(
-        train_tokenizer(texts, TokenizerConfig(vocab_size=400), tmp_path_factory.mktemp("t"))
-    )
+    return train_tokenizer(texts, TokenizerConfig(vocab_size=400), tmp_path_factory.mktemp("t"))
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +180,18 @@ def test_evaluate_checkpoint_metrics_and_plots(tok, heldout, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(report.plots) == {"evals/perplexity.png", "evals/passkey.png"}
     assert model.training is False and math.isfinite(m["passkey/acc"])
+
+
+def test_evaluate_checkpoint_dir_returns_stage_result(tok_dir, heldout, tmp_path):
+    from training.evals import evaluate_checkpoint_dir
+
+    tiny_glm(400).save_pretrained(tmp_path / "ckpt")
+    config = EvalConfig(
+        short_seq_len=64, ppl_max_tokens=256, passkey_lengths=[128], passkey_depths=[0.5], passkey_per_cell=2
+    )
+    result = evaluate_checkpoint_dir(
+        tmp_path / "ckpt", tok_dir, heldout, config, tmp_path / "ev", dsa_mode="dense"
+    )
+    assert set(result.artifacts) == {"evals/perplexity.png", "evals/passkey.png"}
+    assert "Passkey retrieval (chance 0.25)" in result.report_md and "| web | 64 |" in result.report_md
+    assert result.metrics["passkey/acc/128"] in (0.0, 0.5, 1.0)

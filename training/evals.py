@@ -295,3 +295,21 @@ def evaluate_checkpoint_dir(
         artifacts=dict(report.plots),
         extra={"tables": report.tables},
     )
+
+
+def compare_to_parent(
+    parent: Mapping[str, float], child: Mapping[str, float], short_seq_len: int
+) -> dict[str, float]:
+    """Midtraining deltas against the parent checkpoint's eval metrics: short-context perplexity ratio per
+    source (child / parent; > 1 = regression) and passkey accuracy gain per length."""
+    out: dict[str, float] = {}
+    prefix = f"ppl/ctx_{short_seq_len}/"
+    for key, value in child.items():
+        if key.startswith(prefix) and parent.get(key):
+            out[f"short_ppl_ratio/{key[len(prefix) :]}"] = value / parent[key]
+        elif key.startswith("passkey/acc/") and key.count("/") == 2 and key in parent:
+            out[f"passkey_gain/{key.rsplit('/', 1)[1]}"] = value - parent[key]
+    ratios = [v for k, v in out.items() if k.startswith("short_ppl_ratio/")]
+    if ratios:
+        out["short_ppl_ratio/max"] = max(ratios)
+    return out

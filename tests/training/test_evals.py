@@ -195,3 +195,19 @@ def test_evaluate_checkpoint_dir_returns_stage_result(tok_dir, heldout, tmp_path
     assert set(result.artifacts) == {"evals/perplexity.png", "evals/passkey.png"}
     assert "Passkey retrieval (chance 0.25)" in result.report_md and "| web | 64 |" in result.report_md
     assert result.metrics["passkey/acc/128"] in (0.0, 0.5, 1.0)
+
+
+def test_compare_to_parent():
+    from training.evals import compare_to_parent
+
+    parent = {
+        "ppl/ctx_256/web": 100.0,
+        "ppl/ctx_256/code": 20.0,
+        "passkey/acc/1024": 0.25,
+        "passkey/acc": 0.4,
+    }
+    child = {"ppl/ctx_256/web": 105.0, "ppl/ctx_256/code": 19.0, "passkey/acc/1024": 0.75, "passkey/acc": 0.8}
+    assert compare_to_parent(parent, child, 256) == pytest.approx(
+        {"short_ppl_ratio/web": 1.05, "short_ppl_ratio/code": 0.95, "short_ppl_ratio/max": 1.05,
+         "passkey_gain/1024": 0.5}
+    )  # fmt: skip

@@ -25,47 +25,85 @@ from classifiers.code_language_rules import (
 )
 from classifiers.fasttext_train import FastTextParams, predict_proba, train_fasttext
 
-MAX_CHARS = 6000
-MAX_TOKENS = 1200
+MAX_CHARS = 4000
+MAX_TOKENS = 800
 
-_OPERATORS = sorted(
-    [
-        "::", "->", "=>", ":=", "<-", "<=", ">=", "==", "!=", "===", "!==", "&&", "||", "++", "--", "+=", "-=",
-        "*=", "/=", "<<", ">>", "..", "...", "|>", "<|", "**", "//", "/*", "*/", "#!", "#[", "#{", "${", "@{",
-        "%%", ";;", "(*", "*)", "{-", "-}", "<%", "%>", "<?", "?>", "</", "/>", "<<-", ":-", "?.", "??", "!!",
-        "#'", ",@", "`(", "'(", "#(", "@@", "$(", "=~", "!~", "<=>", "-->", "<!--", "''", '"""', "'''", ":::",
-    ],
-    key=len,
-    reverse=True,
-)  # fmt: skip
-_TOKEN = re.compile(
-    r"[#@$%]?[A-Za-z_][A-Za-z0-9_]*[?!]?"  # identifiers, with sigils (#include, @end, $var, %hash) and ruby ?/!
-    r"|\d[\d_.xXa-fA-F]*"  # numbers
-    r"|" + "|".join(re.escape(op) for op in _OPERATORS) + r"|[^\sA-Za-z0-9_]"
-)
-_DIGITS = re.compile(r"\d+")
+# one pass over the text: a line break with its indentation, identifiers (with sigils: #include, @end, $var,
+# %hash; ruby ?/!), numbers, and runs of up to three punctuation characters (`->`, `::`, `);`, `#[`)
+_TOKEN = re.compile(r"\n[ \t]*|[#@$%]?[A-Za-z_]\w*[?!]?|\d[\w.]*|[^\w\s]{1,3}")
+
+
+def _line_start(tok: str) -> str:
+    indent = tok[1:]
+    return "NL" if not indent else ("NLtab" if indent[0] == "\t" else f"NLsp{min(len(indent), 8)}")
+
+
+def content_window(text: str, max_chars: int = MAX_CHARS) -> str:
+    """What the classifier reads: the whole file if short, else its head and a window from its middle, so a
+    long licence header cannot hide the code."""
+    if len(text) <= max_chars:
+        return text
+    head = max_chars * 3 // 8
+    mid = text.find("\n", len(text) // 2 - (max_chars - head) // 2) + 1
+    return text[:head] + "\n" + text[mid : mid + max_chars - head]
 
 
 def code_tokens(text: str, max_tokens: int = MAX_TOKENS) -> list[str]:
-    """Tokens of a file's head: `NL` + an indentation marker at each line start, then code tokens."""
-    out: list[str] = []
-    for line in text[:MAX_CHARS].split("\n"):
-        stripped = line.lstrip()
-        if not stripped:
-            continue
-        indent = line[: len(line) - len(stripped)]
-        out.append(
-            "NL" if not indent else ("NLtab" if indent.startswith("\t") else f"NLsp{min(len(indent), 8)}")
-        )
-        out.extend(_DIGITS.sub("0", tok) for tok in _TOKEN.findall(stripped))
+    """Tokens of a file's head: `NL*` (line start + indentation) markers, identifiers, numbers as `0`,
+    operators and punctuation."""
+    out = []
+    for tok in _TOKEN.findall("\n" + content_window(text)):
+        c = tok[0]
+        if c == "\n":
+            if out and out[-1][:2] == "NL":
+                out[-1] = _line_start(tok)  # blank lines collapse into the next line start
+                continue
+            out.append(_line_start(tok))
+        elif c.isdigit():
+            out.append("0")
+        else:
+            out.append(tok)
         if len(out) >= max_tokens:
             break
-    return out[:max_tokens]
+    return out
 
 
-def content_line(text: str) -> str:
-    """The one-line fastText input for a file's content."""
-    return " ".join(code_tokens(text))
+def token_shape(tok: str) -> str:
+    """What is left of a token outside the vocabulary: its sigil and case shape (`$Aa`, `a_a`, `AA`, `aA`)."""
+    if not tok or tok[:2] == "NL":
+        return tok
+    sigil, core = (tok[0], tok[1:]) if tok[0] in "#@$%" and len(tok) > 1 else ("", tok)
+    if not (core[:1].isalpha() or core[:1] == "_"):
+        return "P"  # a rare punctuation run
+    if "_" in core.strip("_"):
+        shape = "A_A" if core.isupper() else "a_a"
+    elif core.isupper() and len(core) > 1:
+        shape = "AA"
+    elif core[0].isupper():
+        shape = "Aa"
+    elif any(ch.isupper() for ch in core):
+        shape = "aA"
+    else:
+        shape = "a"
+    return sigil + "~" + shape
+
+
+def content_line(text: str, vocabulary: set[str] | frozenset[str] | None = None) -> str:
+    """The one-line fastText input for a file's content; tokens outside `vocabulary` become their shape."""
+    toks = code_tokens(text)
+    if vocabulary is not None:
+        toks = [t if t in vocabulary else token_shape(t) for t in toks]
+    return " ".join(toks)
+
+
+def build_vocabulary(texts_by_group: dict[str, list[str]], min_groups: int) -> frozenset[str]:
+    """Tokens used in at least `min_groups` packages: keywords, operators and common library names. Project-
+    specific identifiers fall out, so the model learns the language, not the projects it was trained on."""
+    seen: dict[str, int] = {}
+    for texts in texts_by_group.values():
+        for tok in {t for text in texts for t in code_tokens(text)}:
+            seen[tok] = seen.get(tok, 0) + 1
+    return frozenset(t for t, n in seen.items() if n >= min_groups)
 
 
 def training_label(
@@ -87,9 +125,19 @@ def training_label(
 
 
 def train_code_language_model(examples: Sequence[tuple[str, str]], params: FastTextParams,
-                              out_path: Path | None = None, quantize: bool = False):  # fmt: skip
-    """Train the content classifier on (language, file text) pairs."""
-    return train_fasttext([(lang, content_line(text)) for lang, text in examples], params, out_path, quantize)
+                              out_path: Path | None = None, quantize: bool = False,
+                              groups: Sequence[str] | None = None, min_groups: int = 0):  # fmt: skip
+    """Train the content classifier on (language, file text) pairs. With `groups` (the package of each example)
+    and `min_groups` > 0, tokens seen in fewer packages are replaced by their shape; the model's own word list
+    then is the vocabulary, so inference needs nothing but the model file."""
+    vocabulary = None
+    if groups is not None and min_groups > 0:
+        by_group: dict[str, list[str]] = {}
+        for (_, text), g in zip(examples, groups, strict=True):
+            by_group.setdefault(g, []).append(text)
+        vocabulary = build_vocabulary(by_group, min_groups)
+    lines = [(lang, content_line(text, vocabulary)) for lang, text in examples]
+    return train_fasttext(lines, params, out_path, quantize)
 
 
 @dataclass
@@ -109,6 +157,8 @@ class CodeLanguageClassifier:
         self.model = model
         self.override_threshold = override_threshold
         self.min_confidence = min_confidence
+        # the model's words are the training vocabulary (shape tokens included)
+        self.vocabulary = frozenset(model.get_words())
 
     @classmethod
     def load(cls, path: str | Path, **kwargs) -> CodeLanguageClassifier:
@@ -122,7 +172,7 @@ class CodeLanguageClassifier:
 
     def predict_content(self, texts: Sequence[str], k: int = -1) -> list[dict[str, float]]:
         """Language -> probability from content alone."""
-        return predict_proba(self.model, [content_line(t) for t in texts], k=k)
+        return predict_proba(self.model, [content_line(t, self.vocabulary) for t in texts], k=k)
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:
         """Combine priors and content probabilities into the final language of one file."""

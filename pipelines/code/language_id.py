@@ -52,7 +52,10 @@ class CodeLanguageIdConfig(BaseModel):
     word_ngrams: int = Field(2, ge=1, description="fastText word n-gram length over code tokens")
     minn: int = Field(0, ge=0, description="fastText min char n-gram (0 = off)")
     maxn: int = Field(0, ge=0, description="fastText max char n-gram (0 = off)")
-    min_count: int = Field(2, ge=1, description="fastText min token count")
+    min_count: int = Field(1, ge=1, description="fastText min token count")
+    vocabulary_min_groups: int = Field(
+        3, ge=0, description="Tokens seen in fewer training packages become their shape (0 = keep all)"
+    )
     bucket: int = Field(200_000, ge=1000, description="fastText hash buckets (model size)")
     threads: int = Field(2, ge=1, description="fastText threads")
     quantize: bool = Field(True, description="Quantize the saved model (MBs instead of tens of MBs)")
@@ -174,8 +177,10 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-langid-"))
     model_path = work / ("code_language.ftz" if config.quantize else "code_language.bin")
     t_train = time.time()
-    model = train_code_language_model([(f["label"], f["text"]) for f in train], config.fasttext_params(),
-                                      model_path, quantize=config.quantize)  # fmt: skip
+    model = train_code_language_model(
+        [(f["label"], f["text"]) for f in train], config.fasttext_params(), model_path, quantize=config.quantize,
+        groups=[f["group"] for f in train], min_groups=config.vocabulary_min_groups,
+    )  # fmt: skip
     train_seconds = time.time() - t_train
     clf = CodeLanguageClassifier(model, config.override_threshold, config.min_confidence)
     eval_files = [f for f in test if f["label"] in scored]

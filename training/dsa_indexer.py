@@ -17,7 +17,8 @@ Modes (`set_dsa_mode`):
 - `sparse`: stage 2, attention over the indexer's top-k set S_t; L_I restricted to S_t.
 
 Stats per forward (`collect_dsa_stats`): the indexer loss and `topk_mass`, the share of the dense main
-attention mass inside the indexer's top-k, over queries that see more than `index_topk` keys.
+attention mass inside the indexer's top-k, over queries that see more than `index_topk` keys, and
+`topk_mass_oracle`, the share the best possible top-k would hold (the ceiling the indexer can reach).
 """
 
 from __future__ import annotations
@@ -164,8 +165,15 @@ class IndexerTrainingAttention(GlmMoeDsaAttention):
             mass = (dense_p * selected).sum(-1)  # [B, S]
             long_query = allowed.sum(-1) > topk_indices.shape[-1]
             mass_sum = (mass * long_query).sum()
+            best = dense_p.topk(topk_indices.shape[-1], dim=-1).values.sum(-1)  # the best any top-k could do
+            oracle_sum = (best * long_query).sum()
             n_long = long_query.sum()
-        return {"indexer_loss": loss, "topk_mass_sum": mass_sum, "long_queries": n_long}
+        return {
+            "indexer_loss": loss,
+            "topk_mass_sum": mass_sum,
+            "oracle_mass_sum": oracle_sum,
+            "long_queries": n_long,
+        }
 
 
 def _allowed_keys(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -188,19 +196,26 @@ def set_dsa_mode(model: nn.Module, mode: str) -> None:
 
 
 def collect_dsa_stats(model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """Pop the last forward's indexer stats: mean `indexer_loss` (with grad) over layers, `topk_mass_sum` and
-    `long_queries` summed over layers (topk_mass = sum / count). None when no layer computed them."""
-    losses, mass, count = [], 0.0, 0
+    """Pop the last forward's indexer stats: mean `indexer_loss` (with grad) over layers; `topk_mass_sum`,
+    `oracle_mass_sum` (the mass of the best possible top-k) and `long_queries` summed over layers
+    (topk_mass = topk_mass_sum / long_queries). None when no layer computed them."""
+    losses, mass, oracle, count = [], 0.0, 0.0, 0
     for module in model.modules():
         stats = getattr(module, "dsa_stats", None)
         if isinstance(module, IndexerTrainingAttention) and stats is not None:
             losses.append(stats["indexer_loss"])
             mass = mass + stats["topk_mass_sum"]
+            oracle = oracle + stats["oracle_mass_sum"]
             count = count + stats["long_queries"]
             module.dsa_stats = None
     if not losses:
         return None
-    return {"indexer_loss": torch.stack(losses).mean(), "topk_mass_sum": mass, "long_queries": count}
+    return {
+        "indexer_loss": torch.stack(losses).mean(),
+        "topk_mass_sum": mass,
+        "oracle_mass_sum": oracle,
+        "long_queries": count,
+    }
 
 
 def is_indexer_parameter(name: str) -> bool:

@@ -192,10 +192,22 @@ _SUMS = (
     "indexer_loss",
     "dsa_micro",
     "topk_mass_sum",
+    "oracle_mass_sum",
     "long_queries",
     "aux",
     "aux_micro",
 )
+
+
+def _dsa_metrics(s: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """indexer_loss, topk_mass (share of dense attention mass in the indexer's top-k) and its ceiling."""
+    out = {}
+    if s["dsa_micro"]:
+        out[f"{prefix}indexer_loss"] = s["indexer_loss"] / s["dsa_micro"]
+    if s["long_queries"]:
+        out[f"{prefix}topk_mass"] = s["topk_mass_sum"] / s["long_queries"]
+        out[f"{prefix}topk_mass_oracle"] = s["oracle_mass_sum"] / s["long_queries"]
+    return out
 
 
 class Trainer:
@@ -305,18 +317,16 @@ class Trainer:
         return dict(self.last_metrics)
 
     def _micro_sums(self, terms: dict, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        dsa = terms["dsa"]
-        row = [float(terms["lm_sum"].detach()), count_targets(batch), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-        if dsa is not None:
-            row[2:6] = [
-                float(dsa["indexer_loss"].detach()),
-                1,
-                float(dsa["topk_mass_sum"]),
-                float(dsa["long_queries"]),
-            ]
+        row = dict.fromkeys(_SUMS, 0.0)
+        row["lm_sum"], row["targets"] = float(terms["lm_sum"].detach()), count_targets(batch)
+        if terms["dsa"] is not None:
+            dsa = terms["dsa"]
+            row["indexer_loss"], row["dsa_micro"] = float(dsa["indexer_loss"].detach()), 1
+            for key in ("topk_mass_sum", "oracle_mass_sum", "long_queries"):
+                row[key] = float(dsa[key])
         if terms["aux"] is not None:
-            row[6:8] = [float(terms["aux"].detach()), 1]
-        return torch.tensor(row, dtype=torch.float64)
+            row["aux"], row["aux_micro"] = float(terms["aux"].detach()), 1
+        return torch.tensor([row[k] for k in _SUMS], dtype=torch.float64)
 
     def _update_router_bias(self, loads: dict) -> None:
         if not loads:
@@ -335,10 +345,7 @@ class Trainer:
             "tokens": float(self.tokens_seen),
             "tokens_per_s": window_tokens * self.engine.world_size / max(elapsed, 1e-9),
         }
-        if s["dsa_micro"]:
-            metrics["indexer_loss"] = s["indexer_loss"] / s["dsa_micro"]
-            if s["long_queries"]:
-                metrics["topk_mass"] = s["topk_mass_sum"] / s["long_queries"]
+        metrics.update(_dsa_metrics(s))
         if s["aux_micro"]:
             metrics["moe_aux_loss"] = s["aux"] / s["aux_micro"]
             metrics["moe_load_max_over_mean"] = getattr(self, "moe_load_ratio", float("nan"))
@@ -359,10 +366,7 @@ class Trainer:
         s = dict(zip(_SUMS, self.engine.all_reduce_sum(sums).tolist(), strict=True))
         loss = s["lm_sum"] / max(s["targets"], 1)
         metrics = {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
-        if s["dsa_micro"]:
-            metrics["eval_indexer_loss"] = s["indexer_loss"] / s["dsa_micro"]
-            if s["long_queries"]:
-                metrics["eval_topk_mass"] = s["topk_mass_sum"] / s["long_queries"]
+        metrics.update(_dsa_metrics(s, prefix="eval_"))
         return metrics
 
     def _emit(self, metrics: dict[str, float]) -> None:

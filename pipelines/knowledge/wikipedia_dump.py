@@ -97,7 +97,9 @@ _REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.DOTALL | re.IGNORECASE
 _DROP_TAGS = re.compile(r"<(gallery|timeline|imagemap|score|syntaxhighlight|source)[^>]*>.*?</\1>", re.DOTALL | re.I)
 _TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
 _TABLE = re.compile(r"\{\|[^{}]*?\|\}", re.DOTALL)
-_FILE_LINK = re.compile(r"\[\[(?:File|Image|Media|Category|[a-z]{2,3}(?:-[a-z]+)?):[^\[\]]*\]\]", re.IGNORECASE)
+_FILE_LINK = re.compile(  # captions may hold single-bracket text like "[above]"
+    r"\[\[(?:File|Image|Media|Category|[a-z]{2,3}(?:-[a-z]+)?):(?:[^\[\]]|\[[^\[\]]*\])*\]\]", re.IGNORECASE
+)
 _LINK = re.compile(
     r"\[\[(?!(?:File|Image|Media|Category):)([^\[\]|]*)(?:\|([^\[\]]*))?\]\]", re.IGNORECASE
 )

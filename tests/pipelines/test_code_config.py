@@ -1,0 +1,40 @@
+"""Code stage configs validate in every profile; the micro manifest crawls this repository without network."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.settings import REPO_ROOT, load_profile, validate_stage
+from infra.store import LocalStore
+from pipelines.code.crawl import CodeCrawlConfig, crawl_code
+from pipelines.code.language_id import CodeLanguageIdConfig
+from pipelines.code.manifest import load_manifest
+from pipelines.code.metadata_fix import MetadataFixConfig
+from pipelines.code.quality import CodeQualityConfig
+
+STAGES = {"code_crawl": CodeCrawlConfig, "code_language_id": CodeLanguageIdConfig,
+          "code_metadata_fix": MetadataFixConfig, "code_quality": CodeQualityConfig}  # fmt: skip
+
+
+@pytest.mark.parametrize("profile", ["micro", "tiny", "cluster"])
+def test_code_stage_configs_validate_in_every_profile(profile):
+    p = load_profile(profile)
+    for stage, model in STAGES.items():
+        cfg = validate_stage(p, stage, model)
+        assert isinstance(cfg, model)
+    crawl = validate_stage(p, "code_crawl", CodeCrawlConfig)
+    assert load_manifest(REPO_ROOT / crawl.manifest).sources
+
+
+def test_tiny_defaults_are_the_model_defaults():
+    p = load_profile("tiny")
+    assert validate_stage(p, "code_crawl", CodeCrawlConfig) == CodeCrawlConfig()
+    assert validate_stage(p, "code_language_id", CodeLanguageIdConfig) == CodeLanguageIdConfig()
+
+
+def test_micro_manifest_crawls_this_repository_offline(tmp_path):
+    cfg = validate_stage(load_profile("micro"), "code_crawl", CodeCrawlConfig)
+    res = crawl_code(cfg, LocalStore(tmp_path / "store"), "micro", cache_dir=tmp_path / "cache")
+    assert res.metrics["sources/ok"] == 1 and "sources/failed" not in res.metrics
+    assert res.metrics["language_files/Python"] >= 20
+    assert len(res.extra["errors"]) == 0

@@ -97,7 +97,7 @@ class DedupConfig(BaseModel):
         "local[2]", description="spark engine: master URL; None = the active/submitted session's master"
     )
     spark_shuffle_partitions: int = Field(8, ge=1, description="spark engine: spark.sql.shuffle.partitions")
-    gzip_level: int = Field(6, ge=1, le=9, description="Compression level of the kept JSONL.gz shards")
+    gzip_level: int = Field(3, ge=1, le=9, description="Compression level of the kept JSONL.gz shards")
     min_removed_fraction: float = Field(
         0.0, ge=0.0, le=1.0, description="Check: fail if a partition loses less than this fraction of docs"
     )

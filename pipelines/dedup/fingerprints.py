@@ -103,18 +103,20 @@ class MinHasher:
 
     # -- text -> tokens ---------------------------------------------------------------------------------------
     def normalise(self, text: str) -> str:
-        """Lowercase, strip combining accents and fold digit runs to '0', as configured."""
+        """Lowercase and strip combining accents, as configured (digits are folded per token)."""
         cfg = self.config
         if cfg.lowercase:
             text = text.lower()
         if cfg.strip_accents and not text.isascii():
             text = _COMBINING.sub("", unicodedata.normalize("NFD", text))
-        if cfg.normalize_digits:
-            text = _DIGITS.sub("0", text)
         return text
 
     def tokens(self, text: str) -> list[str]:
-        return _WORDS.findall(self.normalise(text))
+        """Word tokens; with `normalize_digits` every digit run becomes '0' ('v2024' -> 'v0')."""
+        tokens = _WORDS.findall(self.normalise(text))
+        if self.config.normalize_digits:  # per token: isalpha() is far cheaper than a regex pass over the text
+            tokens = [t if t.isalpha() else _DIGITS.sub("0", t) for t in tokens]
+        return tokens
 
     # -- tokens -> shingle hashes -> signature -> bands ---------------------------------------------------------
     def shingle_hashes(self, tokens: list[str]) -> np.ndarray:

@@ -1,0 +1,560 @@
+"""Near-dedup benchmark: our datatrove engine vs datatrove's stock 4-stage MinHash pipeline vs datasketch's
+MinHashLSH, on the same real corpus with planted near-duplicates at known Jaccard levels.
+
+    .venv/bin/python benchmarks/dedup.py [--max-base-docs 3000] [--workers 1] [--scales 0.5,1]
+
+Corpus: the HTML manuals of the Debian packages python3.11-doc and postgresql-doc-15 (fetched once with
+`apt-get download` + `dpkg-deb -x` into the cache dir), converted to text and cut into documents of 100-800
+words at paragraph boundaries. Half of the documents get one planted copy whose word-5-gram Jaccard with its
+source is set to a level in 0.5..0.95 by substituting random words (binary search on the number of edits).
+
+All three use 5-word shingles and 14 bands x 8 rows (112 permutations, seed 1):
+- ours: `dedup_partition` (datatrove LocalPipelineExecutor + numpy clustering), end to end: read shards,
+  fingerprint, exact + near dedup, write kept shards, clusters, index, report. URL dedup off.
+- datatrove: MinhashDedupSignature -> MinhashDedupBuckets -> MinhashDedupCluster -> MinhashDedupFilter, stock
+  (spaCy English word tokeniser), reading and writing the same JSONL.gz shards; and the same with a
+  `str.split` word tokeniser ("datatrove-split", datatrove's fastest configuration we know).
+- datasketch: MinHash.bulk + MinHashLSH(params=(14, 8)) query-then-insert, single process, in memory.
+
+Each method runs in its own subprocess (clean imports and a clean peak RSS: the sum of the RSS of the process
+tree, sampled every 50 ms). Quality: a predicted pair is two documents in the same cluster; precision is the
+fraction of predicted pairs whose true Jaccard (word 5-grams, lowercased) is >= --tau; recall is the fraction
+of planted pairs with true Jaccard >= --tau that end up in one cluster. Per-level detection rates show the
+LSH S-curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from itertools import combinations
+from pathlib import Path
+
+log = logging.getLogger("bench_dedup")
+
+PACKAGES = {
+    "python3.11-doc": "usr/share/doc/python3.11/html",
+    "postgresql-doc-15": "usr/share/doc/postgresql-doc-15/html",
+}
+LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+SNAPSHOT = "bench"
+INPUT_PREFIX = f"web/filtered/{SNAPSHOT}/kept"
+_WORD = re.compile(r"\w+")
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+def fetch_manuals(cache: Path) -> dict[str, Path]:
+    """Download and unpack the Debian manual packages once; returns {package: html dir}."""
+    out = {}
+    for package, html in PACKAGES.items():
+        root = cache / package
+        if not (root / html).is_dir():
+            cache.mkdir(parents=True, exist_ok=True)
+            debs = list(cache.glob(f"{package}_*.deb"))
+            if not debs:
+                subprocess.run(["apt-get", "download", package], cwd=cache, check=True, capture_output=True)
+                debs = list(cache.glob(f"{package}_*.deb"))
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True)
+        out[package] = root / html
+    return out
+
+
+def html_paragraphs(path: Path) -> list[str]:
+    import lxml.html
+
+    tree = lxml.html.parse(str(path))
+    root = tree.getroot()
+    for bad in root.xpath(
+        '//div[contains(@class, "navheader") or contains(@class, "navfooter") or '
+        '@class="sphinxsidebar" or @class="related" or @class="footer"]|//script|//style'
+    ):
+        bad.drop_tree()
+    main = root.xpath('//div[@role="main"]') or root.xpath("//body")
+    if not main:
+        return []
+    text = main[0].text_content()
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def base_documents(cache: Path, max_docs: int, seed: int) -> list[dict]:
+    """Real documents of 100-800 words, exact duplicates removed, sampled with `seed`."""
+    docs, seen = [], set()
+    for package, html_dir in fetch_manuals(cache).items():
+        for path in sorted(html_dir.rglob("*.html")):
+            chunk: list[str] = []
+            words = 0
+            for para in html_paragraphs(path) + [""]:
+                n = len(para.split())
+                if (not para or words + n > 800) and words >= 100:
+                    text = "\n\n".join(chunk)
+                    key = " ".join(_WORD.findall(text.lower()))
+                    if key not in seen:
+                        seen.add(key)
+                        rel = path.relative_to(html_dir).as_posix()
+                        docs.append(
+                            {"text": text, "url": f"https://docs.example/{package}/{rel}#{len(docs)}"}
+                        )
+                    chunk, words = [], 0
+                if para:
+                    chunk.append(para)
+                    words += n
+    random.Random(seed).shuffle(docs)
+    return docs[:max_docs]
+
+
+def shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    toks = _WORD.findall(text.lower())
+    return {tuple(toks[i : i + n]) for i in range(max(1, len(toks) - n + 1))}
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def plant_copy(text: str, target: float, vocab: list[str], rng: random.Random) -> tuple[str, float]:
+    """A copy of `text` with random word substitutions, Jaccard with the original as close to `target` as the
+    number of substitutions allows (binary search)."""
+    words = text.split(" ")
+    order = list(range(len(words)))
+    rng.shuffle(order)
+    replacement = [rng.choice(vocab) for _ in words]
+    original = shingles(text)
+
+    def variant(k: int) -> str:
+        out = list(words)
+        for pos in order[:k]:
+            out[pos] = replacement[pos]
+        return " ".join(out)
+
+    lo, hi = 0, len(words)
+    while lo < hi:  # smallest k with J(k) <= target
+        mid = (lo + hi) // 2
+        if jaccard(original, shingles(variant(mid))) <= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    candidates = [k for k in (lo - 1, lo) if k >= 0]
+    best = min(candidates, key=lambda k: abs(jaccard(original, shingles(variant(k))) - target))
+    copy = variant(best)
+    return copy, jaccard(original, shingles(copy))
+
+
+def build_corpus(base: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """Documents (base + planted copies, shuffled) and the planted pairs with their true Jaccard."""
+    rng = random.Random(seed)
+    vocab = sorted({w for d in base[:500] for w in _WORD.findall(d["text"].lower()) if w.isalpha()})
+    docs = [
+        {"id": f"doc-{i:06d}", "text": d["text"], "metadata": {"url": d["url"], "snapshot": SNAPSHOT}}
+        for i, d in enumerate(base)
+    ]
+    pairs = []
+    for i, d in enumerate(base[: int(len(base) * fraction)]):
+        level = LEVELS[i % len(LEVELS)]
+        text, true_j = plant_copy(d["text"], level, vocab, rng)
+        copy_id = f"copy-{i:06d}"
+        docs.append(
+            {
+                "id": copy_id,
+                "text": text,
+                "metadata": {"url": f"https://mirror.example/{i}", "snapshot": SNAPSHOT},
+            }
+        )
+        pairs.append({"a": f"doc-{i:06d}", "b": copy_id, "level": level, "jaccard": true_j})
+    rng.shuffle(docs)
+    return docs, pairs
+
+
+def write_corpus(root: Path, docs: list[dict], docs_per_shard: int) -> None:
+    folder = root / INPUT_PREFIX
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(math.ceil(len(docs) / docs_per_shard)):
+        with gzip.open(folder / f"{s:05d}.jsonl.gz", "wt", compresslevel=6) as fh:
+            for d in docs[s * docs_per_shard : (s + 1) * docs_per_shard]:
+                fh.write(json.dumps(d) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- methods
+class PeakRSS:
+    """Peak of the summed RSS of this process and its children, sampled in a thread."""
+
+    def __init__(self, interval: float = 0.05):
+        import psutil
+
+        self.proc, self.interval, self.peak = psutil.Process(), interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        total = 0
+        for p in [self.proc] + self.proc.children(recursive=True):
+            try:
+                total += p.memory_info().rss
+            except Exception:  # a child that just exited
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+def read_docs(root: Path):
+    for path in sorted((root / INPUT_PREFIX).glob("*.jsonl.gz")):
+        with gzip.open(path, "rt") as fh:
+            for line in fh:
+                yield json.loads(line)
+
+
+def run_ours(root: Path, work: Path, workers: int) -> dict[str, str]:
+    import pyarrow.parquet as pq
+
+    from infra.store import LocalStore
+    from pipelines.dedup import DedupConfig, dedup_partition
+
+    shutil.rmtree(root / "dedup", ignore_errors=True)
+    config = DedupConfig(tasks=workers, workers=workers, url_dedup=False)
+    dedup_partition(config, LocalStore(root), SNAPSHOT, scratch=work)
+    clusters = {}
+    for path in sorted((root / f"dedup/web/{SNAPSHOT}/clusters").glob("*.parquet")):
+        for row in pq.read_table(path, columns=["doc_id", "root_doc_id"]).to_pylist():
+            clusters[row["doc_id"]] = row["root_doc_id"]
+    return clusters
+
+
+class _SplitWords:
+    """datatrove WordTokenizer that splits on whitespace (datatrove strips punctuation before it)."""
+
+    def __new__(cls):
+        from datatrove.utils.word_tokenizers import WordTokenizer
+
+        class SplitWords(WordTokenizer):
+            def word_tokenize(self, text: str) -> list[str]:
+                return text.split()
+
+            def sent_tokenize(self, text: str) -> list[str]:
+                return [text]
+
+            def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+                return [(0, len(text))]
+
+        return SplitWords("en")
+
+
+def run_datatrove(root: Path, work: Path, workers: int, split_words: bool) -> dict[str, str]:
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter
+    from datatrove.utils.hashing import HashConfig
+
+    out = work / ("datatrove-split" if split_words else "datatrove")
+    shutil.rmtree(out, ignore_errors=True)
+    config = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=1, hash_config=HashConfig(64))
+    language = _SplitWords() if split_words else "en"
+    tasks = len(list((root / INPUT_PREFIX).glob("*.jsonl.gz")))
+    data = str(root / INPUT_PREFIX)
+
+    def stage(pipeline, n_tasks: int, name: str) -> LocalPipelineExecutor:
+        return LocalPipelineExecutor(
+            pipeline=pipeline,
+            tasks=n_tasks,
+            workers=min(workers, n_tasks),
+            logging_dir=str(out / "logs" / name),
+            skip_completed=False,
+        )
+
+    stage(
+        [JsonlReader(data), MinhashDedupSignature(str(out / "sigs"), config=config, language=language)],
+        tasks,
+        "sigs",
+    ).run()
+    stage([MinhashDedupBuckets(str(out / "sigs"), str(out / "buckets"), config=config)], 14, "buckets").run()
+    stage(
+        [MinhashDedupCluster(str(out / "buckets"), str(out / "remove"), config=config, save_cluster_id=True)],
+        1,
+        "cluster",
+    ).run()
+    stage(
+        [
+            JsonlReader(data),
+            MinhashDedupFilter(str(out / "remove"), exclusion_writer=JsonlWriter(str(out / "removed"))),
+            JsonlWriter(str(out / "kept")),
+        ],
+        tasks,
+        "filter",
+    ).run()
+    # cluster ids from stage 3's .clusters files: (doc index in the task's stream, cluster); one shard per task
+    import struct
+
+    clusters = {}
+    for rank, shard in enumerate(sorted((root / INPUT_PREFIX).glob("*.jsonl.gz"))):
+        path = out / "remove" / f"{rank:06d}.clusters"
+        if not path.exists():
+            continue
+        with gzip.open(shard, "rt") as fh:
+            ids = [json.loads(line)["id"] for line in fh]
+        raw = path.read_bytes()
+        for doc_idx, cid in struct.iter_unpack("<2I", raw):
+            clusters[ids[doc_idx]] = str(cid)
+    return clusters
+
+
+def run_datasketch(root: Path, work: Path, workers: int) -> dict[str, str]:
+    from datasketch import MinHash, MinHashLSH
+
+    docs = list(read_docs(root))
+    sets = [[" ".join(g).encode() for g in shingles(d["text"])] for d in docs]
+    lsh = MinHashLSH(num_perm=112, params=(14, 8))
+    parent = list(range(len(docs)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, m in enumerate(MinHash.bulk(sets, num_perm=112, seed=1)):
+        for j in lsh.query(m):
+            parent[find(i)] = find(j)
+        lsh.insert(i, m)
+    members = defaultdict(list)
+    for i in range(len(docs)):
+        members[find(i)].append(i)
+    return {docs[i]["id"]: str(r) for r, group in members.items() if len(group) > 1 for i in group}
+
+
+METHODS = {
+    "ours": run_ours,
+    "datatrove": lambda root, work, workers: run_datatrove(root, work, workers, split_words=False),
+    "datatrove-split": lambda root, work, workers: run_datatrove(root, work, workers, split_words=True),
+    "datasketch": run_datasketch,
+}
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """Run one method in this (fresh) process; write its clusters, time and peak RSS as JSON."""
+    logging.disable(logging.INFO)
+    try:
+        from loguru import logger
+
+        logger.remove()  # datatrove's console logging would dominate the output
+    except ImportError:
+        pass
+    root, work = Path(args.root), Path(args.work)
+    with PeakRSS() as rss:
+        started = time.perf_counter()
+        clusters = METHODS[args.method](root, work, args.workers)
+        seconds = time.perf_counter() - started
+    Path(args.result).write_text(json.dumps({"seconds": seconds, "peak_rss": rss.peak, "clusters": clusters}))
+
+
+def run_method(method: str, root: Path, work: Path, workers: int) -> dict:
+    result = work / f"{method}.json"
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        method,
+        "--root",
+        str(root),
+        "--work",
+        str(work),
+        "--workers",
+        str(workers),
+        "--result",
+        str(result),
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MPLBACKEND="Agg")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{method} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(result.read_text())
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def evaluate(
+    clusters: dict[str, str], pairs: list[dict], texts: dict[str, str], tau: float, cache: dict
+) -> dict:
+    groups = defaultdict(list)
+    for doc, cid in clusters.items():
+        groups[cid].append(doc)
+    predicted = {tuple(sorted(p)) for g in groups.values() for p in combinations(sorted(g), 2)}
+
+    def true_j(a: str, b: str) -> float:
+        for d in (a, b):
+            if d not in cache:
+                cache[d] = shingles(texts[d])
+        return jaccard(cache[a], cache[b])
+
+    correct = sum(1 for a, b in predicted if true_j(a, b) >= tau)
+    positives = [p for p in pairs if p["jaccard"] >= tau]
+    found = [
+        p
+        for p in positives
+        if clusters.get(p["a"]) is not None and clusters.get(p["a"]) == clusters.get(p["b"])
+    ]
+    per_level = {}
+    for level in LEVELS:
+        at = [p for p in pairs if p["level"] == level]
+        hit = sum(
+            1 for p in at if clusters.get(p["a"]) is not None and clusters.get(p["a"]) == clusters.get(p["b"])
+        )
+        per_level[level] = hit / len(at) if at else float("nan")
+    return {
+        "predicted_pairs": len(predicted),
+        "precision": correct / len(predicted) if predicted else 1.0,
+        "recall": len(found) / len(positives) if positives else float("nan"),
+        "positives": len(positives),
+        "per_level": per_level,
+    }
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> float:
+    """Half-width of the Wilson 95% interval (what 'no lower' can resolve)."""
+    if n == 0:
+        return float("nan")
+    return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cache", default=os.environ.get("CRUCIBLE_BENCH_CACHE", str(Path.home() / ".cache/crucible/bench"))
+    )
+    parser.add_argument("--max-base-docs", type=int, default=3000, help="real documents before planting")
+    parser.add_argument(
+        "--fraction", type=float, default=0.5, help="share of documents that get a planted copy"
+    )
+    parser.add_argument(
+        "--scales", default="1", help="comma-separated corpus fractions to run ours on (RSS scaling)"
+    )
+    parser.add_argument("--methods", default="ours,datatrove,datatrove-split,datasketch")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes for ours and datatrove")
+    parser.add_argument("--docs-per-shard", type=int, default=500)
+    parser.add_argument(
+        "--tau", type=float, default=0.7, help="Jaccard at which a pair counts as a duplicate"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work", default=None, help="work dir (default: a temp dir, removed afterwards)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        args.method = args.child
+        return child_main(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-dedup-"))
+    started = time.perf_counter()
+    base = base_documents(Path(args.cache), args.max_base_docs, args.seed)
+    docs, pairs = build_corpus(base, args.fraction, args.seed)
+    texts = {d["id"]: d["text"] for d in docs}
+    words = sum(len(d["text"].split()) for d in docs)
+    log.info(
+        "corpus: %d documents (%d real + %d planted copies), %.1fM words, built in %.0fs",
+        len(docs),
+        len(base),
+        len(pairs),
+        words / 1e6,
+        time.perf_counter() - started,
+    )
+    root = work / "store"
+    write_corpus(root, docs, args.docs_per_shard)
+
+    cache: dict = {}
+    rows, results = [], {}
+    for method in args.methods.split(","):
+        log.info("running %s on %d documents", method, len(docs))
+        res = run_method(method, root, work, args.workers)
+        score = evaluate(res["clusters"], pairs, texts, args.tau, cache)
+        results[method] = res | score
+        rows.append(method)
+
+    positives = results[rows[0]]["positives"]
+    print(
+        f"\n## Near-dedup benchmark: {len(docs)} docs ({len(base)} real, {len(pairs)} planted copies), "
+        f"{words / 1e6:.2f}M words, workers={args.workers}, 5-grams, 14x8, tau={args.tau}\n"
+    )
+    head = (
+        "| method | seconds | docs/s | peak RSS MB | pred. pairs | precision | recall | "
+        + " | ".join(f"J={lv}" for lv in LEVELS)
+        + " |"
+    )
+    print(head)
+    print("|" + "---|" * (7 + len(LEVELS)))
+    for m in rows:
+        r = results[m]
+        per = " | ".join(f"{r['per_level'][lv]:.2f}" for lv in LEVELS)
+        print(
+            f"| {m} | {r['seconds']:.1f} | {len(docs) / r['seconds']:.0f} | {r['peak_rss'] / 2**20:.0f} | "
+            f"{r['predicted_pairs']} | {r['precision']:.4f} | {r['recall']:.4f} | {per} |"
+        )
+    print(
+        f"\n(recall over {positives} planted pairs with J >= {args.tau}; 95% interval half-width "
+        f"~{wilson(results[rows[0]]['recall'], positives):.3f})"
+    )
+    if "ours" in results:
+        ours = results["ours"]
+        print()
+        for m in rows:
+            if m == "ours":
+                continue
+            r = results[m]
+            print(
+                f"ours vs {m}: {r['seconds'] / ours['seconds']:.2f}x docs/s, precision "
+                f"{ours['precision'] - r['precision']:+.4f}, recall {ours['recall'] - r['recall']:+.4f}, "
+                f"peak RSS {ours['peak_rss'] / r['peak_rss']:.2f}x"
+            )
+
+    scales = [float(s) for s in args.scales.split(",") if s and float(s) != 1.0]
+    if scales and "ours" in results:
+        print("\n| ours at scale | docs | seconds | docs/s | peak RSS MB |\n|---|---|---|---|---|")
+        for scale in sorted(scales) + [1.0]:
+            if scale == 1.0:
+                n, r = len(docs), results["ours"]
+            else:
+                sub_root = work / f"store-{scale}"
+                sub_docs = docs[: int(len(docs) * scale)]
+                write_corpus(sub_root, sub_docs, args.docs_per_shard)
+                n, r = len(sub_docs), run_method("ours", sub_root, work, args.workers)
+            print(
+                f"| {scale:g} | {n} | {r['seconds']:.1f} | {n / r['seconds']:.0f} | {r['peak_rss'] / 2**20:.0f} |"
+            )
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Checkpoints are atomic and complete: a run killed with SIGKILL resumes to bit-identical final weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from training.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from training.job import TrainJobSpec, read_metrics, run_training_job, training_command
+from training.launch_entry import run
+from training.model import ModelConfig, build_model
+from training.optim import OptimConfig
+from training.trainer import LocalEngine
+
+STEPS = 30
+
+
+def make_spec(run_dir) -> TrainJobSpec:
+    return TrainJobSpec(
+        run_dir=str(run_dir),
+        model=ModelConfig.for_size("micro"),
+        trainer={"steps": STEPS, "log_every": 1, "eval_every": 0, "checkpoint_every": 4, "progress": False},
+        data={"kwargs": {"vocab_size": 512, "batch_size": 8, "seq_len": 64, "pattern": "markov"}},
+        distributed={"threads_per_process": 1},
+        export_hf=False,
+    )
+
+
+def test_checkpoint_is_complete_atomic_and_pruned(tmp_path):
+    engine = LocalEngine(build_model(ModelConfig.for_size("micro")), OptimConfig())
+    root = tmp_path / "checkpoints"
+    for step in (4, 8):
+        save_checkpoint(root, step, engine, {"step": step}, {"index": step}, keep=2)
+    # A write killed half-way leaves only a temp dir, which is neither listed nor in the way of a rewrite.
+    torn = root / ".tmp_step_00000012"
+    torn.mkdir()
+    (torn / "model.safetensors").write_bytes(b"partial")
+    assert latest_checkpoint(root).name == "step_00000008"
+    save_checkpoint(root, 12, engine, {"step": 12}, {"index": 12}, keep=2)
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000008", "step_00000012"]
+    assert not torn.exists()
+    files = {p.name for p in (root / "step_00000012").iterdir()}
+    assert files == {
+        "model.safetensors",
+        "optimizer.pt",
+        "rng_rank0.pt",
+        "data_rank0.json",
+        "trainer_state.json",
+    }
+    assert json.loads((root / "step_00000012" / "data_rank0.json").read_text()) == {"index": 12}
+
+
+@pytest.fixture()
+def reference(tmp_path_factory):
+    """The uninterrupted run, in this process with the child's thread count."""
+    threads = torch.get_num_threads()
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    try:
+        return run(make_spec(run_dir)), run_dir
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_sigkill_and_rerun_reaches_bit_identical_weights(tmp_path, reference):
+    reference_result, reference_dir = reference
+    spec = make_spec(tmp_path / "run")
+    cmd = training_command(spec)
+    proc = subprocess.Popen(cmd.argv, env=cmd.env, start_new_session=True, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    try:
+        while not any(r["step"] >= 13 for r in read_metrics(spec.run_dir)):
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    resumed_from = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    killed_at = max(r["step"] for r in read_metrics(spec.run_dir))
+    assert resumed_from is not None and 12 <= int(resumed_from.name[5:]) <= killed_at < STEPS
+
+    result = run_training_job(spec)
+    assert "resumed from" in (tmp_path / "run" / "train.log").read_text()
+    assert result["step"] == STEPS
+    assert (
+        result["weights_digest"] == reference_result["weights_digest"]
+    )  # bit-identical to the uninterrupted run
+    rows = read_metrics(spec.run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # re-run steps replaced, none duplicated
+    assert [r["loss"] for r in rows] == [r["loss"] for r in read_metrics(reference_dir)]

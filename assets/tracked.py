@@ -113,7 +113,8 @@ def run_stage(
     key = context.asset_key
     asset_name = key.to_user_string()
     group = context.assets_def.group_names_by_key.get(key, "default")
-    partitions: list[str | None] = list(context.partition_keys) if context.has_partition_key else [None]
+    partitioned = context.has_partition_key or context.has_partition_key_range
+    partitions: list[str | None] = list(context.partition_keys) if partitioned else [None]
     profile = load_profile()
     object_store = store.open()
     tracker = mlflow.tracker()

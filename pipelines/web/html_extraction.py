@@ -8,6 +8,8 @@ send the losers to an exclusion writer instead.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+from multiprocessing import Pipe
 from typing import TYPE_CHECKING
 
 from datatrove.data import Document, DocumentsPipeline
@@ -159,6 +161,27 @@ class HtmlWarcReader(WarcReader):
                 yield document
 
 
+class ForkingExtractorSandbox(ExtractorSandbox):
+    """datatrove's extraction sandbox, always forked: a process that was itself spawned (a Dagster run worker)
+    inherits the `spawn` start method, which cannot pickle the extractor and its writers."""
+
+    def _ensure_process(self, extract_fn):
+        if self.process is not None and self.process.is_alive():
+            return
+        if self.process is not None:
+            self._cleanup_process()
+        self.parent_conn, self.child_conn = Pipe()
+        ctx = multiprocessing.get_context("fork")
+        self.process = ctx.Process(target=self._worker, args=(self.child_conn, extract_fn), daemon=True)
+        self.process.start()
+        self.all_processes.append(self.process)
+        if self.parent_conn.poll(self.timeout):
+            self.parent_conn.recv()  # the worker's "ready" after its warm-up
+        else:
+            self._cleanup_process()
+            raise TimeoutError(f"extraction worker did not start within {self.timeout} s")
+
+
 class TrafilaturaWithDrops(Trafilatura):
     """datatrove's Trafilatura step (same sandboxed extraction) that records failures with a reason:
     `no_text_extracted`, `extraction_timeout`, `extraction_error`, `extractor_crashed`.
@@ -181,7 +204,7 @@ class TrafilaturaWithDrops(Trafilatura):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         with (
-            ExtractorSandbox(timeout=self.timeout, warmup_text="") as extractor,
+            ForkingExtractorSandbox(timeout=self.timeout, warmup_text="") as extractor,
             self.exclusion_writer if self.exclusion_writer else contextlib.nullcontext() as writer,
         ):
             for doc in data:

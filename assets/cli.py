@@ -1,0 +1,203 @@
+"""`crucible` command line: run the whole graph, open the UIs, walk a checkpoint's lineage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.settings import REPO_ROOT, load_profile
+
+# Jobs in graph order, with the partitions definition each one runs on (None = unpartitioned).
+PIPELINE = [("web_corpus", "web_snapshot")]
+
+
+def _ensure_dagster_home(profile) -> Path:
+    home = Path(os.environ.get("DAGSTER_HOME") or profile.state_path / "dagster")
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Materialize every job of the graph in order, recording the runs in the local Dagster instance."""
+    profile = load_profile()
+    _ensure_dagster_home(profile)
+    import dagster as dg
+
+    from assets.definitions import defs
+
+    instance = dg.DagsterInstance.get()
+    partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
+    started = time.time()
+    print(
+        f"crucible: profile={profile.name} state={profile.state_path} DAGSTER_HOME={os.environ['DAGSTER_HOME']}"
+    )
+    for job_name, partition_def in PIPELINE:
+        if args.only and job_name not in args.only:
+            continue
+        key = partitions.get(partition_def) if partition_def else None
+        if key and key not in instance.get_dynamic_partitions(partition_def):
+            instance.add_dynamic_partitions(partition_def, [key])
+        t0 = time.time()
+        print(f"crucible: == {job_name}" + (f" [{partition_def}={key}]" if key else ""), flush=True)
+        result = defs.resolve_job_def(job_name).execute_in_process(
+            instance=instance, partition_key=key, raise_on_error=False
+        )
+        if not result.success:
+            print(
+                f"crucible: {job_name} FAILED after {time.time() - t0:.0f}s (run {result.run_id}); "
+                f"see `make ui` or the log above",
+                file=sys.stderr,
+            )
+            return 1
+        _print_summary(result)
+        print(f"crucible: {job_name} done in {time.time() - t0:.0f}s", flush=True)
+    print(f"crucible: whole graph done in {time.time() - started:.0f}s; `make ui` to browse runs and MLflow")
+    return 0
+
+
+def _print_summary(result) -> None:
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization
+        meta = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+        shown = {k: v for k, v in meta.items() if isinstance(v, int | float) and "/" not in k}
+        part = f"[{mat.partition}]" if mat.partition else ""
+        print(
+            f"  {mat.asset_key.to_user_string()}{part}: mlflow_run={meta.get('mlflow_run_id')} "
+            + " ".join(f"{k}={v:g}" for k, v in list(shown.items())[:12])
+        )
+    for check in result.get_asset_check_evaluations():
+        print(
+            f"  check {check.asset_key.to_user_string()}:{check.check_name} "
+            f"{'passed' if check.passed else 'FAILED'}"
+        )
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    """Print the upstream tree of a registered model version (name/version) or an MLflow run id."""
+    from infra.tracking import Tracker
+
+    tracker = Tracker.from_profile(load_profile())
+    if "/" in args.target:
+        name, version = args.target.rsplit("/", 1)
+        run_id = tracker.client.get_model_version(name, version).run_id
+    else:
+        run_id = args.target
+    tree = tracker.lineage(run_id)
+    if args.json:
+        print(json.dumps(tree, indent=2))
+        return 0
+
+    def show(node: dict, depth: int) -> None:
+        part = f"[{node['partition']}]" if node["partition"] else ""
+        print(
+            f"{'  ' * depth}{node['asset']}{part}  mlflow={node['run_id']} dagster={node['dagster_run_id']} "
+            f"data={node['data_version'][:16]}"
+        )
+        for child in node["upstream"]:
+            show(child, depth + 1)
+
+    show(tree, 0)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Start the Dagster webserver + daemon and the MLflow UI on the loopback host; Ctrl-C stops both."""
+    from infra.tracking import default_tracking_uri
+
+    profile = load_profile()
+    _ensure_dagster_home(profile)
+    tracking_uri = default_tracking_uri(profile)
+    mlflow_url = f"http://{args.host}:{args.mlflow_port}"
+    env = {**os.environ, "CRUCIBLE_MLFLOW_UI_URL": mlflow_url, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    bin_dir = Path(sys.executable).parent
+    artifacts = profile.state_path / "mlflow" / "artifacts"
+    procs = [
+        subprocess.Popen(
+            [
+                str(bin_dir / "dagster"),
+                "dev",
+                "-m",
+                "assets.definitions",
+                "-h",
+                args.host,
+                "-p",
+                str(args.dagster_port),
+            ],
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        ),
+        subprocess.Popen(
+            [
+                str(bin_dir / "mlflow"),
+                "ui",
+                "--backend-store-uri",
+                tracking_uri,
+                "--default-artifact-root",
+                artifacts.as_uri(),
+                "--host",
+                args.host,
+                "--port",
+                str(args.mlflow_port),
+            ],
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        ),
+    ]
+    print(
+        f"Dagster UI: http://{args.host}:{args.dagster_port}\nMLflow UI:  {mlflow_url}\n(Ctrl-C stops both)",
+        flush=True,
+    )
+    try:
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc in procs:  # `dagster dev` ignores signals unless sent to its whole process group
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="crucible", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="materialize the whole graph on the active profile ($CRUCIBLE_PROFILE)")
+    run.add_argument(
+        "--snapshot", default="local-docs-0001", help="web crawl snapshot partition to create/run"
+    )
+    run.add_argument("--code-snapshot", default="code-0001", help="code source snapshot partition")
+    run.add_argument("--only", nargs="*", help="run only these jobs")
+    run.set_defaults(fn=cmd_run)
+    lineage = sub.add_parser("lineage", help="walk a checkpoint back to the crawl snapshots")
+    lineage.add_argument("target", help="<registered model>/<version> or an MLflow run id")
+    lineage.add_argument("--json", action="store_true", help="print the tree as JSON")
+    lineage.set_defaults(fn=cmd_lineage)
+    ui = sub.add_parser("ui", help="Dagster UI (webserver + daemon) and MLflow UI on 127.0.0.1")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--dagster-port", type=int, default=3000)
+    ui.add_argument("--mlflow-port", type=int, default=5000)
+    ui.set_defaults(fn=cmd_ui)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

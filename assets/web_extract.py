@@ -1,0 +1,138 @@
+"""Extract and filter, per crawl snapshot: WARC -> Trafilatura -> fastText language ID (`web_documents`),
+then Gopher repetition/quality, C4 and FineWeb quality filters (`web_filtered`), with drop reasons kept."""
+
+import dagster as dg
+from pydantic import BaseModel, ConfigDict, Field
+
+from assets.partitions import single_run, web_snapshots
+from assets.resources import MlflowResource, ObjectStoreResource
+from assets.stage_config import launchpad_config
+from assets.tracked import code_version, run_stage
+from assets.web_crawl import warc_prefix
+from infra.settings import load_profile, validate_stage
+from pipelines.web import extract
+from pipelines.web.extract import ExtractConfig
+
+
+class WebChecks(BaseModel):
+    """Bounds for the blocking checks on extracted / filtered documents (profile section `web_checks`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_documents: int = Field(1, description="Fewer kept documents than this fails the check")
+    min_target_language_share: float = Field(0.5, description="Share of documents in the kept languages")
+    max_drop_rate: float = Field(0.98, description="Filters dropping more than this share look broken")
+    min_drop_rate: float = Field(0.0, description="Filters dropping less than this share look disabled")
+
+
+PROFILE = load_profile()
+WebExtractConfig = launchpad_config("web_extract", ExtractConfig, PROFILE)
+CHECKS = validate_stage(PROFILE, "web_checks", WebChecks)
+
+
+def documents_prefix(snapshot: str) -> str:
+    return f"web/extract/{snapshot}"
+
+
+def filtered_prefix(snapshot: str) -> str:
+    return f"web/filtered/{snapshot}"
+
+
+def _extract_checks(cfg: ExtractConfig, result) -> list[tuple[str, bool, dict]]:
+    docs = int(result.metrics.get("docs_out", 0))
+    share = float(result.metrics.get("target_language_share", 0.0))
+    return [
+        ("documents_not_empty", docs >= CHECKS.min_documents, {"documents": docs}),
+        ("language_mix", share >= CHECKS.min_target_language_share, {"target_language_share": share}),
+    ]
+
+
+def _filter_checks(cfg: ExtractConfig, result) -> list[tuple[str, bool, dict]]:
+    kept = int(result.metrics.get("docs_out", 0))
+    rate = float(result.metrics.get("drop_rate", 0.0))
+    bounds = {"drop_rate": rate, "min": CHECKS.min_drop_rate, "max": CHECKS.max_drop_rate}
+    return [
+        ("kept_not_empty", kept >= CHECKS.min_documents, {"kept": kept}),
+        ("drop_rate_within_bounds", CHECKS.min_drop_rate <= rate <= CHECKS.max_drop_rate, bounds),
+    ]
+
+
+@dg.asset(
+    partitions_def=web_snapshots,
+    group_name="web",
+    deps=["web_warc"],
+    backfill_policy=single_run,
+    code_version=code_version(extract),
+    kinds={"python"},
+    check_specs=[
+        dg.AssetCheckSpec("documents_not_empty", asset="web_documents", blocking=True),
+        dg.AssetCheckSpec(
+            "language_mix",
+            asset="web_documents",
+            blocking=True,
+            description="Enough documents are in the configured languages",
+        ),
+    ],
+)
+def web_documents(
+    context: dg.AssetExecutionContext,
+    config: WebExtractConfig,
+    store: ObjectStoreResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
+    """Extracted text with url, snapshot and language, as JSONL.gz shards under `web/extract/<snapshot>/`."""
+
+    def stage(cfg: ExtractConfig, object_store, snapshot, run):
+        return extract.extract_documents(
+            cfg, object_store, snapshot, warc_prefix(snapshot), documents_prefix(snapshot)
+        )
+
+    return run_stage(
+        context,
+        store=store,
+        mlflow=mlflow,
+        config=config,
+        fn=stage,
+        upstream=[dg.AssetKey("web_warc")],
+        checks=_extract_checks,
+    )
+
+
+@dg.asset(
+    partitions_def=web_snapshots,
+    group_name="web",
+    deps=["web_documents"],
+    backfill_policy=single_run,
+    code_version=code_version(extract),
+    kinds={"python"},
+    check_specs=[
+        dg.AssetCheckSpec("kept_not_empty", asset="web_filtered", blocking=True),
+        dg.AssetCheckSpec(
+            "drop_rate_within_bounds",
+            asset="web_filtered",
+            blocking=True,
+            description="The quality filters drop a plausible share of documents",
+        ),
+    ],
+)
+def web_filtered(
+    context: dg.AssetExecutionContext,
+    config: WebExtractConfig,
+    store: ObjectStoreResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
+    """Documents that pass the quality filters (`kept/`), and the dropped ones with reasons (`dropped/`)."""
+
+    def stage(cfg: ExtractConfig, object_store, snapshot, run):
+        return extract.filter_documents(
+            cfg, object_store, snapshot, documents_prefix(snapshot), filtered_prefix(snapshot)
+        )
+
+    return run_stage(
+        context,
+        store=store,
+        mlflow=mlflow,
+        config=config,
+        fn=stage,
+        upstream=[dg.AssetKey("web_documents")],
+        checks=_filter_checks,
+    )

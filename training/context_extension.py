@@ -207,8 +207,9 @@ def _window(doc: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarra
 
 def pack_random(
     docs: Sequence[np.ndarray], probs: np.ndarray, seq_len: int, rng: np.random.Generator
-) -> tuple[np.ndarray, list[int]]:
-    """One row: docs drawn with `probs` and concatenated (a long doc gives a random window)."""
+) -> tuple[np.ndarray, list[int], list[int]]:
+    """One row: docs drawn with `probs` and concatenated (a long doc gives a random window).
+    Returns (row, doc indices used, tokens taken from each)."""
     parts, used, n = [], [], 0
     while n < seq_len:
         i = int(rng.choice(len(docs), p=probs))
@@ -216,7 +217,7 @@ def pack_random(
         parts.append(piece)
         used.append(i)
         n += len(piece)
-    return np.concatenate(parts)[:seq_len], used
+    return np.concatenate(parts)[:seq_len], used, [len(p) for p in parts]
 
 
 def interleave_chunks(group: Sequence[np.ndarray], chunk: int) -> np.ndarray:
@@ -237,8 +238,9 @@ def pack_similar(
     seq_len: int,
     chunk: int,
     rng: np.random.Generator,
-) -> tuple[np.ndarray, list[int]]:
-    """One row from a seed doc (drawn with `probs`) and its neighbours in similarity order, interleaved."""
+) -> tuple[np.ndarray, list[int], list[int]]:
+    """One row from a seed doc (drawn with `probs`) and its neighbours in similarity order, interleaved.
+    Returns (row, doc indices used, tokens taken from each)."""
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
     pos = int(rank[int(rng.choice(len(docs), p=probs))])
@@ -259,7 +261,7 @@ def pack_similar(
     row = interleave_chunks(group, chunk)
     if len(row) < seq_len:  # fewer docs than a row: repeat
         row = np.resize(row, seq_len)
-    return row[:seq_len], used
+    return row[:seq_len], used, [len(g) for g in group]
 
 
 def build_midtrain_rows(
@@ -296,15 +298,15 @@ def build_midtrain_rows(
         s = sources[int(rng.choice(len(sources), p=source_p))]
         docs = docs_by_source[s]
         if rng.random() < config.interleave_share:
-            row, used = pack_similar(
+            row, used, taken = pack_similar(
                 docs, orders[s], probs_by_source[s], seq_len, config.interleave_chunk_tokens, rng
             )
             stats["rows/interleaved"] += 1
         else:
-            row, used = pack_random(docs, probs_by_source[s], seq_len, rng)
+            row, used, taken = pack_random(docs, probs_by_source[s], seq_len, rng)
             stats["rows/random"] += 1
         stats[f"rows/source/{s}"] += 1
-        long_tokens += sum(min(len(docs[i]), seq_len) for i in used if len(docs[i]) >= config.base_seq_len)
+        long_tokens += sum(t for i, t in zip(used, taken, strict=True) if len(docs[i]) >= seq_len)
         rows.append(row)
     synth = synthetic_recall_rows(encode, filler, n_synth, seq_len, eos_id, seed + 1, config.multikey_share)
     stats["rows/synthetic"] = n_synth
@@ -312,14 +314,14 @@ def build_midtrain_rows(
     all_rows = all_rows[rng.permutation(len(all_rows))]
     natural_tokens = (n_rows - n_synth) * seq_len
     metrics = {k: float(v) for k, v in stats.items()}
-    # Share of natural-row tokens that come from docs longer than the pretraining context, vs the corpus share.
+    # Share of natural-row tokens taken from docs at least as long as this stage's context, vs the corpus share.
     metrics["long_doc_token_share/sampled"] = (
         min(long_tokens / natural_tokens, 1.0) if natural_tokens else 0.0
     )
     all_docs = [d for s in sources for d in docs_by_source[s]]
     total = sum(len(d) for d in all_docs)
     metrics["long_doc_token_share/corpus"] = (
-        sum(len(d) for d in all_docs if len(d) >= config.base_seq_len) / total if total else 0.0
+        sum(len(d) for d in all_docs if len(d) >= seq_len) / total if total else 0.0
     )
     return all_rows, metrics
 

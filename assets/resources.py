@@ -7,7 +7,7 @@ from pydantic import Field, PrivateAttr
 
 from infra.settings import Profile, StoreSettings, load_profile
 from infra.store import ObjectStore, open_store
-from infra.tracking import Tracker, default_tracking_uri
+from infra.tracking import Tracker, default_tracking_uri, ui_url
 
 
 class ObjectStoreResource(dg.ConfigurableResource):
@@ -58,15 +58,9 @@ def _profile() -> Profile:
 
 
 def resources_for(profile: Profile) -> dict[str, dg.ConfigurableResource]:
-    """The resources of a profile ($CRUCIBLE_MLFLOW_UI_URL sets the link target for the local UI)."""
-    import os
-
+    """The store and MLflow resources of a profile."""
     store = profile.store
-    url = (
-        store.url
-        if store.url.startswith("s3://")
-        else str((profile.state_path / store.url) if not store.url.startswith("/") else store.url)
-    )
+    url = store.url if store.url.startswith("s3://") else str(profile.state_path / store.url)
     tracking_uri = default_tracking_uri(profile)
     artifacts = (
         (profile.state_path / "mlflow" / "artifacts").as_uri() if tracking_uri.startswith("sqlite") else None
@@ -82,8 +76,7 @@ def resources_for(profile: Profile) -> dict[str, dg.ConfigurableResource]:
         "mlflow": MlflowResource(
             tracking_uri=tracking_uri,
             experiment_prefix=profile.tracking.experiment_prefix,
-            ui_url=os.environ.get("CRUCIBLE_MLFLOW_UI_URL")
-            or (tracking_uri if tracking_uri.startswith("http") else None),
+            ui_url=ui_url(profile, tracking_uri),
             artifact_root=artifacts,
         ),
     }

@@ -43,6 +43,9 @@ class TrackingSettings(BaseModel):
         None, description="MLflow tracking URI; None = sqlite in the state dir ($MLFLOW_TRACKING_URI wins)"
     )
     experiment_prefix: str = Field("crucible", description="Experiments are named <prefix>/<asset group>")
+    ui_url: str | None = Field(
+        "http://127.0.0.1:5000", description="MLflow UI that run links point at (`make ui` serves it here)"
+    )
 
 
 class Profile(BaseModel):

@@ -82,6 +82,13 @@ def default_tracking_uri(profile: Profile) -> str:
     return f"sqlite:///{db}"
 
 
+def ui_url(profile: Profile, tracking_uri: str) -> str | None:
+    """Where run links point: $CRUCIBLE_MLFLOW_UI_URL, an http tracking server, else the profile's UI URL."""
+    if os.environ.get("CRUCIBLE_MLFLOW_UI_URL"):
+        return os.environ["CRUCIBLE_MLFLOW_UI_URL"]
+    return tracking_uri if tracking_uri.startswith("http") else profile.tracking.ui_url
+
+
 @dataclass
 class StageRun:
     """An open MLflow run for one materialization."""
@@ -153,8 +160,9 @@ class Tracker:
         artifacts = None
         if uri.startswith("sqlite:"):
             artifacts = (profile.state_path / "mlflow" / "artifacts").as_uri()
-        ui = os.environ.get("CRUCIBLE_MLFLOW_UI_URL")
-        return cls(uri, profile.tracking.experiment_prefix, ui_url=ui, artifact_root=artifacts)
+        return cls(
+            uri, profile.tracking.experiment_prefix, ui_url=ui_url(profile, uri), artifact_root=artifacts
+        )
 
     def experiment_id(self, group: str) -> str:
         name = f"{self.experiment_prefix}/{group}"

@@ -106,7 +106,9 @@ def test_cli_materialize_partition_and_backfill_range(dagster_home, docs_site):
     event = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey("web_filtered"), asset_partitions=["s1"]), limit=1
     ).records[0]
-    assert event.asset_materialization.metadata["mlflow_run_id"].value == kept.info.run_id
+    metadata = event.asset_materialization.metadata
+    assert metadata["mlflow_run_id"].value == kept.info.run_id
+    assert metadata["mlflow_run_url"].value.endswith(f"/runs/{kept.info.run_id}")
 
     backfill = _materialize("--partition-range", "s2...s3", "--config-json", config)
     assert backfill.returncode == 0, backfill.stderr[-4000:]

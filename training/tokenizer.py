@@ -134,3 +134,68 @@ def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def round_robin_texts(store, sources: dict[str, list[str]]) -> Iterator[str]:
+    """Doc texts from every source in turn (web, code, math, ...), so a `max_docs` cap still sees all of them."""
+    from training.data import document_keys, iter_documents
+
+    def texts(prefixes: list[str]) -> Iterator[str]:
+        for prefix in prefixes:
+            for key in document_keys(store, prefix):
+                for doc in iter_documents(store, key):
+                    yield doc.get("text") or ""
+
+    streams = [texts(p) for _, p in sorted(sources.items()) if p]
+    while streams:
+        for stream in list(streams):
+            text = next(stream, None)
+            if text is None:
+                streams.remove(stream)
+            else:
+                yield text
+
+
+def tokenizer_stage(
+    config: TokenizerConfig, store, sources: dict[str, list[str]], out_dir: str | Path, out_prefix: str
+):
+    """Train the tokenizer on the curated corpus (source -> store prefixes), publish it under `out_prefix` and
+    report chars/token per source on a sample. Returns a StageResult (outputs: local dir and store prefix)."""
+    import xxhash
+
+    from infra.stage import StageResult, markdown_table
+    from training.data import document_keys, iter_documents
+
+    path = train_tokenizer(round_robin_texts(store, sources), config, out_dir)
+    tok = load_tokenizer(path)
+    metrics: dict[str, float] = {"vocab_size": float(len(tok))}
+    rows = []
+    for source, prefixes in sorted(sources.items()):
+        sample = []
+        for key in (k for p in prefixes for k in document_keys(store, p)):
+            sample += [d.get("text") or "" for d in iter_documents(store, key)]
+            if len(sample) >= 200:
+                break
+        chars = sum(len(t) for t in sample[:200])
+        tokens = (
+            sum(len(ids) for ids in tok(sample[:200], add_special_tokens=False)["input_ids"]) if sample else 0
+        )
+        metrics[f"chars_per_token/{source}"] = chars / tokens if tokens else 0.0
+        rows.append(
+            {
+                "source": source,
+                "sample docs": len(sample[:200]),
+                "chars/token": round(chars / max(tokens, 1), 3),
+            }
+        )
+    out_prefix = out_prefix.strip("/")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        store.put_file(f"{out_prefix}/{name}", path / name)
+    return StageResult(
+        metrics=metrics,
+        outputs={"tokenizer_dir": str(path), "prefix": out_prefix},
+        report_md=f"## Tokenizer ({len(tok)} tokens)\n\n{markdown_table(rows)}",
+        sample=rows,
+        artifacts={f"tokenizer/{n}": path / n for n in ("tokenizer.json", "tokenizer_config.json")},
+        data_version=xxhash.xxh64_hexdigest((path / "tokenizer.json").read_bytes()),
+    )

@@ -95,3 +95,30 @@ def test_chat_template_renders_roles_tools_and_thinking(tokenizer_dir):
         '<think>use the tool</think><tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
         "<|end_of_turn|>5<|end_of_turn|>"
     )
+
+
+def test_tokenizer_stage_reads_all_sources_and_publishes(tmp_path):
+    import gzip
+
+    from infra.store import LocalStore
+    from training.tokenizer import round_robin_texts, tokenizer_stage
+
+    store = LocalStore(tmp_path / "store")
+    for prefix, docs in {
+        "web/filtered/s1/kept/": [f"web page {i} about rivers and stones" for i in range(30)],
+        "code/files/c1/": [f"def f{i}(x):\n    return x + {i}\n" for i in range(30)],
+    }.items():
+        with store.writer(prefix + "00000.jsonl.gz") as tmp, gzip.open(tmp, "wt") as fh:
+            fh.writelines(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(docs))
+    sources = {"web": ["web/filtered/s1/kept/"], "code": ["code/files/c1/"]}
+    first = list(round_robin_texts(store, sources))[:4]
+    assert first == ["def f0(x):\n    return x + 0\n", "web page 0 about rivers and stones",
+                     "def f1(x):\n    return x + 1\n", "web page 1 about rivers and stones"]  # fmt: skip
+    result = tokenizer_stage(
+        TokenizerConfig(vocab_size=320), store, sources, tmp_path / "tok", "tokenizer/v1"
+    )
+    assert store.exists("tokenizer/v1/tokenizer.json") and store.exists("tokenizer/v1/tokenizer_config.json")
+    # 256 bytes + 13 specials + the merges this small corpus supports (capped at 320)
+    assert result.metrics["vocab_size"] == len(load_tokenizer(tmp_path / "tok")) == 308
+    assert result.metrics["chars_per_token/web"] > 2 and result.metrics["chars_per_token/code"] > 1.5
+    assert len(result.data_version) == 16

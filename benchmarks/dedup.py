@@ -452,7 +452,7 @@ def main() -> None:
     parser.add_argument(
         "--cache", default=os.environ.get("CRUCIBLE_BENCH_CACHE", str(Path.home() / ".cache/crucible/bench"))
     )
-    parser.add_argument("--max-base-docs", type=int, default=3000, help="real documents before planting")
+    parser.add_argument("--max-base-docs", type=int, default=5000, help="real documents before planting")
     parser.add_argument(
         "--fraction", type=float, default=0.5, help="share of documents that get a planted copy"
     )

@@ -34,6 +34,20 @@ KIND_DEFAULTS: dict[str, dict] = {
     ),
 }
 
+# Fields that define a document's fingerprint (shingles, signature, exact-match keys): an index is only
+# usable by configs that agree on all of them.
+INDEX_FIELDS = (
+    "ngram_size",
+    "num_bands",
+    "rows_per_band",
+    "seed",
+    "shingle_hash",
+    "lowercase",
+    "normalize_digits",
+    "strip_accents",
+    "exact_match_on",
+    "url_dedup",
+)
 # Fields that change which documents are kept: they make the fingerprint of the index and the outputs.
 RESULT_FIELDS = (
     "kind",
@@ -128,5 +142,12 @@ class DedupConfig(BaseModel):
 
     def fingerprint(self) -> str:
         """Hash of the fields that decide the result (not the engine or its parallelism)."""
-        values = {name: getattr(self, name) for name in RESULT_FIELDS}
-        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+        return _hash({name: getattr(self, name) for name in RESULT_FIELDS})
+
+    def index_fingerprint(self) -> str:
+        """Hash of the fields that decide the fingerprints stored in the index."""
+        return _hash({name: getattr(self, name) for name in INDEX_FIELDS})
+
+
+def _hash(values: dict) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]

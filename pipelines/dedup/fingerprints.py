@@ -114,7 +114,9 @@ class MinHasher:
     def tokens(self, text: str) -> list[str]:
         """Word tokens; with `normalize_digits` every digit run becomes '0' ('v2024' -> 'v0')."""
         tokens = _WORDS.findall(self.normalise(text))
-        if self.config.normalize_digits:  # per token: isalpha() is far cheaper than a regex pass over the text
+        if (
+            self.config.normalize_digits
+        ):  # per token: isalpha() is far cheaper than a regex pass over the text
             tokens = [t if t.isalpha() else _DIGITS.sub("0", t) for t in tokens]
         return tokens
 

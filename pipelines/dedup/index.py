@@ -39,7 +39,7 @@ class IndexEntry:
     snapshot: str
     seq: int
     version: str
-    config: str  # DedupConfig.fingerprint()
+    config: str  # DedupConfig.index_fingerprint()
     parts: list[str] = field(default_factory=list)
     docs: int = 0
     kept: int = 0
@@ -64,7 +64,7 @@ def check_compatible(entries: list[IndexEntry], config_fingerprint: str, index_p
     bad = [e.snapshot for e in entries if e.config != config_fingerprint]
     if bad:
         raise IndexMismatchError(
-            f"{index_prefix}: snapshots {bad} were deduplicated with another config (fingerprint differs from "
+            f"{index_prefix}: snapshots {bad} were fingerprinted with another config (index fingerprint is not "
             f"{config_fingerprint}); use the same ngram/bands/rows/seed/normalisation, or a new index_prefix"
         )
 
@@ -143,19 +143,24 @@ def table_arrays(table: pa.Table, num_bands: int, num_perm: int) -> dict[str, np
     """node/doc_id/content_hash/url_hash/has_url/bands/sig numpy arrays from a fingerprint-like table."""
     n = table.num_rows
     url = table.column("url_hash")
-    bands = table.column("bands").combine_chunks()
-    sig = table.column("sig").to_pylist()
+    if n:
+        bands = table.column("bands").combine_chunks().flatten().to_numpy().reshape(n, num_bands)
+        sig = (
+            table.column("sig").combine_chunks().cast(pa.binary(4 * num_perm))
+        )  # contiguous, no copies per row
+        sig = np.frombuffer(
+            sig.buffers()[1], dtype="<u4", count=n * num_perm, offset=sig.offset * 4 * num_perm
+        )
+        sig = sig.reshape(n, num_perm)
+    else:
+        bands, sig = np.zeros((0, num_bands), np.int64), np.zeros((0, num_perm), np.uint32)
     return {
         "doc_id": np.array(table.column("doc_id").to_pylist(), dtype=object),
         "content_hash": table.column("content_hash").to_numpy(),
         "url_hash": url.fill_null(0).to_numpy(),
         "has_url": url.is_valid().to_numpy(zero_copy_only=False),
-        "bands": bands.flatten().to_numpy().reshape(n, num_bands)
-        if n
-        else np.zeros((0, num_bands), np.int64),
-        "sig": np.frombuffer(b"".join(sig), dtype="<u4").reshape(n, num_perm)
-        if n
-        else np.zeros((0, num_perm), np.uint32),
+        "bands": bands,
+        "sig": sig,
     }
 
 

@@ -84,7 +84,7 @@ def dedup_partition(
     index_prefix = (index_prefix or f"dedup/{kind}/index").rstrip("/")
     shard_keys = list_shards(store, input_prefix)
     entries = list_entries(store, index_prefix)
-    check_compatible(entries, config.fingerprint(), index_prefix)
+    check_compatible(entries, config.index_fingerprint(), index_prefix)
     seq = assign_seq(entries, snapshot)
     earlier = earlier_entries(entries, seq)
     layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix)
@@ -109,7 +109,7 @@ def dedup_partition(
         snapshot=snapshot,
         seq=seq,
         version=result.version,
-        config=config.fingerprint(),
+        config=config.index_fingerprint(),
         parts=[layout.index_part_key(k) for k in shard_keys],
         docs=int(metrics["docs_in"]),
         kept=int(metrics["docs_out"]),

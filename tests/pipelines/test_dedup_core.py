@@ -31,6 +31,10 @@ def test_config_defaults_per_kind_and_profiles():
     assert web.url_dedup and not code.url_dedup and code.exact_match_on == "whitespace" and not code.lowercase
     assert DedupConfig(num_bands=20).num_bands == 20  # explicit values beat the kind defaults
     assert web.fingerprint() != code.fingerprint()
+    # the index only cares about fingerprint fields; the keep decision also about the verify threshold
+    assert web.index_fingerprint() == DedupConfig(verify_threshold=0.8).index_fingerprint()
+    assert web.fingerprint() != DedupConfig(verify_threshold=0.8).fingerprint()
+    assert web.index_fingerprint() != DedupConfig(ngram_size=4).index_fingerprint()
     assert (
         web.fingerprint() == DedupConfig(engine="spark", workers=7).fingerprint()
     )  # engine does not change results

@@ -27,6 +27,7 @@ from conftest_dedup import (  # tests/pipelines is on sys.path (prepend import m
 from infra.settings import load_profile, validate_stage
 from infra.store import LocalStore
 from pipelines.dedup import DedupConfig, dedup_partition
+from pipelines.dedup.index import IndexMismatchError
 
 A, B = "2024-10", "2024-05"
 
@@ -121,6 +122,10 @@ def test_backfill_first_processed_wins_reruns_are_idempotent_and_changes_flag_st
     versions = {p.parent.name for p in (store.root / f"dedup/web/index/{A}").rglob("*.parquet")}
     assert versions == {f"v-{changed.data_version}"}  # the replaced entry's parts are gone
 
+    # an index built with other shingles cannot be mixed in
+    with pytest.raises(IndexMismatchError, match="2024-05"):
+        dedup_partition(micro_config(ngram_size=4), store, "2025-01", input_prefix=f"web/filtered/{B}/kept")
+
 
 def test_code_files_use_code_defaults(tmp_path):
     store = LocalStore(tmp_path / "store")
@@ -173,16 +178,17 @@ def test_killed_run_then_rerun_equals_uninterrupted_run(tmp_path):
 
     script = tmp_path / "killed_run.py"
     script.write_text(_KILLED_RUN)
+    log = tmp_path / "killed_run.log"
     proc = subprocess.Popen(
         [sys.executable, str(script), str(killed.root), str(tmp_path)],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=log.open("wb"),
     )
     kept_dir = killed.root / f"dedup/web/{A}/kept"
     deadline = time.time() + 120
     while time.time() < deadline and len(list(kept_dir.glob("*.jsonl.gz"))) < 3:
-        assert proc.poll() is None, "the run finished before it could be killed"
+        assert proc.poll() is None, f"the run ended before it could be killed: {log.read_text()[-3000:]}"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -188,13 +188,21 @@ def test_synthetic_recall_rows_answer_from_context():
     assert 10 <= kinds["passkey"] <= 30 and 10 <= kinds["multikey"] <= 30
 
 
-def test_midtrain_stage_trains_from_parent_with_extended_rope(tmp_path):
+@pytest.fixture
+def one_torch_thread():
+    # On a shared 2-core box, 2 intra-op threads spin against other processes and run ~10x slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_midtrain_stage_trains_from_parent_with_extended_rope(tmp_path, one_torch_thread):
     from transformers import AutoConfig
 
     from training.model import ModelConfig, build_model, load_model
     from training.trainer import TrainerConfig
 
-    torch.set_num_threads(1)
     model_cfg = ModelConfig.for_size("micro", vocab_size=256, max_position_embeddings=64, eos_token_id=0)
     parent = tmp_path / "parent"
     build_model(model_cfg, seed=0).save_pretrained(parent)

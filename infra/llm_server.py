@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -270,6 +272,56 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.count("responses/chat")
         self._send(200, chat_completion_response(self.server.model.name, out, want_logprobs))
+
+
+@dataclass(frozen=True)
+class LlmEndpoint:
+    base_url: str
+    model: str
+    api_key: str | None = None
+
+
+def llm_endpoint_from_env(prefix: str = "CRUCIBLE_JUDGE") -> LlmEndpoint | None:
+    """`<PREFIX>_URL`, `<PREFIX>_MODEL`, `<PREFIX>_API_KEY` from the environment (None when no URL is set)."""
+    import os
+
+    url = os.environ.get(f"{prefix}_URL")
+    if not url:
+        return None
+    return LlmEndpoint(url, os.environ.get(f"{prefix}_MODEL", "default"), os.environ.get(f"{prefix}_API_KEY"))
+
+
+@contextmanager
+def llm_server_process(*args: str, cwd: Path | None = None, startup_timeout_s: float = 120) -> Iterator[str]:
+    """Run `python -m infra.llm_server ARGS` in its own process group on a free port; yields its URL and
+    stops it (by pid) on exit. For tests and for a local judge endpoint next to a pipeline run."""
+    import os
+    import signal
+    import subprocess
+
+    from infra.settings import REPO_ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.llm_server", "--host", "127.0.0.1", "--port", "0", *args],
+        cwd=cwd or REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )
+    try:
+        ready = threading.Timer(startup_timeout_s, proc.kill)  # a server that never prints is killed
+        ready.start()
+        line = proc.stdout.readline() if proc.stdout else ""
+        ready.cancel()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"infra.llm_server {' '.join(args)} did not start (exit {proc.poll()}): {line!r}")
+        yield line.split("listening on ", 1)[1].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def load_factory(spec: str) -> ChatModel:

@@ -132,7 +132,9 @@ class JudgeClient:
             for text in CONTENT_FREE_INPUTS:
                 h = document_hash("\x00content-free\x00" + text)
                 entry = self.cache.get(h)
-                if entry is None:
+                if entry is not None:
+                    self.counts["cache_hits"] += 1
+                else:
                     try:
                         entry = self._ask(text, h)
                     except (JudgeCallFailed, BudgetExceeded):

@@ -26,10 +26,15 @@ from classifiers.binary_metrics import roc_auc
 from classifiers.judge.client import JudgeClient
 from classifiers.judge.judge_config import JudgeConfig, build_judge
 from classifiers.labelled_text import LabelledText, TrainedClassifier, source_counts, split_by_group
-from classifiers.world_knowledge import WorldKnowledgeClassifier, WorldKnowledgeParams, train_world_knowledge_classifier
+from classifiers.world_knowledge import (
+    WorldKnowledgeClassifier,
+    WorldKnowledgeParams,
+    train_world_knowledge_classifier,
+)
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.knowledge.document_shards import read_documents, write_documents
+from pipelines.knowledge.wikipedia_dump import gensim_sample_dump
 from pipelines.knowledge.world_knowledge_data import (
     dictionary_examples,
     document_group,
@@ -37,7 +42,6 @@ from pipelines.knowledge.world_knowledge_data import (
     web_examples,
     wikipedia_examples,
 )
-from pipelines.knowledge.wikipedia_dump import gensim_sample_dump
 
 log = logging.getLogger(__name__)
 

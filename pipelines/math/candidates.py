@@ -14,7 +14,7 @@ from pathlib import Path
 from infra.local_web import fetch_doc_package
 from infra.store import ObjectStore
 from pipelines.knowledge.document_shards import read_documents
-from pipelines.math.doc_pages import MATH_DOC_PACKAGES, champ_problems, iter_doc_pages
+from pipelines.math.doc_pages import MATH_DOC_PACKAGES, champ_problems, doc_page_paths, iter_doc_pages
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +31,21 @@ def web_candidates(store: ObjectStore, prefixes: list[str], min_chars: int, stat
     return out
 
 
-def doc_package_candidates(package: str, min_chars: int, cache_dir: Path | None = None) -> list[dict]:
-    """Main text of each HTML page of a Debian math documentation package (see MATH_DOC_PACKAGES)."""
+def doc_package_candidates(package: str, min_chars: int, max_docs: int | None = None, seed: int = 0,
+                           cache_dir: Path | None = None) -> list[dict]:
+    """Main text of HTML pages of a Debian math documentation package (see MATH_DOC_PACKAGES): a seeded
+    sample of at most `max_docs` pages, parsed lazily so a small sample stays cheap."""
     root = fetch_doc_package(package, cache_dir)
     html_root = root / MATH_DOC_PACKAGES[package]
+    paths = doc_page_paths(html_root)
+    random.Random(seed).shuffle(paths)
     out = []
-    for page in iter_doc_pages(html_root, min_chars=min_chars):
+    for page in iter_doc_pages(html_root, min_chars=min_chars, paths=paths):
         rel = str(Path(page.path).relative_to(html_root))
         out.append({"text": page.main_text, "id": f"{package}:{rel}",
                     "metadata": {"source": package, "path": rel, "title": page.title}})
+        if max_docs is not None and len(out) >= max_docs:
+            break
     return out
 
 
@@ -55,7 +61,7 @@ def gather_candidates(store: ObjectStore, web_prefixes: list[str], doc_packages:
     """All candidates, at most `max_per_source` per source (a seeded sample), counted per source."""
     by_source: dict[str, list[dict]] = {"web": web_candidates(store, web_prefixes, min_chars, stats)}
     for package in doc_packages:
-        by_source[package] = doc_package_candidates(package, min_chars, cache_dir)
+        by_source[package] = doc_package_candidates(package, min_chars, max_per_source, seed, cache_dir)
     if use_champ:
         by_source["champ-dataset"] = champ_candidates()
     out = []

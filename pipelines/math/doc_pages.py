@@ -83,11 +83,15 @@ def parse_html_page(path: Path) -> HtmlPage:
     return HtmlPage(str(path), title, element_text(main), "\n".join(c for c in chrome if c))
 
 
-def iter_doc_pages(root: Path, min_chars: int = 400) -> Iterator[HtmlPage]:
-    """HTML pages under `root` (sorted, so runs are reproducible) whose main text has >= min_chars."""
-    for path in sorted(Path(root).rglob("*.html")):
-        if path.name in {"genindex.html", "search.html", "py-modindex.html"}:
-            continue
+def doc_page_paths(root: Path) -> list[Path]:
+    """HTML files under `root`, sorted (reproducible), without index/search pages."""
+    return [p for p in sorted(Path(root).rglob("*.html"))
+            if p.name not in {"genindex.html", "search.html", "py-modindex.html"}]
+
+
+def iter_doc_pages(root: Path, min_chars: int = 400, paths: list[Path] | None = None) -> Iterator[HtmlPage]:
+    """Pages (all under `root`, or just `paths`) whose main text has >= min_chars."""
+    for path in paths if paths is not None else doc_page_paths(root):
         page = parse_html_page(path)
         if len(page.main_text) >= min_chars:
             yield page

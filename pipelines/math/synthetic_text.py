@@ -4,7 +4,7 @@ Each rule names the reason a document is dropped; the first rule that fires wins
 - `assistant_phrases`: chat-assistant tells ("as an AI language model", "I hope this helps", "Certainly! Here").
 - `llm_stock_phrases`: a high density of stock LLM prose ("delve into", "it is important to note",
   "a testament to", "in conclusion") per 1,000 words.
-- `template_placeholders`: unfilled template slots ("{{name}}", "[INSERT ...]", "lorem ipsum", "%s").
+- `template_placeholders`: unfilled template slots ("{{name}}", "[INSERT ...]", "lorem ipsum", "{first_name}").
 - `template_repetition`: most sentences share one skeleton once digits are masked ("The sum of 3 and 4 is
   7." x 50): text generated from a template, which teaches nothing the first sentence did not.
 """
@@ -33,7 +33,7 @@ _STOCK = re.compile(
 )
 _PLACEHOLDER = re.compile(
     r"\{\{\s*\w+\s*\}\}|\[(?:insert|your|name of|placeholder)[^\]]{0,40}\]|lorem ipsum|<placeholder>|"
-    r"\{(?:name|title|topic|number|value)\}|%s\b",
+    r"\{(?:name|title|topic|first_name|product)\}",  # not `%s` / `{x}`: code examples use them
     re.IGNORECASE,
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")

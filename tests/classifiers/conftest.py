@@ -3,15 +3,12 @@ subprocess on 127.0.0.1, and a persistent cache for Debian packages used as text
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import requests
 
+from infra.llm_server import llm_server_process
 from infra.settings import REPO_ROOT
 
 
@@ -21,27 +18,6 @@ def debian_cache() -> Path:
     path = REPO_ROOT / ".crucible" / "cache" / "debian-docs"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def start_llm_server(*args: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.llm_server", "--host", "127.0.0.1", "--port", "0", *args],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-    )
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError(f"llm_server did not start: {line!r}")
-    return proc, line.split("listening on ", 1)[1].strip()
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)  # its own process group: started with start_new_session
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 class JudgeServer:
@@ -58,8 +34,5 @@ class JudgeServer:
 @pytest.fixture(scope="module")
 def judge_server():
     """The flaky keyword scorer (tests/classifiers/judge_models.py) behind a real HTTP server."""
-    proc, url = start_llm_server("--factory", "tests.classifiers.judge_models:flaky_keyword_scorer")
-    try:
+    with llm_server_process("--factory", "tests.classifiers.judge_models:flaky_keyword_scorer") as url:
         yield JudgeServer(url)
-    finally:
-        stop_server(proc)

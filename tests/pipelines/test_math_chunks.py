@@ -59,7 +59,7 @@ NATURAL = ("Let f(x) = x^2. The derivative is f'(x) = 2x, which we find from the
         ("In this essay we delve into algebra. It is important to note that algebra plays a crucial role. "
          "Moreover, it is a testament to human ingenuity. In conclusion, algebra is multifaceted.",
          "llm_stock_phrases"),
-        ("Dear {{name}}, your score on the {topic} quiz is ready. " + NATURAL, "template_placeholders"),
+        ("Dear {first_name}, your score on the [INSERT QUIZ NAME] quiz is ready. " + NATURAL, "template_placeholders"),
         (" ".join(f"The sum of {i} and {i + 1} is {2 * i + 1}." for i in range(30)), "template_repetition"),
     ],
 )

@@ -47,8 +47,13 @@ def file_sha256(path: Path) -> str:
 class SentenceEmbedder:
     """all-MiniLM-L6-v2 on CPU: 384-d normalised mean-pooled embeddings."""
 
-    def __init__(self, model_dir: Path | None = None, max_seq_length: int = 256, batch_size: int = 32,
-                 check_hash: bool = True):
+    def __init__(
+        self,
+        model_dir: Path | None = None,
+        max_seq_length: int = 256,
+        batch_size: int = 32,
+        check_hash: bool = True,
+    ):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
         from sentence_transformers import SentenceTransformer
 
@@ -67,8 +72,13 @@ class SentenceEmbedder:
     def embed(self, texts: list[str], show_progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
-        return self.model.encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                 show_progress_bar=show_progress, convert_to_numpy=True).astype(np.float32)
+        return self.model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+        ).astype(np.float32)
 
 
 @dataclass
@@ -87,8 +97,14 @@ class LinearHead:
     def save(self, path: Path, meta: dict | None = None) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, weights=self.weights, bias=np.array([self.bias]), mean=self.mean, scale=self.scale,
-                 meta=np.array(json.dumps(meta or {})))
+        np.savez(
+            path,
+            weights=self.weights,
+            bias=np.array([self.bias]),
+            mean=self.mean,
+            scale=self.scale,
+            meta=np.array(json.dumps(meta or {})),
+        )
         return path
 
     @classmethod
@@ -97,8 +113,14 @@ class LinearHead:
         return cls(data["weights"], float(data["bias"][0]), data["mean"], data["scale"])
 
 
-def train_linear_head(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2, epochs: int = 500,
-                      lr: float = 0.5, balance: bool = True) -> LinearHead:
+def train_linear_head(
+    features: np.ndarray,
+    labels: np.ndarray,
+    l2: float = 1e-2,
+    epochs: int = 500,
+    lr: float = 0.5,
+    balance: bool = True,
+) -> LinearHead:
     """L2-regularised logistic regression by full-batch gradient descent (convex: same data, same head).
 
     `balance` weights classes equally, so a head trained on 5:1 data does not just predict the majority.
@@ -108,8 +130,11 @@ def train_linear_head(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2
     mean, scale = x.mean(0), x.std(0) + 1e-6
     x = (x - mean) / scale
     n_pos, n_neg = y.sum(), len(y) - y.sum()
-    sample_w = np.where(y > 0, len(y) / (2 * max(n_pos, 1)), len(y) / (2 * max(n_neg, 1))) if balance \
+    sample_w = (
+        np.where(y > 0, len(y) / (2 * max(n_pos, 1)), len(y) / (2 * max(n_neg, 1)))
+        if balance
         else np.ones(len(y))
+    )
     w = np.zeros(x.shape[1])
     b = 0.0
     for _ in range(epochs):
@@ -120,8 +145,13 @@ def train_linear_head(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2
     return LinearHead(w.astype(np.float32), float(b), mean.astype(np.float32), scale.astype(np.float32))
 
 
-def train_embedding_quality_classifier(splits: dict[str, list], out_dir: Path, embedder: SentenceEmbedder,
-                                       name: str = "embedding_quality", l2: float = 1e-2):
+def train_embedding_quality_classifier(
+    splits: dict[str, list],
+    out_dir: Path,
+    embedder: SentenceEmbedder,
+    name: str = "embedding_quality",
+    l2: float = 1e-2,
+):
     """The linear head on MiniLM embeddings, trained / thresholded / evaluated on the same splits as
     fastText (`splits` of `LabelledText`); returns a `TrainedClassifier` with the head as its model file."""
     from classifiers.binary_metrics import best_f1_threshold
@@ -132,8 +162,14 @@ def train_embedding_quality_classifier(splits: dict[str, list], out_dir: Path, e
     valid_key = "valid" if splits.get("valid") else "train"
     threshold = best_f1_threshold([e.label for e in splits[valid_key]], head.predict_proba(feats[valid_key]))
     metrics, per_source = held_out_report(splits["test"], head.predict_proba(feats["test"]), threshold)
-    path = head.save(Path(out_dir) / f"{name}_head.npz",
-                     meta={"embedder": "all-MiniLM-L6-v2", "package": MINILM_PACKAGE,
-                           "weights_sha256": embedder.weights_sha256, "threshold": threshold})
+    path = head.save(
+        Path(out_dir) / f"{name}_head.npz",
+        meta={
+            "embedder": "all-MiniLM-L6-v2",
+            "package": MINILM_PACKAGE,
+            "weights_sha256": embedder.weights_sha256,
+            "threshold": threshold,
+        },
+    )
     log.info("%s: held-out AUC %.4f F1 %.3f", name, metrics["auc"], metrics["f1"])
     return TrainedClassifier(name, path, threshold, metrics, per_source, {"model": path})

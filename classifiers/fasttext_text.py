@@ -29,10 +29,14 @@ class FastTextParams(BaseModel):
     min_count: int = Field(2, ge=1, description="Minimum word count")
     minn: int = Field(0, ge=0, description="Min char n-gram (0 = off)")
     maxn: int = Field(0, ge=0, description="Max char n-gram (0 = off)")
-    bucket: int = Field(200_000, ge=0, description="Hash buckets for n-grams (default 2M makes ~400 MB models)")
+    bucket: int = Field(
+        200_000, ge=0, description="Hash buckets for n-grams (default 2M makes ~400 MB models)"
+    )
     loss: str = Field("softmax", description="softmax | ova | hs | ns")
     max_tokens: int = Field(400, ge=10, description="Tokens per example kept (rest cut)")
-    quantize: bool = Field(False, description="Quantize the saved model (.ftz), smaller and a bit less accurate")
+    quantize: bool = Field(
+        False, description="Quantize the saved model (.ftz), smaller and a bit less accurate"
+    )
 
 
 def fasttext_line(text: str, max_tokens: int = 400) -> str:
@@ -40,8 +44,9 @@ def fasttext_line(text: str, max_tokens: int = 400) -> str:
     return " ".join(_TOKEN.findall(text.lower())[:max_tokens])
 
 
-def train_fasttext(texts: list[str], labels: list[str], out_path: Path, params: FastTextParams | None = None,
-                   seed: int = 0) -> Path:
+def train_fasttext(
+    texts: list[str], labels: list[str], out_path: Path, params: FastTextParams | None = None, seed: int = 0
+) -> Path:
     """Train a supervised model on (text, label) pairs and save it to `out_path` (.bin or .ftz)."""
     import fasttext
 
@@ -57,9 +62,19 @@ def train_fasttext(texts: list[str], labels: list[str], out_path: Path, params: 
         train_file = fh.name
     try:
         model = fasttext.train_supervised(
-            input=train_file, epoch=params.epoch, lr=params.lr, dim=params.dim, wordNgrams=params.word_ngrams,
-            minCount=params.min_count, minn=params.minn, maxn=params.maxn, bucket=params.bucket,
-            loss=params.loss, thread=1, seed=seed, verbose=0,
+            input=train_file,
+            epoch=params.epoch,
+            lr=params.lr,
+            dim=params.dim,
+            wordNgrams=params.word_ngrams,
+            minCount=params.min_count,
+            minn=params.minn,
+            maxn=params.maxn,
+            bucket=params.bucket,
+            loss=params.loss,
+            thread=1,
+            seed=seed,
+            verbose=0,
         )
         if params.quantize:
             model.quantize(input=train_file, retrain=False, cutoff=100_000)

@@ -32,8 +32,9 @@ def group_split(group: str, seed: int, fractions: dict[str, float]) -> str:
     return list(fractions)[-1]
 
 
-def split_by_group(examples: list[LabelledText], seed: int = 0,
-                   fractions: dict[str, float] | None = None) -> dict[str, list[LabelledText]]:
+def split_by_group(
+    examples: list[LabelledText], seed: int = 0, fractions: dict[str, float] | None = None
+) -> dict[str, list[LabelledText]]:
     """{'train', 'valid', 'test'} (or the given fractions' names) with no group in two splits."""
     fractions = fractions or {"train": 0.7, "valid": 0.1, "test": 0.2}
     out: dict[str, list[LabelledText]] = {name: [] for name in fractions}
@@ -59,7 +60,9 @@ class TrainedClassifier:
     files: dict[str, Path] = field(default_factory=dict)  # every file to log (model, extra metadata)
 
 
-def held_out_report(test: list[LabelledText], scores, threshold: float) -> tuple[dict[str, float], list[dict]]:
+def held_out_report(
+    test: list[LabelledText], scores, threshold: float
+) -> tuple[dict[str, float], list[dict]]:
     """Binary metrics on the held-out split, plus one row per source (how each source is scored)."""
     import numpy as np
 
@@ -71,7 +74,13 @@ def held_out_report(test: list[LabelledText], scores, threshold: float) -> tuple
     rows = []
     for source in sorted({e.source for e in test}):
         idx = np.array([e.source == source for e in test])
-        rows.append({"source": source, "label": int(labels[idx][0]), "n": int(idx.sum()),
-                     "mean_score": round(float(scores[idx].mean()), 3),
-                     "above_threshold": round(float((scores[idx] >= threshold).mean()), 3)})
+        rows.append(
+            {
+                "source": source,
+                "label": int(labels[idx][0]),
+                "n": int(idx.sum()),
+                "mean_score": round(float(scores[idx].mean()), 3),
+                "above_threshold": round(float((scores[idx] >= threshold).mean()), 3),
+            }
+        )
     return metrics, rows

@@ -26,8 +26,9 @@ NEGATIVE = "other"
 class WorldKnowledgeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fasttext: FastTextParams = Field(
-        default_factory=lambda: FastTextParams(epoch=15, lr=0.5, dim=64, word_ngrams=2, min_count=2,
-                                               minn=3, maxn=5, bucket=200_000),
+        default_factory=lambda: FastTextParams(
+            epoch=15, lr=0.5, dim=64, word_ngrams=2, min_count=2, minn=3, maxn=5, bucket=200_000
+        ),
         description="fastText hyper-parameters",
     )
     threshold: float | None = Field(
@@ -35,24 +36,40 @@ class WorldKnowledgeParams(BaseModel):
     )
 
 
-def train_world_knowledge_classifier(splits: dict[str, list[LabelledText]], out_dir: Path,
-                                     params: WorldKnowledgeParams | None = None, seed: int = 0
-                                     ) -> TrainedClassifier:
+def train_world_knowledge_classifier(
+    splits: dict[str, list[LabelledText]],
+    out_dir: Path,
+    params: WorldKnowledgeParams | None = None,
+    seed: int = 0,
+) -> TrainedClassifier:
     """Train on splits['train'], pick the threshold on splits['valid'], report on splits['test']."""
     params = params or WorldKnowledgeParams()
     train = splits["train"]
-    path = train_fasttext([e.text for e in train], [POSITIVE if e.label else NEGATIVE for e in train],
-                          Path(out_dir) / "world_knowledge.bin", params.fasttext, seed=seed)
+    path = train_fasttext(
+        [e.text for e in train],
+        [POSITIVE if e.label else NEGATIVE for e in train],
+        Path(out_dir) / "world_knowledge.bin",
+        params.fasttext,
+        seed=seed,
+    )
     clf = WorldKnowledgeClassifier(path, threshold=0.5, max_tokens=params.fasttext.max_tokens)
     threshold = params.threshold
     if threshold is None:
         valid = splits.get("valid") or train
         threshold = best_f1_threshold([e.label for e in valid], clf.score([e.text for e in valid]))
     clf.threshold = threshold
-    metrics, per_source = held_out_report(splits["test"], clf.score([e.text for e in splits["test"]]), threshold)
-    log.info("world knowledge fastText: held-out AUC %.4f F1 %.3f at %.3f", metrics["auc"], metrics["f1"],
-             threshold)
-    return TrainedClassifier("world_knowledge_fasttext", path, threshold, metrics, per_source, {"model": path})
+    metrics, per_source = held_out_report(
+        splits["test"], clf.score([e.text for e in splits["test"]]), threshold
+    )
+    log.info(
+        "world knowledge fastText: held-out AUC %.4f F1 %.3f at %.3f",
+        metrics["auc"],
+        metrics["f1"],
+        threshold,
+    )
+    return TrainedClassifier(
+        "world_knowledge_fasttext", path, threshold, metrics, per_source, {"model": path}
+    )
 
 
 class WorldKnowledgeClassifier:

@@ -50,7 +50,9 @@ class ChatOutput:
 class ChatModel(Protocol):
     name: str
 
-    def chat(self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int) -> ChatOutput:
+    def chat(
+        self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int
+    ) -> ChatOutput:
         """Answer a chat; `top_logprobs` > 0 asks for the top alternatives at each generated position."""
 
 
@@ -61,8 +63,9 @@ class TransformersChatModel:
     tokens right after the prompt, which is how a judge reads a score without sampling.
     """
 
-    def __init__(self, path: str | Path, threads: int | None = None, max_input_tokens: int = 2048,
-                 seed: int = 0):
+    def __init__(
+        self, path: str | Path, threads: int | None = None, max_input_tokens: int = 2048, seed: int = 0
+    ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -83,8 +86,9 @@ class TransformersChatModel:
         log.info("loaded %s in %.1f s", self.name, time.time() - started)
 
     def prompt_ids(self, messages: list[dict]):
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         if hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)[-self.max_input_tokens :]
@@ -95,8 +99,9 @@ class TransformersChatModel:
             raise ValueError(f"{text!r} is not a single token for {self.name}: {ids}")
         return ids[0]
 
-    def next_token_logprobs(self, messages: list[dict], candidates: list[str], assistant_prefix: str = ""
-                            ) -> tuple[dict[str, float], int]:
+    def next_token_logprobs(
+        self, messages: list[dict], candidates: list[str], assistant_prefix: str = ""
+    ) -> tuple[dict[str, float], int]:
         """Log-probabilities of each candidate as the first answer token, and the prompt's token count."""
         import torch
 
@@ -108,17 +113,24 @@ class TransformersChatModel:
         logprobs = torch.log_softmax(logits, dim=-1)
         return {c: float(logprobs[self.token_id(c)]) for c in candidates}, len(ids)
 
-    def chat(self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
-             ) -> ChatOutput:
+    def chat(
+        self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
+    ) -> ChatOutput:
         import torch
 
         ids = self.prompt_ids(messages)
         with self._lock, torch.no_grad():
             torch.manual_seed(self.seed)
             out = self.model.generate(
-                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=max_tokens, do_sample=temperature > 0, temperature=temperature or None,
-                top_p=None, top_k=None, output_logits=True, return_dict_in_generate=True,
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=max_tokens,
+                do_sample=temperature > 0,
+                temperature=temperature or None,
+                top_p=None,
+                top_k=None,
+                output_logits=True,
+                return_dict_in_generate=True,
                 pad_token_id=self.tokenizer.eos_token_id,
             )
         new_ids = out.sequences[0, len(ids) :].tolist()
@@ -131,13 +143,19 @@ class TransformersChatModel:
             for tok_id, step_logits in zip(new_ids, out.logits, strict=False):
                 lp = torch.log_softmax(step_logits[0].float(), dim=-1)
                 top = torch.topk(lp, top_logprobs)
-                logprobs.append(TokenLogprob(
-                    self.tokenizer.decode([tok_id]), float(lp[tok_id]),
-                    [(self.tokenizer.decode([int(i)]), float(v)) for v, i in zip(top.values, top.indices,
-                                                                                   strict=True)],
-                ))
-        return ChatOutput(self.tokenizer.decode(new_ids, skip_special_tokens=True), len(ids), len(new_ids),
-                          logprobs, finish)
+                logprobs.append(
+                    TokenLogprob(
+                        self.tokenizer.decode([tok_id]),
+                        float(lp[tok_id]),
+                        [
+                            (self.tokenizer.decode([int(i)]), float(v))
+                            for v, i in zip(top.values, top.indices, strict=True)
+                        ],
+                    )
+                )
+        return ChatOutput(
+            self.tokenizer.decode(new_ids, skip_special_tokens=True), len(ids), len(new_ids), logprobs, finish
+        )
 
 
 _MATH_WORDS = re.compile(
@@ -159,8 +177,9 @@ class KeywordScorerModel:
         density = (3 * len(_MATH_WORDS.findall(text)) + 0.5 * len(_MATH_SYMBOLS.findall(text))) / words
         return max(0, min(5, int(density * 10)))
 
-    def chat(self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
-             ) -> ChatOutput:
+    def chat(
+        self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
+    ) -> ChatOutput:
         user = next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
         doc = user.split("<document>")[-1].split("</document>")[0]  # score the document, not the rubric
         score = self.score(doc)
@@ -193,19 +212,37 @@ class OpenAICompatibleServer(ThreadingHTTPServer):
 
 def chat_completion_response(model_name: str, out: ChatOutput, want_logprobs: bool) -> dict:
     """An OpenAI `chat.completion` object for one choice."""
-    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                              "finish_reason": out.finish_reason, "logprobs": None}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {"role": "assistant", "content": out.text},
+        "finish_reason": out.finish_reason,
+        "logprobs": None,
+    }
     if want_logprobs and out.logprobs is not None:
-        choice["logprobs"] = {"content": [
-            {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
-             "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in t.top]}
-            for t in out.logprobs
-        ]}
+        choice["logprobs"] = {
+            "content": [
+                {
+                    "token": t.token,
+                    "logprob": t.logprob,
+                    "bytes": list(t.token.encode()),
+                    "top_logprobs": [
+                        {"token": a, "logprob": lp, "bytes": list(a.encode())} for a, lp in t.top
+                    ],
+                }
+                for t in out.logprobs
+            ]
+        }
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-        "model": model_name, "choices": [choice],
-        "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                  "total_tokens": out.prompt_tokens + out.completion_tokens},
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "total_tokens": out.prompt_tokens + out.completion_tokens,
+        },
     }
 
 
@@ -232,8 +269,13 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(200, {"status": "ok"})
         elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.server.model.name, "object": "model",
-                                                         "owned_by": "crucible"}]})
+            self._send(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.server.model.name, "object": "model", "owned_by": "crucible"}],
+                },
+            )
         elif self.path == "/stats":
             with self.server.stats_lock:
                 self._send(200, dict(self.server.stats))
@@ -263,9 +305,12 @@ class _Handler(BaseHTTPRequestHandler):
         top = int(body.get("top_logprobs") or 0) if want_logprobs else 0
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         try:
-            out = self.server.model.chat(messages, max_tokens=max_tokens,
-                                         temperature=float(body.get("temperature") or 0.0),
-                                         top_logprobs=max(top, 1) if want_logprobs else 0)
+            out = self.server.model.chat(
+                messages,
+                max_tokens=max_tokens,
+                temperature=float(body.get("temperature") or 0.0),
+                top_logprobs=max(top, 1) if want_logprobs else 0,
+            )
         except Exception as exc:  # a model failure is the client's 500, not a dead server
             log.exception("model failed")
             self._error(500, f"model failed: {exc}")
@@ -303,7 +348,10 @@ def llm_server_process(*args: str, cwd: Path | None = None, startup_timeout_s: f
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "infra.llm_server", "--host", "127.0.0.1", "--port", "0", *args],
-        cwd=cwd or REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=cwd or REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
         start_new_session=True,
     )
     try:
@@ -312,7 +360,9 @@ def llm_server_process(*args: str, cwd: Path | None = None, startup_timeout_s: f
         line = proc.stdout.readline() if proc.stdout else ""
         ready.cancel()
         if not line.startswith("listening on "):
-            raise RuntimeError(f"infra.llm_server {' '.join(args)} did not start (exit {proc.poll()}): {line!r}")
+            raise RuntimeError(
+                f"infra.llm_server {' '.join(args)} did not start (exit {proc.poll()}): {line!r}"
+            )
         yield line.split("listening on ", 1)[1].strip()
     finally:
         if proc.poll() is None:
@@ -331,7 +381,9 @@ def load_factory(spec: str) -> ChatModel:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--gguf", help="a GGUF model file")
     which.add_argument("--hf-dir", help="a Hugging Face model directory")

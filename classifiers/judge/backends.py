@@ -51,9 +51,19 @@ class JudgeBackend(Protocol):
 class OpenAIChatBackend:
     """`POST {base_url}/chat/completions` (vLLM, SGLang, llama.cpp server, hosted APIs, infra/llm_server)."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 60.0,
-                 max_retries: int = 4, backoff_s: float = 1.0, max_backoff_s: float = 30.0,
-                 max_tokens: int = 8, top_logprobs: int = 10, seed: int = 0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 4,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        max_tokens: int = 8,
+        top_logprobs: int = 10,
+        seed: int = 0,
+    ):
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
@@ -94,8 +104,12 @@ class OpenAIChatBackend:
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
                 time.sleep(delay * (0.5 + self._rng.random() / 2))  # jitter: no thundering herd
             try:
-                resp = self._session().post(f"{self.base_url}/chat/completions", json=payload,
-                                            headers=self._headers, timeout=self.timeout_s)
+                resp = self._session().post(
+                    f"{self.base_url}/chat/completions",
+                    json=payload,
+                    headers=self._headers,
+                    timeout=self.timeout_s,
+                )
             except requests.Timeout:
                 timeouts += 1
                 last_error = f"timeout after {self.timeout_s}s"
@@ -130,7 +144,9 @@ def _read_completion(body: dict) -> BackendAnswer:
             top.setdefault(position["token"], float(position["logprob"]))
             break
     usage = body.get("usage") or {}
-    return BackendAnswer(text, top, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+    return BackendAnswer(
+        text, top, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    )
 
 
 class LocalModelBackend:
@@ -140,12 +156,15 @@ class LocalModelBackend:
     def __init__(self, model_path: str | Path, threads: int | None = None, max_input_tokens: int = 1024):
         from infra.llm_server import TransformersChatModel
 
-        self.chat_model = TransformersChatModel(model_path, threads=threads, max_input_tokens=max_input_tokens)
+        self.chat_model = TransformersChatModel(
+            model_path, threads=threads, max_input_tokens=max_input_tokens
+        )
         self.model_id = f"local:{self.chat_model.name}"
 
     def answer(self, prompt: JudgePrompt, document: str) -> BackendAnswer:
         candidates = [str(k) for k in range(prompt.max_score + 1)]
-        logprobs, n_prompt = self.chat_model.next_token_logprobs(prompt.messages(document), candidates,
-                                                                 assistant_prefix=prompt.answer_prefix)
+        logprobs, n_prompt = self.chat_model.next_token_logprobs(
+            prompt.messages(document), candidates, assistant_prefix=prompt.answer_prefix
+        )
         best = max(logprobs, key=logprobs.get)
         return BackendAnswer(best, logprobs, n_prompt, 1)

@@ -34,7 +34,9 @@ CONTENT_FREE_INPUTS = ("N/A", "", "[document]")
 
 class JudgeClientConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    batch_size: int = Field(32, ge=1, description="Documents per batch; the cache is flushed after each batch")
+    batch_size: int = Field(
+        32, ge=1, description="Documents per batch; the cache is flushed after each batch"
+    )
     concurrency: int = Field(1, ge=1, description="Judge calls in flight at once (threads)")
     max_calls: int | None = Field(None, ge=0, description="Budget cap: judge calls per run (None = no cap)")
     max_cost_usd: float | None = Field(None, ge=0, description="Budget cap in USD per run (None = no cap)")
@@ -42,7 +44,8 @@ class JudgeClientConfig(BaseModel):
     usd_per_million_completion_tokens: float = Field(0.0, ge=0, description="Price of completion tokens")
     max_document_chars: int = Field(2000, ge=100, description="Documents are cut to this many characters")
     calibrate: bool = Field(
-        True, description="Divide the score distribution by the judge's content-free prior (contextual calibration)"
+        True,
+        description="Divide the score distribution by the judge's content-free prior (contextual calibration)",
     )
     cache_prefix: str = Field("judge/cache", description="Store prefix of the judge cache")
     show_progress: bool = Field(True, description="tqdm progress bar")
@@ -62,8 +65,13 @@ class BudgetExceeded(Exception):
 
 
 class JudgeClient:
-    def __init__(self, backend: JudgeBackend, prompt: JudgePrompt, store: ObjectStore,
-                 config: JudgeClientConfig | None = None):
+    def __init__(
+        self,
+        backend: JudgeBackend,
+        prompt: JudgePrompt,
+        store: ObjectStore,
+        config: JudgeClientConfig | None = None,
+    ):
         self.backend = backend
         self.prompt = prompt
         self.config = config or JudgeClientConfig()
@@ -76,8 +84,10 @@ class JudgeClient:
     @property
     def cost_usd(self) -> float:
         c = self.config
-        return (self.counts["prompt_tokens"] * c.usd_per_million_prompt_tokens
-                + self.counts["completion_tokens"] * c.usd_per_million_completion_tokens) / 1e6
+        return (
+            self.counts["prompt_tokens"] * c.usd_per_million_prompt_tokens
+            + self.counts["completion_tokens"] * c.usd_per_million_completion_tokens
+        ) / 1e6
 
     def _reserve_call(self) -> None:
         with self._lock:
@@ -113,9 +123,15 @@ class JudgeClient:
             self.counts["prompt_tokens"] += ans.prompt_tokens
             self.counts["completion_tokens"] += ans.completion_tokens
             self.counts[f"parsed_by/{parsed.method}"] += 1
-        return CachedAnswer(doc_hash, ans.text[:200], parsed.score, parsed.method,
-                            list(parsed.digit_probs) if parsed.digit_probs else None,
-                            ans.prompt_tokens, ans.completion_tokens)
+        return CachedAnswer(
+            doc_hash,
+            ans.text[:200],
+            parsed.score,
+            parsed.method,
+            list(parsed.digit_probs) if parsed.digit_probs else None,
+            ans.prompt_tokens,
+            ans.completion_tokens,
+        )
 
     def _to_score(self, entry: CachedAnswer, status: str) -> JudgeScore:
         if entry.score is None:

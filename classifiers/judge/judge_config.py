@@ -20,7 +20,8 @@ class JudgeConfig(BaseModel):
         "local", description="local = a model in this process; openai = an OpenAI-compatible HTTP endpoint"
     )
     local_model: str | None = Field(
-        None, description="GGUF file or HF model dir for the local backend; None = packaged SmolLM2-135M-Instruct"
+        None,
+        description="GGUF file or HF model dir for the local backend; None = packaged SmolLM2-135M-Instruct",
     )
     local_threads: int | None = Field(None, ge=1, description="torch threads for the local backend")
     endpoint_env: str = Field(
@@ -30,7 +31,9 @@ class JudgeConfig(BaseModel):
     max_retries: int = Field(4, ge=0, description="Retries per judge call (timeouts, 5xx, malformed bodies)")
     backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles per retry (with jitter)")
     top_logprobs: int = Field(10, ge=0, le=20, description="Ask the endpoint for first-token alternatives")
-    client: JudgeClientConfig = Field(default_factory=JudgeClientConfig, description="Batching, budget, cache")
+    client: JudgeClientConfig = Field(
+        default_factory=JudgeClientConfig, description="Batching, budget, cache"
+    )
     gate: GateConfig = Field(default_factory=GateConfig, description="Probe-set quality gate")
 
 
@@ -48,12 +51,19 @@ def build_backend(config: JudgeConfig) -> JudgeBackend:
             f"judge backend 'openai' needs {config.endpoint_env}_URL (and _MODEL, _API_KEY) in the environment, "
             "e.g. a vLLM / SGLang / llama.cpp server, or `python -m infra.llm_server --gguf FILE`"
         )
-    return OpenAIChatBackend(endpoint.base_url, endpoint.model, endpoint.api_key, timeout_s=config.timeout_s,
-                             max_retries=config.max_retries, backoff_s=config.backoff_s,
-                             top_logprobs=config.top_logprobs)
+    return OpenAIChatBackend(
+        endpoint.base_url,
+        endpoint.model,
+        endpoint.api_key,
+        timeout_s=config.timeout_s,
+        max_retries=config.max_retries,
+        backoff_s=config.backoff_s,
+        top_logprobs=config.top_logprobs,
+    )
 
 
-def build_judge(config: JudgeConfig, store: ObjectStore, prompt_name: str,
-                backend: JudgeBackend | None = None) -> JudgeClient:
+def build_judge(
+    config: JudgeConfig, store: ObjectStore, prompt_name: str, backend: JudgeBackend | None = None
+) -> JudgeClient:
     """A JudgeClient for `prompt_name` (e.g. edu_math_v1); pass `backend` to share one loaded model."""
     return JudgeClient(backend or build_backend(config), load_prompt(prompt_name), store, config.client)

@@ -28,8 +28,9 @@ class ParsedScore:
     digit_probs: tuple[float, ...] | None = None  # renormalised P(score = 0..max), when log-probs were read
 
 
-def digit_distribution(top_logprobs: dict[str, float], max_score: int = 5, min_mass: float = 1e-4
-                       ) -> tuple[tuple[float, ...], float] | None:
+def digit_distribution(
+    top_logprobs: dict[str, float], max_score: int = 5, min_mass: float = 1e-4
+) -> tuple[tuple[float, ...], float] | None:
     """P(score = k) over "0".."max" from a token -> log-prob map, and the raw mass the digits held."""
     probs = [0.0] * (max_score + 1)
     for token, logprob in top_logprobs.items():
@@ -68,8 +69,9 @@ def parse_score_text(text: str, max_score: int = 5) -> float | None:
     return None
 
 
-def parse_judge_answer(text: str, top_logprobs: dict[str, float] | None = None, max_score: int = 5,
-                       min_digit_mass: float = 1e-4) -> ParsedScore:
+def parse_judge_answer(
+    text: str, top_logprobs: dict[str, float] | None = None, max_score: int = 5, min_digit_mass: float = 1e-4
+) -> ParsedScore:
     """Best reading of one answer; `top_logprobs` are the first answer token's alternatives, if any."""
     if top_logprobs:
         dist = digit_distribution(top_logprobs, max_score, min_digit_mass)

@@ -67,12 +67,17 @@ def parse_prompt_file(text: str, name: str) -> JudgePrompt:
             raise ValueError(f"prompt {name}: text before the first '### section': {line!r}")
     if "user" not in sections or "{document}" not in "\n".join(sections["user"]):
         raise ValueError(f"prompt {name}: needs a '### user' section containing {{document}}")
-    examples = [("\n".join(sections[f"_example_{i}"]).strip(), score) for i, (_, score) in enumerate(examples)]
+    examples = [
+        ("\n".join(sections[f"_example_{i}"]).strip(), score) for i, (_, score) in enumerate(examples)
+    ]
     prefix = "\n".join(sections.get("answer_prefix", [])).strip("\n")
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return JudgePrompt(
-        name=name, prompt_id=f"{name}-{digest}", system="\n".join(sections.get("system", [])).strip(),
-        user_template="\n".join(sections["user"]).strip(), examples=tuple(examples),
+        name=name,
+        prompt_id=f"{name}-{digest}",
+        system="\n".join(sections.get("system", [])).strip(),
+        user_template="\n".join(sections["user"]).strip(),
+        examples=tuple(examples),
         answer_prefix=prefix.rstrip("\n") + (" " if prefix.endswith(" ") else ""),
     )
 

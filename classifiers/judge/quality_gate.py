@@ -25,11 +25,19 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 class GateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    probe_set: str = Field("probe_edu_math_v1", description="Probe file in classifiers/data/ (without .jsonl)")
-    min_auc: float = Field(0.75, ge=0, le=1, description="Minimum probe AUC (grade >= positive_grade vs rest)")
-    min_spearman: float = Field(0.4, ge=-1, le=1, description="Minimum Spearman correlation with probe grades")
+    probe_set: str = Field(
+        "probe_edu_math_v1", description="Probe file in classifiers/data/ (without .jsonl)"
+    )
+    min_auc: float = Field(
+        0.75, ge=0, le=1, description="Minimum probe AUC (grade >= positive_grade vs rest)"
+    )
+    min_spearman: float = Field(
+        0.4, ge=-1, le=1, description="Minimum Spearman correlation with probe grades"
+    )
     positive_grade: int = Field(3, ge=1, le=5, description="Probes at or above this grade count as positives")
-    blocking: bool = Field(False, description="A failed gate blocks downstream (cluster) instead of warning (tiny)")
+    blocking: bool = Field(
+        False, description="A failed gate blocks downstream (cluster) instead of warning (tiny)"
+    )
     max_probes: int | None = Field(None, ge=4, description="Use only the first N probes (tests); None = all")
 
 
@@ -45,9 +53,13 @@ class GateResult:
     unscored: int = 0
 
     def metrics(self, prefix: str = "judge_gate/") -> dict[str, float]:
-        return {f"{prefix}auc": self.auc, f"{prefix}spearman": self.spearman,
-                f"{prefix}passed": float(self.passed), f"{prefix}n_probes": float(self.n_probes),
-                f"{prefix}unscored": float(self.unscored)}
+        return {
+            f"{prefix}auc": self.auc,
+            f"{prefix}spearman": self.spearman,
+            f"{prefix}passed": float(self.passed),
+            f"{prefix}n_probes": float(self.n_probes),
+            f"{prefix}unscored": float(self.unscored),
+        }
 
 
 def load_probe_set(name: str = "probe_edu_math_v1", data_dir: Path | None = None) -> list[dict]:
@@ -81,15 +93,26 @@ def evaluate_gate(probes: list[dict], scores: list[float | None], config: GateCo
     for kind in dict.fromkeys(p["kind"] for p in probes):
         ks = [s for p, s in pairs if p["kind"] == kind]
         grade = next(p["grade"] for p in probes if p["kind"] == kind)
-        per_kind.append({"kind": kind, "grade": grade, "n": len(ks),
-                         "mean_judge_score": round(sum(ks) / len(ks), 3) if ks else None})
+        per_kind.append(
+            {
+                "kind": kind,
+                "grade": grade,
+                "n": len(ks),
+                "mean_judge_score": round(sum(ks) / len(ks), 3) if ks else None,
+            }
+        )
     ok = auc == auc and rho == rho and auc >= config.min_auc and rho >= config.min_spearman
     verdict = "passed" if ok else ("FAILED (blocking)" if config.blocking else "FAILED (warning only)")
-    message = (f"judge quality gate {verdict}: probe AUC {auc:.3f} (bar {config.min_auc}), Spearman {rho:.3f} "
-               f"(bar {config.min_spearman}) on {len(pairs)} probes ({unscored} unscored)")
+    message = (
+        f"judge quality gate {verdict}: probe AUC {auc:.3f} (bar {config.min_auc}), Spearman {rho:.3f} "
+        f"(bar {config.min_spearman}) on {len(pairs)} probes ({unscored} unscored)"
+    )
     if not ok:
-        log.warning("!!! %s: the judge does not separate educational math from junk on known documents; "
-                    "its scores are close to noise. Use a stronger judge (cluster endpoint).", message)
+        log.warning(
+            "!!! %s: the judge does not separate educational math from junk on known documents; "
+            "its scores are close to noise. Use a stronger judge (cluster endpoint).",
+            message,
+        )
     else:
         log.info(message)
     return GateResult(ok, config.blocking, auc, rho, len(pairs), message, per_kind, unscored)

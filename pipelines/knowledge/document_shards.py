@@ -20,7 +20,9 @@ def shard_keys(store: ObjectStore, prefix: str) -> list[str]:
         return [k for k in store.list(prefix) if k.endswith((".jsonl.gz", ".jsonl"))]
     root = prefix.split("*", 1)[0].rsplit("/", 1)[0]
     pattern = prefix.rstrip("/") + "/*"
-    return [k for k in store.list(root) if k.endswith((".jsonl.gz", ".jsonl")) and fnmatch.fnmatch(k, pattern)]
+    return [
+        k for k in store.list(root) if k.endswith((".jsonl.gz", ".jsonl")) and fnmatch.fnmatch(k, pattern)
+    ]
 
 
 def read_documents(store: ObjectStore, prefix: str, limit: int | None = None) -> Iterator[dict]:
@@ -28,8 +30,11 @@ def read_documents(store: ObjectStore, prefix: str, limit: int | None = None) ->
     n = 0
     for key in shard_keys(store, prefix):
         data = store.get_bytes(key)
-        stream = gzip.open(io.BytesIO(data), "rt", encoding="utf-8") if key.endswith(".gz") \
+        stream = (
+            gzip.open(io.BytesIO(data), "rt", encoding="utf-8")
+            if key.endswith(".gz")
             else io.StringIO(data.decode("utf-8"))
+        )
         with stream:
             for line in stream:
                 if not line.strip():

@@ -74,7 +74,9 @@ def iter_dump_pages(path: Path) -> Iterator[dict]:
             yield page
 
 
-def read_wikipedia_articles(path: Path, min_chars: int = 200, stats: dict | None = None) -> Iterator[WikiArticle]:
+def read_wikipedia_articles(
+    path: Path, min_chars: int = 200, stats: dict | None = None
+) -> Iterator[WikiArticle]:
     """Main-namespace, non-redirect articles as plain text; `stats` counts what was skipped and why."""
     stats = stats if stats is not None else {}
     for page in iter_dump_pages(path):
@@ -94,15 +96,15 @@ def read_wikipedia_articles(path: Path, min_chars: int = 200, stats: dict | None
 
 _COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
 _REF = re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.DOTALL | re.IGNORECASE)
-_DROP_TAGS = re.compile(r"<(gallery|timeline|imagemap|score|syntaxhighlight|source)[^>]*>.*?</\1>", re.DOTALL | re.I)
+_DROP_TAGS = re.compile(
+    r"<(gallery|timeline|imagemap|score|syntaxhighlight|source)[^>]*>.*?</\1>", re.DOTALL | re.I
+)
 _TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
 _TABLE = re.compile(r"\{\|[^{}]*?\|\}", re.DOTALL)
 _FILE_LINK = re.compile(  # captions may hold single-bracket text like "[above]"
     r"\[\[(?:File|Image|Media|Category|[a-z]{2,3}(?:-[a-z]+)?):(?:[^\[\]]|\[[^\[\]]*\])*\]\]", re.IGNORECASE
 )
-_LINK = re.compile(
-    r"\[\[(?!(?:File|Image|Media|Category):)([^\[\]|]*)(?:\|([^\[\]]*))?\]\]", re.IGNORECASE
-)
+_LINK = re.compile(r"\[\[(?!(?:File|Image|Media|Category):)([^\[\]|]*)(?:\|([^\[\]]*))?\]\]", re.IGNORECASE)
 _EXT_LINK = re.compile(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]")
 _HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1\s*$", re.MULTILINE)
 _TAG = re.compile(r"</?[a-zA-Z][^>]*>")
@@ -112,8 +114,17 @@ _MAGIC = re.compile(r"__[A-Z]+__")
 _SPACES = re.compile(r"[ \t]+")
 _BLANKS = re.compile(r"\n\s*\n\s*")
 # Sections that list sources and links rather than prose.
-_TAIL_SECTIONS = ("references", "external links", "see also", "further reading", "notes", "bibliography",
-                  "sources", "footnotes", "citations")
+_TAIL_SECTIONS = (
+    "references",
+    "external links",
+    "see also",
+    "further reading",
+    "notes",
+    "bibliography",
+    "sources",
+    "footnotes",
+    "citations",
+)
 
 
 def _remove_nested(pattern: re.Pattern, text: str) -> str:

@@ -51,7 +51,9 @@ JUDGE_PROMPT = "world_knowledge_v1"
 
 class WorldKnowledgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    wikipedia_dump: str | None = Field(None, description="MediaWiki XML dump (.xml/.bz2); None = gensim's sample")
+    wikipedia_dump: str | None = Field(
+        None, description="MediaWiki XML dump (.xml/.bz2); None = gensim's sample"
+    )
     max_wikipedia_articles: int | None = Field(None, ge=1, description="Read at most this many articles")
     max_wikipedia_passages: int | None = Field(1500, ge=1, description="Seeded sample of Wikipedia passages")
     dictionaries: list[str] = Field(
@@ -59,24 +61,38 @@ class WorldKnowledgeConfig(BaseModel):
         description="Debian dictd packages used as encyclopedic positives",
     )
     max_passages_per_dictionary: int | None = Field(300, ge=1, description="Seeded sample per dictionary")
-    low_value_packages: list[str] = Field(["fortunes", "fortunes-min"], description="Fortune packages (negatives)")
+    low_value_packages: list[str] = Field(
+        ["fortunes", "fortunes-min"], description="Fortune packages (negatives)"
+    )
     max_low_value: int | None = Field(600, ge=1, description="Seeded sample of fortunes")
     web_prefixes: list[str] = Field(["web/filtered/*/kept/"], description="Crawled web documents (negatives)")
     max_web_docs: int | None = Field(2000, ge=1, description="Seeded sample of web negatives")
-    dropped_prefix: str = Field("web/filtered/{snapshot}/dropped/", description="Dropped web docs of a snapshot")
-    dropped_negative_fraction: float = Field(
-        0.0, ge=0, lt=1, description="Share of dropped docs (by id hash) used as negatives; those are never rescued"
+    dropped_prefix: str = Field(
+        "web/filtered/{snapshot}/dropped/", description="Dropped web docs of a snapshot"
     )
-    passage_min_chars: int = Field(300, ge=50, description="Wikipedia / dictionary passages: at least this long")
+    dropped_negative_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of dropped docs (by id hash) used as negatives; those are never rescued",
+    )
+    passage_min_chars: int = Field(
+        300, ge=50, description="Wikipedia / dictionary passages: at least this long"
+    )
     passage_max_chars: int = Field(1500, ge=100, description="... and at most this long")
     judge_sample_size: int = Field(0, ge=0, description="Web docs labelled by the LLM judge (0 = none)")
-    judge_positive_min: float = Field(4.0, ge=0, le=5, description="Judge score at or above: knowledge positive")
+    judge_positive_min: float = Field(
+        4.0, ge=0, le=5, description="Judge score at or above: knowledge positive"
+    )
     judge_negative_max: float = Field(1.0, ge=0, le=5, description="Judge score at or below: negative")
     judge: JudgeConfig = Field(default_factory=JudgeConfig, description="Judge used to label web samples")
     classifier: WorldKnowledgeParams = Field(default_factory=WorldKnowledgeParams, description="fastText")
     compare_embeddings: bool = Field(True, description="Also train the MiniLM linear head and compare")
     rescue_min_score: float | None = Field(
-        0.9, ge=0, le=1, description="P(knowledge) needed to rescue a dropped doc; None = the classifier threshold"
+        0.9,
+        ge=0,
+        le=1,
+        description="P(knowledge) needed to rescue a dropped doc; None = the classifier threshold",
     )
     output_prefix: str = Field("classifiers/world_knowledge", description="Store prefix for trained models")
     rescued_prefix: str = Field("knowledge/rescued", description="Store prefix for rescued documents")
@@ -90,34 +106,64 @@ def _dropped_used_for_training(doc: dict, config: WorldKnowledgeConfig) -> bool:
     return h < config.dropped_negative_fraction
 
 
-def assemble_examples(store: ObjectStore, config: WorldKnowledgeConfig, judge: JudgeClient | None = None,
-                      debian_cache: Path | None = None, stats: dict | None = None) -> list[LabelledText]:
+def assemble_examples(
+    store: ObjectStore,
+    config: WorldKnowledgeConfig,
+    judge: JudgeClient | None = None,
+    debian_cache: Path | None = None,
+    stats: dict | None = None,
+) -> list[LabelledText]:
     stats = stats if stats is not None else {}
     seed = config.seed
     dump = Path(config.wikipedia_dump) if config.wikipedia_dump else gensim_sample_dump()
-    examples = wikipedia_examples(dump, config.max_wikipedia_passages, seed, config.passage_min_chars,
-                                  config.passage_max_chars, config.max_wikipedia_articles, stats)
+    examples = wikipedia_examples(
+        dump,
+        config.max_wikipedia_passages,
+        seed,
+        config.passage_min_chars,
+        config.passage_max_chars,
+        config.max_wikipedia_articles,
+        stats,
+    )
     for package in config.dictionaries:
-        examples += dictionary_examples(package, config.max_passages_per_dictionary, seed,
-                                        config.passage_min_chars, config.passage_max_chars, debian_cache)
-    examples += fortune_examples(config.low_value_packages, config.max_low_value, seed, cache_dir=debian_cache)
+        examples += dictionary_examples(
+            package,
+            config.max_passages_per_dictionary,
+            seed,
+            config.passage_min_chars,
+            config.passage_max_chars,
+            debian_cache,
+        )
+    examples += fortune_examples(
+        config.low_value_packages, config.max_low_value, seed, cache_dir=debian_cache
+    )
     examples += web_examples(store, config.web_prefixes, "web/kept", config.max_web_docs, seed)
     if config.dropped_negative_fraction > 0:
-        examples += web_examples(store, [config.dropped_prefix.format(snapshot="*")], "web/dropped",
-                                 config.max_web_docs, seed, accept=lambda d: _dropped_used_for_training(d, config))
+        examples += web_examples(
+            store,
+            [config.dropped_prefix.format(snapshot="*")],
+            "web/dropped",
+            config.max_web_docs,
+            seed,
+            accept=lambda d: _dropped_used_for_training(d, config),
+        )
     if judge is not None and config.judge_sample_size:
         examples = judge_labelled_web(examples, judge, config, stats)
     return examples
 
 
-def judge_labelled_web(examples: list[LabelledText], judge: JudgeClient, config: WorldKnowledgeConfig,
-                       stats: dict) -> list[LabelledText]:
+def judge_labelled_web(
+    examples: list[LabelledText], judge: JudgeClient, config: WorldKnowledgeConfig, stats: dict
+) -> list[LabelledText]:
     """Relabel a seeded sample of web negatives by the judge: high scores become 'judge/web' positives,
     low scores stay negatives (as 'judge/web-low'), the uncertain middle is left out."""
     rng = np.random.default_rng(config.seed)
     web_idx = [i for i, e in enumerate(examples) if e.source.startswith("web/")]
-    chosen = set(rng.choice(web_idx, size=min(config.judge_sample_size, len(web_idx)), replace=False).tolist()) \
-        if web_idx else set()
+    chosen = (
+        set(rng.choice(web_idx, size=min(config.judge_sample_size, len(web_idx)), replace=False).tolist())
+        if web_idx
+        else set()
+    )
     order = sorted(chosen)
     scores = judge.score_texts([examples[i].text for i in order])
     relabelled: dict[int, LabelledText | None] = {}
@@ -142,9 +188,14 @@ def encyclopedic_vs_web_auc(test: list[LabelledText], scores) -> float:
     return roc_auc([test[i].source.startswith(ENCYCLOPEDIC) for i in idx], scores[idx])
 
 
-def train_world_knowledge(store: ObjectStore, config: WorldKnowledgeConfig, work_dir: Path,
-                          judge: JudgeClient | None = None, embedder=None, debian_cache: Path | None = None
-                          ) -> StageResult:
+def train_world_knowledge(
+    store: ObjectStore,
+    config: WorldKnowledgeConfig,
+    work_dir: Path,
+    judge: JudgeClient | None = None,
+    embedder=None,
+    debian_cache: Path | None = None,
+) -> StageResult:
     """Train + compare the classifiers; see the module docstring. Model files come back as artifacts."""
     started = time.time()
     work_dir = Path(work_dir)
@@ -171,7 +222,9 @@ def train_world_knowledge(store: ObjectStore, config: WorldKnowledgeConfig, work
         )
 
         embedder = embedder or SentenceEmbedder()
-        trained.append(train_embedding_quality_classifier(splits, work_dir, embedder, "world_knowledge_minilm"))
+        trained.append(
+            train_embedding_quality_classifier(splits, work_dir, embedder, "world_knowledge_minilm")
+        )
         head = LinearHead.load(trained[1].model_path)
         scorers[trained[1].name] = lambda texts: head.predict_proba(embedder.embed(texts))
 
@@ -184,10 +237,18 @@ def train_world_knowledge(store: ObjectStore, config: WorldKnowledgeConfig, work
         clf.metrics["auc_encyclopedic_vs_web"] = encyclopedic_vs_web_auc(splits["test"], scores)
         metrics.update({f"{clf.name}/{k}": float(v) for k, v in clf.metrics.items()})
         metrics[f"{clf.name}/ms_per_doc"] = per_doc_ms
-        rows.append({"classifier": clf.name, "auc_encyclopedic_vs_web": round(clf.metrics["auc_encyclopedic_vs_web"], 4),
-                     "auc_all": round(clf.metrics["auc"], 4), "precision": round(clf.metrics["precision"], 3),
-                     "recall": round(clf.metrics["recall"], 3), "f1": round(clf.metrics["f1"], 3),
-                     "threshold": round(clf.threshold, 3), "ms_per_doc": round(per_doc_ms, 3)})
+        rows.append(
+            {
+                "classifier": clf.name,
+                "auc_encyclopedic_vs_web": round(clf.metrics["auc_encyclopedic_vs_web"], 4),
+                "auc_all": round(clf.metrics["auc"], 4),
+                "precision": round(clf.metrics["precision"], 3),
+                "recall": round(clf.metrics["recall"], 3),
+                "f1": round(clf.metrics["f1"], 3),
+                "threshold": round(clf.threshold, 3),
+                "ms_per_doc": round(per_doc_ms, 3),
+            }
+        )
     for name, part in splits.items():
         metrics[f"examples/{name}"] = float(len(part))
     for key, n in source_counts(examples).items():
@@ -204,8 +265,15 @@ def train_world_knowledge(store: ObjectStore, config: WorldKnowledgeConfig, work
         store.put_file(key, clf.model_path)
         outputs[clf.name] = key
         artifacts[f"{clf.name}/{clf.model_path.name}"] = clf.model_path
-    card = {c.name: {"threshold": c.threshold, "model_key": outputs[c.name], "metrics": c.metrics,
-                     "per_source": c.per_source} for c in trained}
+    card = {
+        c.name: {
+            "threshold": c.threshold,
+            "model_key": outputs[c.name],
+            "metrics": c.metrics,
+            "per_source": c.per_source,
+        }
+        for c in trained
+    }
     card["data_version"] = data_version
     store.put_json(f"{prefix}model_card.json", card)
     outputs["model_card"] = f"{prefix}model_card.json"
@@ -214,20 +282,41 @@ def train_world_knowledge(store: ObjectStore, config: WorldKnowledgeConfig, work
     (work_dir / "model_card.json").write_text(json.dumps(card, indent=2, default=float))
     artifacts["classifier_comparison.md"] = work_dir / "classifier_comparison.md"
     artifacts["model_card.json"] = work_dir / "model_card.json"
-    report = "\n".join([
-        "## World-knowledge classifier", "",
-        "Held-out split by group (Wikipedia article, dictionary passage, web page); both classifiers see the "
-        "same train / valid / test documents.", "", table, "",
-        "### Held-out scores per source (fastText)", markdown_table(trained[0].per_source), "",
-        "### Training examples per source:label", markdown_table([{"source": k, "n": v} for k, v in
-                                                                 source_counts(examples).items()]),
-    ])
-    return StageResult(metrics, outputs, report, [], artifacts, data_version,
-                       extra={"thresholds": {c.name: c.threshold for c in trained}, "comparison": rows})
+    report = "\n".join(
+        [
+            "## World-knowledge classifier",
+            "",
+            "Held-out split by group (Wikipedia article, dictionary passage, web page); both classifiers see the "
+            "same train / valid / test documents.",
+            "",
+            table,
+            "",
+            "### Held-out scores per source (fastText)",
+            markdown_table(trained[0].per_source),
+            "",
+            "### Training examples per source:label",
+            markdown_table([{"source": k, "n": v} for k, v in source_counts(examples).items()]),
+        ]
+    )
+    return StageResult(
+        metrics,
+        outputs,
+        report,
+        [],
+        artifacts,
+        data_version,
+        extra={"thresholds": {c.name: c.threshold for c in trained}, "comparison": rows},
+    )
 
 
-def rescue_documents(store: ObjectStore, config: WorldKnowledgeConfig, model_key: str, threshold: float,
-                     snapshot: str, n_samples: int = 5) -> StageResult:
+def rescue_documents(
+    store: ObjectStore,
+    config: WorldKnowledgeConfig,
+    model_key: str,
+    threshold: float,
+    snapshot: str,
+    n_samples: int = 5,
+) -> StageResult:
     """Apply the world-knowledge classifier to a snapshot's dropped web docs; publish the rescued ones."""
     started = time.time()
     threshold = config.rescue_min_score if config.rescue_min_score is not None else threshold
@@ -246,27 +335,55 @@ def rescue_documents(store: ObjectStore, config: WorldKnowledgeConfig, model_key
         reason = doc.get("metadata", {}).get("drop_reason", "unknown")
         stats[f"dropped_in/{reason}"] += 1
         if score >= threshold:
-            doc["metadata"].update(world_knowledge_score=round(float(score), 4), rescued_from=reason,
-                                   world_knowledge_model=model_key)
+            doc["metadata"].update(
+                world_knowledge_score=round(float(score), 4),
+                rescued_from=reason,
+                world_knowledge_model=model_key,
+            )
             rescued.append(doc)
             stats[f"rescued/{reason}"] += 1
     key = f"{config.rescued_prefix.rstrip('/')}/{snapshot}/part-00000.jsonl.gz"
     write_documents(store, key, rescued)
     metrics = {k: float(v) for k, v in stats.items()}
-    metrics.update(dropped_docs=float(len(docs)), scored=float(len(candidates)), rescued=float(len(rescued)),
-                   rescue_rate=len(rescued) / max(1, len(candidates)), threshold=threshold,
-                   seconds=time.time() - started)
+    metrics.update(
+        dropped_docs=float(len(docs)),
+        scored=float(len(candidates)),
+        rescued=float(len(rescued)),
+        rescue_rate=len(rescued) / max(1, len(candidates)),
+        threshold=threshold,
+        seconds=time.time() - started,
+    )
     reasons = sorted({k.split("/", 1)[1] for k in stats if k.startswith("dropped_in/")})
-    rows = [{"drop_reason": r, "dropped": stats[f"dropped_in/{r}"], "rescued": stats[f"rescued/{r}"]}
-            for r in reasons]
+    rows = [
+        {"drop_reason": r, "dropped": stats[f"dropped_in/{r}"], "rescued": stats[f"rescued/{r}"]}
+        for r in reasons
+    ]
     top = sorted(rescued, key=lambda d: -d["metadata"]["world_knowledge_score"])[:n_samples]
-    samples = [{"id": d.get("id"), "url": d["metadata"].get("url"), "score": d["metadata"]["world_knowledge_score"],
-                "rescued_from": d["metadata"]["rescued_from"], "text": d["text"][:400]} for d in top]
-    report = "\n".join([
-        f"## World-knowledge rescue, snapshot {snapshot}", "",
-        f"{len(rescued)} of {len(candidates)} dropped documents rescued (P(knowledge) >= {threshold:.2f}).", "",
-        markdown_table(rows), "", "### Samples", "",
-        *[f"- **{s['score']}** `{s['url'] or s['id']}` ({s['rescued_from']}): {s['text'][:200]!r}" for s in samples],
-    ])
+    samples = [
+        {
+            "id": d.get("id"),
+            "url": d["metadata"].get("url"),
+            "score": d["metadata"]["world_knowledge_score"],
+            "rescued_from": d["metadata"]["rescued_from"],
+            "text": d["text"][:400],
+        }
+        for d in top
+    ]
+    report = "\n".join(
+        [
+            f"## World-knowledge rescue, snapshot {snapshot}",
+            "",
+            f"{len(rescued)} of {len(candidates)} dropped documents rescued (P(knowledge) >= {threshold:.2f}).",
+            "",
+            markdown_table(rows),
+            "",
+            "### Samples",
+            "",
+            *[
+                f"- **{s['score']}** `{s['url'] or s['id']}` ({s['rescued_from']}): {s['text'][:200]!r}"
+                for s in samples
+            ],
+        ]
+    )
     digest = hashlib.sha256("".join(sorted(str(d.get("id")) for d in rescued)).encode()).hexdigest()[:16]
     return StageResult(metrics, {"rescued": key}, report, samples, {}, digest)

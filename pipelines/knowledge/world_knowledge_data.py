@@ -30,21 +30,35 @@ def _cap(examples: list[LabelledText], limit: int | None, seed: int) -> list[Lab
     return random.Random(seed).sample(examples, limit)
 
 
-def wikipedia_examples(dump_path: Path, limit: int | None, seed: int, min_chars: int = 300,
-                       max_chars: int = 1500, max_articles: int | None = None, stats: dict | None = None
-                       ) -> list[LabelledText]:
+def wikipedia_examples(
+    dump_path: Path,
+    limit: int | None,
+    seed: int,
+    min_chars: int = 300,
+    max_chars: int = 1500,
+    max_articles: int | None = None,
+    stats: dict | None = None,
+) -> list[LabelledText]:
     """Passages of Wikipedia articles; the article title is the split group."""
     out = []
     for n, article in enumerate(read_wikipedia_articles(dump_path, stats=stats)):
         if max_articles is not None and n >= max_articles:
             break
-        out += [LabelledText(p, 1, "wikipedia", article.title)
-                for p in split_paragraph_passages(article.text, min_chars, max_chars)]
+        out += [
+            LabelledText(p, 1, "wikipedia", article.title)
+            for p in split_paragraph_passages(article.text, min_chars, max_chars)
+        ]
     return _cap(out, limit, seed)
 
 
-def dictionary_examples(package: str, limit: int | None, seed: int, min_chars: int = 300,
-                        max_chars: int = 1500, cache_dir: Path | None = None) -> list[LabelledText]:
+def dictionary_examples(
+    package: str,
+    limit: int | None,
+    seed: int,
+    min_chars: int = 300,
+    max_chars: int = 1500,
+    cache_dir: Path | None = None,
+) -> list[LabelledText]:
     """Entries of one dict-* package; consecutive short entries are joined up to `min_chars`."""
     out: list[LabelledText] = []
     for index in dictd_databases(fetch_doc_package(package, cache_dir)):
@@ -59,8 +73,9 @@ def dictionary_examples(package: str, limit: int | None, seed: int, min_chars: i
     return _cap(out, limit, seed)
 
 
-def fortune_examples(packages: Iterable[str], limit: int | None, seed: int, min_chars: int = 40,
-                     cache_dir: Path | None = None) -> list[LabelledText]:
+def fortune_examples(
+    packages: Iterable[str], limit: int | None, seed: int, min_chars: int = 40, cache_dir: Path | None = None
+) -> list[LabelledText]:
     """Fortune cookies (quotes, jokes, one-liners): low-value text."""
     out, seen = [], set()
     for package in packages:
@@ -74,11 +89,16 @@ def fortune_examples(packages: Iterable[str], limit: int | None, seed: int, min_
 
 def document_group(doc: dict) -> str:
     """A web document's split group: its URL, else its id."""
-    return str(doc.get("metadata", {}).get("url") or doc.get("id") or hashlib.sha256(doc["text"].encode()).hexdigest())
+    return str(
+        doc.get("metadata", {}).get("url")
+        or doc.get("id")
+        or hashlib.sha256(doc["text"].encode()).hexdigest()
+    )
 
 
-def web_examples(store, prefixes: list[str], source: str, limit: int | None, seed: int, min_chars: int = 200,
-                 accept=None) -> list[LabelledText]:
+def web_examples(
+    store, prefixes: list[str], source: str, limit: int | None, seed: int, min_chars: int = 200, accept=None
+) -> list[LabelledText]:
     """Crawled web documents under store prefixes as negatives; `accept(doc)` can exclude some."""
     out = []
     for prefix in prefixes:

@@ -31,8 +31,9 @@ def web_candidates(store: ObjectStore, prefixes: list[str], min_chars: int, stat
     return out
 
 
-def doc_package_candidates(package: str, min_chars: int, max_docs: int | None = None, seed: int = 0,
-                           cache_dir: Path | None = None) -> list[dict]:
+def doc_package_candidates(
+    package: str, min_chars: int, max_docs: int | None = None, seed: int = 0, cache_dir: Path | None = None
+) -> list[dict]:
     """Main text of HTML pages of a Debian math documentation package (see MATH_DOC_PACKAGES): a seeded
     sample of at most `max_docs` pages, parsed lazily so a small sample stays cheap."""
     root = fetch_doc_package(package, cache_dir)
@@ -42,8 +43,13 @@ def doc_package_candidates(package: str, min_chars: int, max_docs: int | None = 
     out = []
     for page in iter_doc_pages(html_root, min_chars=min_chars, paths=paths):
         rel = str(Path(page.path).relative_to(html_root))
-        out.append({"text": page.main_text, "id": f"{package}:{rel}",
-                    "metadata": {"source": package, "path": rel, "title": page.title}})
+        out.append(
+            {
+                "text": page.main_text,
+                "id": f"{package}:{rel}",
+                "metadata": {"source": package, "path": rel, "title": page.title},
+            }
+        )
         if max_docs is not None and len(out) >= max_docs:
             break
     return out
@@ -51,13 +57,27 @@ def doc_package_candidates(package: str, min_chars: int, max_docs: int | None = 
 
 def champ_candidates() -> list[dict]:
     """Competition problems with worked solutions (PyPI champ-dataset)."""
-    return [{"text": f"Problem: {p['problem']}\n\nSolution: {p['solution']}", "id": f"champ:{p['id']}",
-             "metadata": {"source": "champ-dataset", "category": p["category"]}} for p in champ_problems()]
+    return [
+        {
+            "text": f"Problem: {p['problem']}\n\nSolution: {p['solution']}",
+            "id": f"champ:{p['id']}",
+            "metadata": {"source": "champ-dataset", "category": p["category"]},
+        }
+        for p in champ_problems()
+    ]
 
 
-def gather_candidates(store: ObjectStore, web_prefixes: list[str], doc_packages: list[str], use_champ: bool,
-                      min_chars: int, max_per_source: int | None, seed: int, stats: Counter,
-                      cache_dir: Path | None = None) -> list[dict]:
+def gather_candidates(
+    store: ObjectStore,
+    web_prefixes: list[str],
+    doc_packages: list[str],
+    use_champ: bool,
+    min_chars: int,
+    max_per_source: int | None,
+    seed: int,
+    stats: Counter,
+    cache_dir: Path | None = None,
+) -> list[dict]:
     """All candidates, at most `max_per_source` per source (a seeded sample), counted per source."""
     by_source: dict[str, list[dict]] = {"web": web_candidates(store, web_prefixes, min_chars, stats)}
     for package in doc_packages:

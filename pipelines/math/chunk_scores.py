@@ -44,7 +44,9 @@ def split_into_chunks(text: str, chunk_chars: int = 1500, max_chunks: int = 8) -
     return chunks or [text[:chunk_chars]]
 
 
-def aggregate_chunk_scores(scores: list[float | None], lengths: list[int], bonus: float = 0.5) -> float | None:
+def aggregate_chunk_scores(
+    scores: list[float | None], lengths: list[int], bonus: float = 0.5
+) -> float | None:
     """`m + bonus * (best - m)` over the scored chunks, m weighted by chunk length (see module doc)."""
     if len(scores) != len(lengths):
         raise ValueError("one length per chunk score")

@@ -21,13 +21,43 @@ MATH_DOC_PACKAGES = {
 }
 _MAIN_XPATHS = ("//article", "//*[@role='main']", "//div[@class='body']", "//body")
 _CHROME_XPATHS = (
-    "//nav", "//footer", "//header", "//*[contains(@class,'sidebar')]", "//*[contains(@class,'related')]",
-    "//*[@class='nav-panel']", "//*[@class='header']", "//table[@class='header']", "//*[@role='navigation']",
-    "//*[contains(@class,'toc')]", "//*[@class='page-info']", "//*[contains(@class,'skip-to-content')]",
+    "//nav",
+    "//footer",
+    "//header",
+    "//*[contains(@class,'sidebar')]",
+    "//*[contains(@class,'related')]",
+    "//*[@class='nav-panel']",
+    "//*[@class='header']",
+    "//table[@class='header']",
+    "//*[@role='navigation']",
+    "//*[contains(@class,'toc')]",
+    "//*[@class='page-info']",
+    "//*[contains(@class,'skip-to-content')]",
 )
 _DROP_XPATHS = ("//script", "//style", "//noscript", "//*[contains(@class,'visually-hidden')]", "//svg")
-_BLOCK_TAGS = {"p", "div", "pre", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "table", "dt", "dd",
-               "blockquote", "section", "article", "br", "ul", "ol", "dl"}
+_BLOCK_TAGS = {
+    "p",
+    "div",
+    "pre",
+    "li",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "tr",
+    "table",
+    "dt",
+    "dd",
+    "blockquote",
+    "section",
+    "article",
+    "br",
+    "ul",
+    "ol",
+    "dl",
+}
 _SPACES = re.compile(r"[ \t\r\f\v]+")
 _BLANKS = re.compile(r"\n\s*\n\s*")
 
@@ -85,8 +115,11 @@ def parse_html_page(path: Path) -> HtmlPage:
 
 def doc_page_paths(root: Path) -> list[Path]:
     """HTML files under `root`, sorted (reproducible), without index/search pages."""
-    return [p for p in sorted(Path(root).rglob("*.html"))
-            if p.name not in {"genindex.html", "search.html", "py-modindex.html"}]
+    return [
+        p
+        for p in sorted(Path(root).rglob("*.html"))
+        if p.name not in {"genindex.html", "search.html", "py-modindex.html"}
+    ]
 
 
 def iter_doc_pages(root: Path, min_chars: int = 400, paths: list[Path] | None = None) -> Iterator[HtmlPage]:
@@ -105,6 +138,12 @@ def champ_problems() -> list[dict]:
     out = []
     for pid, prob in sorted(data["problems"].items()):
         steps = [s["_text"] for s in prob.get("solution", {}).get("steps", [])]
-        out.append({"id": pid, "category": prob.get("category", ""), "problem": prob["_text"],
-                    "solution": " ".join(steps)})
+        out.append(
+            {
+                "id": pid,
+                "category": prob.get("category", ""),
+                "problem": prob["_text"],
+                "solution": " ".join(steps),
+            }
+        )
     return out

@@ -49,38 +49,65 @@ class MathFilterConfig(BaseModel):
     )
     use_champ: bool = Field(True, description="Add champ-dataset competition problems with solutions")
     min_chars: int = Field(300, ge=0, description="Candidates shorter than this are skipped (counted)")
-    max_candidates_per_source: int | None = Field(400, ge=1, description="Seeded sample per source; None = all")
-    judge_sample_size: int = Field(160, ge=0, description="Candidates the LLM judge scores (the rest: classifier)")
+    max_candidates_per_source: int | None = Field(
+        400, ge=1, description="Seeded sample per source; None = all"
+    )
+    judge_sample_size: int = Field(
+        160, ge=0, description="Candidates the LLM judge scores (the rest: classifier)"
+    )
     chunk_chars: int = Field(1500, ge=200, description="Chunk size for chunk-and-aggregate judging")
     max_chunks: int = Field(4, ge=1, description="Chunks judged per document at most (evenly spaced)")
     top_chunk_bonus: float = Field(0.5, ge=0, le=1, description="Aggregate = mean + bonus * (best - mean)")
     keep_threshold: float = Field(3.0, ge=0, le=5, description="Judge score (0-5) that counts as 'keep'")
     fallback_top_fraction: float = Field(
-        0.3, gt=0, lt=1, description="If the judge almost never reaches keep_threshold, top share labelled keep"
+        0.3,
+        gt=0,
+        lt=1,
+        description="If the judge almost never reaches keep_threshold, top share labelled keep",
     )
     distill_embeddings: bool = Field(True, description="Also train a MiniLM linear-head student and compare")
-    apply_student: str = Field("fasttext", description="Student applied to all candidates: fasttext | minilm_linear")
+    apply_student: str = Field(
+        "fasttext", description="Student applied to all candidates: fasttext | minilm_linear"
+    )
     fasttext: FastTextParams = Field(
         default_factory=lambda: FastTextParams(epoch=25, lr=0.5, dim=32, word_ngrams=2, min_count=1),
         description="fastText student hyper-parameters",
     )
-    synthetic: SyntheticTextConfig = Field(default_factory=SyntheticTextConfig, description="Synthetic-text rules")
-    judge: JudgeConfig = Field(default_factory=JudgeConfig, description="Which judge, its budget and quality gate")
+    synthetic: SyntheticTextConfig = Field(
+        default_factory=SyntheticTextConfig, description="Synthetic-text rules"
+    )
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="Which judge, its budget and quality gate"
+    )
     output_prefix: str = Field("math/filtered", description="Store prefix of this stage's outputs")
     shard_docs: int = Field(2000, ge=1, description="Documents per output shard")
     seed: int = Field(0, description="Seed for sampling and training")
 
 
-def run_math_filter(store: ObjectStore, config: MathFilterConfig, work_dir: Path, tag: str = "all",
-                    judge: JudgeClient | None = None, embedder=None, debian_cache: Path | None = None
-                    ) -> StageResult:
+def run_math_filter(
+    store: ObjectStore,
+    config: MathFilterConfig,
+    work_dir: Path,
+    tag: str = "all",
+    judge: JudgeClient | None = None,
+    embedder=None,
+    debian_cache: Path | None = None,
+) -> StageResult:
     """Run the filter; `judge` / `embedder` can be passed in (tests, shared models), else built from config."""
     started = time.time()
     work_dir = Path(work_dir)
     stats: Counter = Counter()
-    candidates = gather_candidates(store, config.web_prefixes, config.doc_packages, config.use_champ,
-                                   config.min_chars, config.max_candidates_per_source, config.seed, stats,
-                                   debian_cache)
+    candidates = gather_candidates(
+        store,
+        config.web_prefixes,
+        config.doc_packages,
+        config.use_champ,
+        config.min_chars,
+        config.max_candidates_per_source,
+        config.seed,
+        stats,
+        debian_cache,
+    )
     dropped: list[dict] = []
     natural = list(drop_synthetic(candidates, stats, config.synthetic, dropped))
 
@@ -98,9 +125,15 @@ def run_math_filter(store: ObjectStore, config: MathFilterConfig, work_dir: Path
 
         embedder = SentenceEmbedder()
     students, distill_stats = distill_judge(
-        [d["id"] for d in judged_docs], [d["text"] for d in judged_docs], [judged[d["id"]] for d in judged_docs],
-        config.keep_threshold, work_dir / "model", config.seed, config.fasttext,
-        embedder if config.distill_embeddings else None, fallback_top_fraction=config.fallback_top_fraction,
+        [d["id"] for d in judged_docs],
+        [d["text"] for d in judged_docs],
+        [judged[d["id"]] for d in judged_docs],
+        config.keep_threshold,
+        work_dir / "model",
+        config.seed,
+        config.fasttext,
+        embedder if config.distill_embeddings else None,
+        fallback_top_fraction=config.fallback_top_fraction,
     )
     applied = next((s for s in students if s.name == config.apply_student), students[0] if students else None)
 
@@ -132,21 +165,57 @@ def run_math_filter(store: ObjectStore, config: MathFilterConfig, work_dir: Path
     report = _report(stats, gate, students, applied, judge, metrics)
     artifacts = {f"model/{s.model_path.name}": s.model_path for s in students}
     judged_path = work_dir / "judged_sample.jsonl"
-    judged_path.write_text("".join(json.dumps({"id": d["id"], "source": d["metadata"]["source"],
-                                               "judge_score": judged[d["id"]], "text": d["text"][:300]}) + "\n"
-                                   for d in judged_docs))
+    judged_path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": d["id"],
+                    "source": d["metadata"]["source"],
+                    "judge_score": judged[d["id"]],
+                    "text": d["text"][:300],
+                }
+            )
+            + "\n"
+            for d in judged_docs
+        )
+    )
     artifacts["judged_sample.jsonl"] = judged_path
     digest = hashlib.sha256("".join(sorted(d["id"] for d in kept)).encode()).hexdigest()[:16]
-    samples = [{"id": d["id"], "source": d["metadata"]["source"], "math_score": d["metadata"]["math_score"],
-                "text": d["text"][:400]} for d in sorted(kept, key=lambda d: -d["metadata"]["math_score"])[:5]]
-    return StageResult(metrics, outputs, report, samples, artifacts, digest,
-                       extra={"judge_gate": asdict(gate), "students": [
-                           {"name": s.name, "threshold": s.threshold, "agreement": s.agreement,
-                            "model_path": str(s.model_path)} for s in students],
-                           "applied_student": applied.name if applied else None})
+    samples = [
+        {
+            "id": d["id"],
+            "source": d["metadata"]["source"],
+            "math_score": d["metadata"]["math_score"],
+            "text": d["text"][:400],
+        }
+        for d in sorted(kept, key=lambda d: -d["metadata"]["math_score"])[:5]
+    ]
+    return StageResult(
+        metrics,
+        outputs,
+        report,
+        samples,
+        artifacts,
+        digest,
+        extra={
+            "judge_gate": asdict(gate),
+            "students": [
+                {
+                    "name": s.name,
+                    "threshold": s.threshold,
+                    "agreement": s.agreement,
+                    "model_path": str(s.model_path),
+                }
+                for s in students
+            ],
+            "applied_student": applied.name if applied else None,
+        },
+    )
 
 
-def judge_documents(judge: JudgeClient, docs: list[dict], config: MathFilterConfig) -> dict[str, float | None]:
+def judge_documents(
+    judge: JudgeClient, docs: list[dict], config: MathFilterConfig
+) -> dict[str, float | None]:
     """Chunk-and-aggregate judge score per document id (None when no chunk could be scored)."""
     chunks = [split_into_chunks(d["text"], config.chunk_chars, config.max_chunks) for d in docs]
     flat = [c for cs in chunks for c in cs]
@@ -160,8 +229,9 @@ def judge_documents(judge: JudgeClient, docs: list[dict], config: MathFilterConf
     return out
 
 
-def _publish(store: ObjectStore, prefix: str, kept: list[dict], dropped: list[dict], shard_docs: int,
-             applied) -> dict[str, str]:
+def _publish(
+    store: ObjectStore, prefix: str, kept: list[dict], dropped: list[dict], shard_docs: int, applied
+) -> dict[str, str]:
     stale = set(store.list(prefix))
     written = set()
     for name, docs in (("kept", kept), ("dropped", dropped)):
@@ -180,11 +250,17 @@ def _publish(store: ObjectStore, prefix: str, kept: list[dict], dropped: list[di
     return outputs
 
 
-def _metrics(stats, candidates, natural, kept, judge, gate, distill_stats, students, started) -> dict[str, float]:
+def _metrics(
+    stats, candidates, natural, kept, judge, gate, distill_stats, students, started
+) -> dict[str, float]:
     metrics = {k: float(v) for k, v in stats.items()}
-    metrics.update(candidates=float(len(candidates)), after_synthetic_filter=float(len(natural)),
-                   kept=float(len(kept)), keep_rate=len(kept) / max(1, len(natural)),
-                   seconds=time.time() - started)
+    metrics.update(
+        candidates=float(len(candidates)),
+        after_synthetic_filter=float(len(natural)),
+        kept=float(len(kept)),
+        keep_rate=len(kept) / max(1, len(natural)),
+        seconds=time.time() - started,
+    )
     metrics.update(judge.metrics())
     metrics.update(gate.metrics())
     metrics.update(distill_stats)
@@ -196,21 +272,42 @@ def _metrics(stats, candidates, natural, kept, judge, gate, distill_stats, stude
 
 def _report(stats, gate, students, applied, judge, metrics) -> str:
     sources = sorted({k.split("/", 1)[1] for k in stats if k.startswith("candidates/")})
-    funnel = [{"source": s, "candidates": stats[f"candidates/{s}"], "kept": stats[f"kept/{s}"]} for s in sources]
-    synth = [{"rule": k.split("/")[-1], "dropped": v} for k, v in sorted(stats.items())
-             if k.startswith("dropped/synthetic/")] or [{"rule": "(none fired)", "dropped": 0}]
-    student_rows = [{"student": s.name, "applied": s is applied, "threshold": round(s.threshold, 3),
-                     **{k: round(v, 3) for k, v in s.agreement.items()}} for s in students]
+    funnel = [
+        {"source": s, "candidates": stats[f"candidates/{s}"], "kept": stats[f"kept/{s}"]} for s in sources
+    ]
+    synth = [
+        {"rule": k.split("/")[-1], "dropped": v}
+        for k, v in sorted(stats.items())
+        if k.startswith("dropped/synthetic/")
+    ] or [{"rule": "(none fired)", "dropped": 0}]
+    student_rows = [
+        {
+            "student": s.name,
+            "applied": s is applied,
+            "threshold": round(s.threshold, 3),
+            **{k: round(v, 3) for k, v in s.agreement.items()},
+        }
+        for s in students
+    ]
     lines = [
-        "## Math & science filter", "",
-        f"**{gate.message}**", "", markdown_table(gate.per_kind), "",
-        "### Documents per source", markdown_table(funnel), "",
-        f"Synthetic-text filter kept {stats['synthetic_filter/kept']} documents:", markdown_table(synth), "",
+        "## Math & science filter",
+        "",
+        f"**{gate.message}**",
+        "",
+        markdown_table(gate.per_kind),
+        "",
+        "### Documents per source",
+        markdown_table(funnel),
+        "",
+        f"Synthetic-text filter kept {stats['synthetic_filter/kept']} documents:",
+        markdown_table(synth),
+        "",
         f"Judge `{judge.backend.model_id}` / prompt `{judge.prompt.prompt_id}`: "
         f"{int(metrics.get('judge/calls', 0))} calls, {int(metrics.get('judge/cache_hits', 0))} cache hits, "
         f"{int(metrics.get('judge/parsed_by/failed', 0))} unparseable, "
         f"{int(metrics.get('judge/call_failed', 0))} failed calls, cost ${metrics.get('judge/cost_usd', 0):.4f}.",
-        "", "### Students (distilled from the judge; agreement on held-out judged documents)",
+        "",
+        "### Students (distilled from the judge; agreement on held-out judged documents)",
         markdown_table(student_rows) if student_rows else "_no student: too few judged documents_",
     ]
     return "\n".join(lines)

@@ -43,12 +43,19 @@ _DIGITS = re.compile(r"\d+(?:\.\d+)?")
 class SyntheticTextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     stock_phrases_per_1k_words: float = Field(
-        6.0, gt=0, description="Drop when stock LLM phrases per 1,000 words reach this (and >= min_stock_phrases)"
+        6.0,
+        gt=0,
+        description="Drop when stock LLM phrases per 1,000 words reach this (and >= min_stock_phrases)",
     )
     min_stock_phrases: int = Field(4, ge=1, description="Never drop on stock phrases below this count")
-    template_min_sentences: int = Field(8, ge=2, description="Template repetition needs at least this many sentences")
+    template_min_sentences: int = Field(
+        8, ge=2, description="Template repetition needs at least this many sentences"
+    )
     template_max_skeleton_share: float = Field(
-        0.5, gt=0, le=1, description="Drop when one digit-masked sentence skeleton covers this share of sentences"
+        0.5,
+        gt=0,
+        le=1,
+        description="Drop when one digit-masked sentence skeleton covers this share of sentences",
     )
 
 
@@ -71,8 +78,12 @@ def synthetic_reason(text: str, config: SyntheticTextConfig | None = None) -> st
     return None
 
 
-def drop_synthetic(docs: Iterable[dict], stats: Counter, config: SyntheticTextConfig | None = None,
-                   dropped: list | None = None) -> Iterator[dict]:
+def drop_synthetic(
+    docs: Iterable[dict],
+    stats: Counter,
+    config: SyntheticTextConfig | None = None,
+    dropped: list | None = None,
+) -> Iterator[dict]:
     """Pipeline step: yields natural-looking docs; counts `dropped/synthetic/<reason>` in `stats` and
     appends dropped docs (with `metadata.drop_reason`) to `dropped` when given."""
     for doc in docs:

@@ -12,29 +12,46 @@ from classifiers.judge.prompt_files import load_prompt
 from classifiers.judge.quality_gate import GateConfig, run_quality_gate
 from infra.store import LocalStore
 
-MATH = ("Theorem. For every integer n, the sum 1 + 2 + ... + n equals n(n+1)/2. Proof: write the sum twice, "
-        "once forwards and once backwards; each of the n columns sums to n + 1, so 2S = n(n+1).")
+MATH = (
+    "Theorem. For every integer n, the sum 1 + 2 + ... + n equals n(n+1)/2. Proof: write the sum twice, "
+    "once forwards and once backwards; each of the n columns sums to n + 1, so 2S = n(n+1)."
+)
 JUNK = "Home | About | Contact | Subscribe to our newsletter | Privacy | Terms of use | Follow us"
 MIXED = "Bake at 350 degrees for 20 minutes; the recipe serves 4 and needs 2 cups of flour."
 
 
 def client(server, store, **config) -> JudgeClient:
-    backend = OpenAIChatBackend(server.url, "flaky-keyword-scorer", timeout_s=config.pop("timeout_s", 5.0),
-                                max_retries=config.pop("max_retries", 2), backoff_s=0.01)
-    return JudgeClient(backend, load_prompt("edu_math_v1"), store,
-                       JudgeClientConfig(**{"show_progress": False, "concurrency": 4, **config}))
+    backend = OpenAIChatBackend(
+        server.url,
+        "flaky-keyword-scorer",
+        timeout_s=config.pop("timeout_s", 5.0),
+        max_retries=config.pop("max_retries", 2),
+        backoff_s=0.01,
+    )
+    return JudgeClient(
+        backend,
+        load_prompt("edu_math_v1"),
+        store,
+        JudgeClientConfig(**{"show_progress": False, "concurrency": 4, **config}),
+    )
 
 
 def test_server_speaks_the_openai_chat_api(judge_server):
     models = requests.get(f"{judge_server.url}/v1/models", timeout=5).json()
     assert models["data"][0]["id"] == "flaky-keyword-scorer"
-    body = {"model": "x", "messages": [{"role": "user", "content": f"<document>{MATH}</document>"}],
-            "logprobs": True, "top_logprobs": 3}
+    body = {
+        "model": "x",
+        "messages": [{"role": "user", "content": f"<document>{MATH}</document>"}],
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     resp = requests.post(f"{judge_server.url}/v1/chat/completions", json=body, timeout=5).json()
     choice = resp["choices"][0]
     assert choice["message"]["role"] == "assistant" and choice["message"]["content"] == "5"
     assert len(choice["logprobs"]["content"][0]["top_logprobs"]) == 3
-    assert resp["usage"]["total_tokens"] == resp["usage"]["prompt_tokens"] + resp["usage"]["completion_tokens"]
+    assert (
+        resp["usage"]["total_tokens"] == resp["usage"]["prompt_tokens"] + resp["usage"]["completion_tokens"]
+    )
     bad = requests.post(f"{judge_server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=5)
     assert bad.status_code == 400
 
@@ -91,8 +108,13 @@ def test_budget_cap_leaves_documents_unjudged_but_returned(judge_server, tmp_pat
 
 
 def test_token_and_cost_accounting(judge_server, tmp_path):
-    judge = client(judge_server, LocalStore(tmp_path / "store"), calibrate=False,
-                   usd_per_million_prompt_tokens=1000.0, usd_per_million_completion_tokens=2000.0)
+    judge = client(
+        judge_server,
+        LocalStore(tmp_path / "store"),
+        calibrate=False,
+        usd_per_million_prompt_tokens=1000.0,
+        usd_per_million_completion_tokens=2000.0,
+    )
     judge.score_texts([MATH, JUNK])
     m = judge.metrics()
     assert m["judge/prompt_tokens"] > 100 and m["judge/completion_tokens"] == 2

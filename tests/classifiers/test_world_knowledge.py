@@ -32,18 +32,26 @@ def test_dump_reader_parses_real_articles():
 
 
 def test_wiki_markup_stripping():
-    wikitext = ("'''Foo''' is a [[bar (thing)|bar]] in [[Baz]].<ref>Cite</ref>{{Infobox|a={{b}}}}\n"
-                "[[File:X.png|thumb|A [[nested]] caption]]\n== History ==\nSee [http://x.org the site].\n"
-                "== References ==\n* a ref\n[[Category:Things]]")
+    wikitext = (
+        "'''Foo''' is a [[bar (thing)|bar]] in [[Baz]].<ref>Cite</ref>{{Infobox|a={{b}}}}\n"
+        "[[File:X.png|thumb|A [[nested]] caption]]\n== History ==\nSee [http://x.org the site].\n"
+        "== References ==\n* a ref\n[[Category:Things]]"
+    )
     assert strip_wiki_markup(wikitext) == "Foo is a bar in Baz.\n\nHistory\n\nSee the site."
 
 
 def test_dictd_and_fortune_readers(debian_cache):
-    assert decode_dictd_number("B") == 1 and decode_dictd_number("BA") == 64 and decode_dictd_number("Gb9L") == 6 * 64**3 + 27 * 64**2 + 61 * 64 + 11
+    assert (
+        decode_dictd_number("B") == 1
+        and decode_dictd_number("BA") == 64
+        and decode_dictd_number("Gb9L") == 6 * 64**3 + 27 * 64**2 + 61 * 64 + 11
+    )
     root = fetch_doc_package("dict-elements", debian_cache)
     entries = {e.headword: e for e in read_dictd(next(root.rglob("elements.index")))}
     assert "Atomic number: 10" in entries["neon"].text
-    fortunes = list(read_fortunes(next(fetch_doc_package("fortunes-min", debian_cache).rglob("fortunes/literature"))))
+    fortunes = list(
+        read_fortunes(next(fetch_doc_package("fortunes-min", debian_cache).rglob("fortunes/literature")))
+    )
     assert len(fortunes) > 20 and all("\n%\n" not in f.text for f in fortunes)
 
 
@@ -53,16 +61,29 @@ def web_store(tmp_path_factory, debian_cache) -> LocalStore:
     plus 26 Wikipedia articles the classifier never trains on, dropped as if by a heuristic filter."""
     store = LocalStore(tmp_path_factory.mktemp("store"))
     html = fetch_doc_package("git-doc", debian_cache) / "usr/share/doc/git-doc"
-    pages = [{"text": p.main_text, "id": f"git-doc/{Path(p.path).name}",
-              "metadata": {"url": f"http://127.0.0.1/git-doc/{Path(p.path).name}", "snapshot": "s1"}}
-             for p in iter_doc_pages(html, min_chars=300)]
+    pages = [
+        {
+            "text": p.main_text,
+            "id": f"git-doc/{Path(p.path).name}",
+            "metadata": {"url": f"http://127.0.0.1/git-doc/{Path(p.path).name}", "snapshot": "s1"},
+        }
+        for p in iter_doc_pages(html, min_chars=300)
+    ]
     kept = [p for i, p in enumerate(pages) if i % 4]
-    dropped = [dict(p, metadata=dict(p["metadata"], drop_reason="gopher_repetition")) for i, p in
-               enumerate(pages) if not i % 4]
+    dropped = [
+        dict(p, metadata=dict(p["metadata"], drop_reason="gopher_repetition"))
+        for i, p in enumerate(pages)
+        if not i % 4
+    ]
     wiki = list(read_wikipedia_articles(gensim_sample_dump()))[80:]
-    dropped += [{"text": a.text[:3000], "id": f"wiki/{a.page_id}",
-                 "metadata": {"url": f"http://127.0.0.1/wiki/{a.page_id}", "drop_reason": "c4_quality"}}
-                for a in wiki]
+    dropped += [
+        {
+            "text": a.text[:3000],
+            "id": f"wiki/{a.page_id}",
+            "metadata": {"url": f"http://127.0.0.1/wiki/{a.page_id}", "drop_reason": "c4_quality"},
+        }
+        for a in wiki
+    ]
     write_documents(store, "web/filtered/s1/kept/00000.jsonl.gz", kept)
     write_documents(store, "web/filtered/s1/dropped/00000.jsonl.gz", dropped)
     return store
@@ -70,22 +91,32 @@ def web_store(tmp_path_factory, debian_cache) -> LocalStore:
 
 def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cache, tmp_path):
     config = WorldKnowledgeConfig(
-        max_wikipedia_articles=80, max_wikipedia_passages=200,
-        dictionaries=["dict-jargon", "dict-elements", "dict-foldoc"], max_passages_per_dictionary=70,
-        low_value_packages=["fortunes-min"], max_low_value=100, max_web_docs=400, compare_embeddings=True,
+        max_wikipedia_articles=80,
+        max_wikipedia_passages=200,
+        dictionaries=["dict-jargon", "dict-elements", "dict-foldoc"],
+        max_passages_per_dictionary=70,
+        low_value_packages=["fortunes-min"],
+        max_low_value=100,
+        max_web_docs=400,
+        compare_embeddings=True,
     )
     embedder = SentenceEmbedder(max_seq_length=64)  # short inputs keep the test fast; tiny uses 256
-    result = train_world_knowledge(web_store, config, tmp_path / "work", embedder=embedder,
-                                   debian_cache=debian_cache)
+    result = train_world_knowledge(
+        web_store, config, tmp_path / "work", embedder=embedder, debian_cache=debian_cache
+    )
     m = result.metrics
     assert m["world_knowledge_fasttext/auc_encyclopedic_vs_web"] >= 0.95
     assert m["world_knowledge_fasttext/f1"] >= 0.85
     assert m["world_knowledge_minilm/auc_encyclopedic_vs_web"] >= 0.90
     assert m["examples/test"] >= 100 and m["examples_by_source/web/kept:0"] > 100
-    assert "| world_knowledge_fasttext |" in result.report_md and "| world_knowledge_minilm |" in result.report_md
+    assert (
+        "| world_knowledge_fasttext |" in result.report_md
+        and "| world_knowledge_minilm |" in result.report_md
+    )
     assert web_store.exists(result.outputs["world_knowledge_fasttext"])
     assert {"precision", "recall", "f1", "auc", "threshold"} <= set(
-        web_store.get_json(result.outputs["model_card"])["world_knowledge_fasttext"]["metrics"])
+        web_store.get_json(result.outputs["model_card"])["world_knowledge_fasttext"]["metrics"]
+    )
 
     threshold = result.extra["thresholds"]["world_knowledge_fasttext"]
     rescue = rescue_documents(web_store, config, result.outputs["world_knowledge_fasttext"], threshold, "s1")

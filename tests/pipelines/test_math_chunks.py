@@ -47,19 +47,29 @@ def test_aggregate_ignores_unscored_chunks_and_returns_none_without_any():
         aggregate_chunk_scores([1.0], [1, 2])
 
 
-NATURAL = ("Let f(x) = x^2. The derivative is f'(x) = 2x, which we find from the limit of the difference "
-           "quotient. For example, at x = 3 the slope of the tangent is 6. Integrating back gives x^2 + C.")
+NATURAL = (
+    "Let f(x) = x^2. The derivative is f'(x) = 2x, which we find from the limit of the difference "
+    "quotient. For example, at x = 3 the slope of the tangent is 6. Integrating back gives x^2 + C."
+)
 
 
 @pytest.mark.parametrize(
     "text, reason",
     [
         (NATURAL, None),
-        ("As an AI language model, I cannot solve this, but here is an idea. " + NATURAL, "assistant_phrases"),
-        ("In this essay we delve into algebra. It is important to note that algebra plays a crucial role. "
-         "Moreover, it is a testament to human ingenuity. In conclusion, algebra is multifaceted.",
-         "llm_stock_phrases"),
-        ("Dear {first_name}, your score on the [INSERT QUIZ NAME] quiz is ready. " + NATURAL, "template_placeholders"),
+        (
+            "As an AI language model, I cannot solve this, but here is an idea. " + NATURAL,
+            "assistant_phrases",
+        ),
+        (
+            "In this essay we delve into algebra. It is important to note that algebra plays a crucial role. "
+            "Moreover, it is a testament to human ingenuity. In conclusion, algebra is multifaceted.",
+            "llm_stock_phrases",
+        ),
+        (
+            "Dear {first_name}, your score on the [INSERT QUIZ NAME] quiz is ready. " + NATURAL,
+            "template_placeholders",
+        ),
         (" ".join(f"The sum of {i} and {i + 1} is {2 * i + 1}." for i in range(30)), "template_repetition"),
     ],
 )
@@ -68,14 +78,26 @@ def test_synthetic_rules(text, reason):
 
 
 def test_drop_synthetic_counts_each_reason_and_keeps_dropped_docs():
-    docs = [{"id": "a", "text": NATURAL, "metadata": {}},
-            {"id": "b", "text": "I hope this helps! " + NATURAL, "metadata": {}},
-            {"id": "c", "text": " ".join(f"Question {i}: what is {i} times 2? Answer: {2 * i}." for i in range(20)),
-             "metadata": {}}]
+    docs = [
+        {"id": "a", "text": NATURAL, "metadata": {}},
+        {"id": "b", "text": "I hope this helps! " + NATURAL, "metadata": {}},
+        {
+            "id": "c",
+            "text": " ".join(f"Question {i}: what is {i} times 2? Answer: {2 * i}." for i in range(20)),
+            "metadata": {},
+        },
+    ]
     stats, dropped = Counter(), []
     kept = list(drop_synthetic(docs, stats, dropped=dropped))
     assert [d["id"] for d in kept] == ["a"]
-    assert stats == Counter({"synthetic_filter/kept": 1, "dropped/synthetic/assistant_phrases": 1,
-                             "dropped/synthetic/template_repetition": 1})
-    assert [d["metadata"]["drop_reason"] for d in dropped] == ["synthetic/assistant_phrases",
-                                                               "synthetic/template_repetition"]
+    assert stats == Counter(
+        {
+            "synthetic_filter/kept": 1,
+            "dropped/synthetic/assistant_phrases": 1,
+            "dropped/synthetic/template_repetition": 1,
+        }
+    )
+    assert [d["metadata"]["drop_reason"] for d in dropped] == [
+        "synthetic/assistant_phrases",
+        "synthetic/template_repetition",
+    ]

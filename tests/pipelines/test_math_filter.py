@@ -43,9 +43,13 @@ def chat_requests(url: str) -> int:
 def web_store(root: Path) -> LocalStore:
     store = LocalStore(root)
     html = fetch_doc_package("git-doc", CACHE) / "usr/share/doc/git-doc"
-    pages = [{"text": p.main_text, "id": f"git-doc/{Path(p.path).name}", "metadata": {"url": p.path}}
-             for p in iter_doc_pages(html, min_chars=300, paths=doc_page_paths(html)[:60])][:26]
-    pages += [{"text": t, "id": f"synthetic/{i}", "metadata": {"url": f"s{i}"}} for i, t in enumerate(SYNTHETIC)]
+    pages = [
+        {"text": p.main_text, "id": f"git-doc/{Path(p.path).name}", "metadata": {"url": p.path}}
+        for p in iter_doc_pages(html, min_chars=300, paths=doc_page_paths(html)[:60])
+    ][:26]
+    pages += [
+        {"text": t, "id": f"synthetic/{i}", "metadata": {"url": f"s{i}"}} for i, t in enumerate(SYNTHETIC)
+    ]
     write_documents(store, "web/filtered/s1/kept/00000.jsonl.gz", pages)
     return store
 
@@ -65,7 +69,11 @@ def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url,
     calls = chat_requests(judge_url) - before
     assert calls == m["judge/calls"] > 40  # 24 probes + 3 content-free + chunks of 40 sampled documents
 
-    assert m["candidates/web"] == 28 and m["candidates/python-sympy-doc"] == 30 and m["candidates/champ-dataset"] == 30
+    assert (
+        m["candidates/web"] == 28
+        and m["candidates/python-sympy-doc"] == 30
+        and m["candidates/champ-dataset"] == 30
+    )
     assert m["dropped/synthetic/assistant_phrases"] == 1 and m["dropped/synthetic/template_repetition"] == 1
     assert m["after_synthetic_filter"] == 86
     kept = list(read_documents(store, result.outputs["kept"]))
@@ -74,9 +82,14 @@ def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url,
     kept_by_source = {s: sum(d["metadata"]["source"] == s for d in kept) for s in ("web", "champ-dataset")}
     assert kept_by_source["champ-dataset"] >= 10 and kept_by_source["web"] <= 3  # git manual pages go
     assert all("math_score" in d["metadata"] for d in kept)
-    assert {d["metadata"]["drop_reason"] for d in dropped} >= {"synthetic/assistant_phrases", "below_math_threshold"}
+    assert {d["metadata"]["drop_reason"] for d in dropped} >= {
+        "synthetic/assistant_phrases",
+        "below_math_threshold",
+    }
 
-    assert m["distill/fasttext/auc"] >= 0.8 and m["distill/fasttext/spearman"] > 0.4  # student agrees with judge
+    assert (
+        m["distill/fasttext/auc"] >= 0.8 and m["distill/fasttext/spearman"] > 0.4
+    )  # student agrees with judge
     assert m["judge_gate/n_probes"] == 24 and "judge_gate/auc" in m
     assert "| fasttext |" in result.report_md and result.extra["applied_student"] == "fasttext"
     assert store.exists(result.outputs["classifier"])

@@ -113,6 +113,38 @@ class TransformersChatModel:
         logprobs = torch.log_softmax(logits, dim=-1)
         return {c: float(logprobs[self.token_id(c)]) for c in candidates}, len(ids)
 
+    def continuation_logprobs(
+        self, prefixes: list[str], text: str, max_text_tokens: int = 256
+    ) -> tuple[list[float], int]:
+        """Mean per-token log-likelihood of `text` (first `max_text_tokens` tokens) after each prefix, in one
+        padded batch; and the number of text tokens scored. A plain-text (not chat) reading of the model."""
+        import torch
+
+        text_ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_text_tokens] or [
+            self.tokenizer.eos_token_id
+        ]
+        prefix_ids = [
+            self.tokenizer.encode(p, add_special_tokens=False) or [self.tokenizer.eos_token_id]
+            for p in prefixes
+        ]
+        seqs = [p + text_ids for p in prefix_ids]
+        width = max(len(q) for q in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.eos_token_id or 0, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, q in enumerate(seqs):
+            ids[i, : len(q)] = torch.tensor(q)
+            mask[i, : len(q)] = 1
+        with self._lock, torch.no_grad():
+            logits = self.model(ids, attention_mask=mask).logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        target = torch.tensor(text_ids)
+        means = []
+        for i, p in enumerate(prefix_ids):
+            start = len(p) - 1  # the position that predicts the first text token
+            rows = logprobs[i, start : start + len(text_ids)]
+            means.append(float(rows.gather(1, target[:, None]).mean()))
+        return means, len(text_ids)
+
     def chat(
         self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
     ) -> ChatOutput:

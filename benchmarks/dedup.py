@@ -5,8 +5,13 @@ MinHashLSH, on the same real corpus with planted near-duplicates at known Jaccar
 
 Corpus: the HTML manuals of the Debian packages python3.11-doc and postgresql-doc-15 (fetched once with
 `apt-get download` + `dpkg-deb -x` into the cache dir), converted to text and cut into documents of 100-800
-words at paragraph boundaries. Half of the documents get one planted copy whose word-5-gram Jaccard with its
-source is set to a level in 0.5..0.95 by substituting random words (binary search on the number of edits).
+words at paragraph boundaries (4,008 documents, 2.5M words). Every document (--fraction) gets one planted
+copy whose word-5-gram Jaccard with its source is set to a level in 0.5..0.95 (cycling) by substituting
+random words (binary search on the number of edits).
+
+Ours computes the same MinHash signatures as datatrove's stock step (same shingle hash, same seeded
+universal hashes), so the comparison is paired: LSH candidates differ only where the tokenisers disagree,
+and the quality differences come from our candidate verification, not from hash luck.
 
 All three use 5-word shingles and 14 bands x 8 rows (112 permutations, seed 1):
 - ours: `dedup_partition` (datatrove LocalPipelineExecutor + numpy clustering), end to end: read shards,
@@ -454,7 +459,7 @@ def main() -> None:
     )
     parser.add_argument("--max-base-docs", type=int, default=5000, help="real documents before planting")
     parser.add_argument(
-        "--fraction", type=float, default=0.5, help="share of documents that get a planted copy"
+        "--fraction", type=float, default=1.0, help="share of documents that get a planted copy"
     )
     parser.add_argument(
         "--scales", default="1", help="comma-separated corpus fractions to run ours on (RSS scaling)"

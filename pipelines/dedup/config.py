@@ -15,6 +15,7 @@ KIND_DEFAULTS: dict[str, dict] = {
     "web": dict(
         num_bands=14,
         rows_per_band=8,
+        tokenizer="datatrove",
         lowercase=True,
         normalize_digits=True,
         strip_accents=True,
@@ -25,6 +26,7 @@ KIND_DEFAULTS: dict[str, dict] = {
     "code": dict(
         num_bands=12,
         rows_per_band=7,
+        tokenizer="words",
         lowercase=False,
         normalize_digits=False,
         strip_accents=False,
@@ -42,6 +44,7 @@ INDEX_FIELDS = (
     "rows_per_band",
     "seed",
     "shingle_hash",
+    "tokenizer",
     "lowercase",
     "normalize_digits",
     "strip_accents",
@@ -56,6 +59,7 @@ RESULT_FIELDS = (
     "rows_per_band",
     "seed",
     "shingle_hash",
+    "tokenizer",
     "lowercase",
     "normalize_digits",
     "strip_accents",
@@ -81,11 +85,19 @@ class DedupConfig(BaseModel):
         None, ge=1, le=32, description="MinHash rows per band (None: 8 web, 7 code)"
     )
     seed: int = Field(1, ge=0, description="Seed of the MinHash permutation parameters")
-    shingle_hash: Literal["xxh3", "sha1"] = Field(
-        "xxh3", description="64-bit hash of words before the universal hashes mod the Mersenne prime 2^61-1"
+    shingle_hash: Literal["xxh64", "sha1", "xxh3_tokens"] = Field(
+        "xxh64",
+        description="64-bit shingle hash before the universal hashes mod 2^61-1: xxh64/sha1 of the shingle "
+        "string (datatrove's, so signatures match its MinhashDedupSignature), or xxh3_tokens (token hashes "
+        "combined in numpy: faster, not datatrove-compatible)",
+    )
+    tokenizer: Literal["datatrove", "words"] | None = Field(
+        None,
+        description="datatrove = datatrove's simplify_text rules (numbers -> 0, punctuation incl. '_' -> space) "
+        "then whitespace split; words = \\w+ runs, identifiers keep '_' (None: web datatrove, code words)",
     )
     lowercase: bool | None = Field(None, description="Lowercase before tokenising (None: web yes, code no)")
-    normalize_digits: bool | None = Field(None, description="Digit runs -> '0' (None: web yes, code no)")
+    normalize_digits: bool | None = Field(None, description="Numbers -> '0' (None: web yes, code no)")
     strip_accents: bool | None = Field(None, description="Drop combining accents (None: web yes, code no)")
     exact_match_on: Literal["words", "whitespace", "raw"] | None = Field(
         None,

@@ -3,14 +3,17 @@
 The datatrove engine and the Spark engine call exactly these functions (Spark inside `mapPartitions`), so
 the same text always gets the same tokens, shingles, signature and band keys, whatever runs it.
 
-- Tokens: a regex over words (`\\w+`) after optional lowercasing, accent stripping and digit folding. It is
-  ~20x faster than datatrove's spaCy word tokeniser and, like datatrove's `simplify_text`, ignores
-  punctuation and whitespace.
-- Shingles: every run of `ngram_size` consecutive tokens. Each token is hashed once (64-bit xxh3 or sha1);
-  a shingle's hash is a seeded, position-weighted sum of its token hashes, finalised with murmur3's fmix64.
+- Tokens (web default, `tokenizer="datatrove"`): datatrove's `simplify_text` rules (lowercase, numbers -> 0,
+  its punctuation set -> space, combining accents dropped) and a whitespace split, in place of datatrove's
+  spaCy word tokeniser (same words on simplified text, ~20x faster). Code (`"words"`): `\\w+` runs, case kept.
+- Shingles: every window of `ngram_size` tokens, hashed as the string `" ".join(window)` with 64-bit xxh64
+  (or sha1): datatrove's definition. `shingle_hash="xxh3_tokens"` instead hashes each token once and
+  combines the window in numpy (faster, different values).
 - MinHash: `num_bands * rows_per_band` universal hashes h_i(x) = (a_i * x + b_i) mod p, p = 2^61 - 1, with
-  (a_i, b_i) drawn from `numpy.random.RandomState(seed)` (datatrove/datasketch's formula: the product wraps
-  mod 2^64; the reduction mod p is the Mersenne shift-add, no division). Vectorised with numpy.
+  (a_i, b_i) drawn from `numpy.random.RandomState(seed)` exactly as datatrove draws them: the product wraps
+  mod 2^64 as in datatrove/datasketch, and the reduction mod p is the Mersenne shift-add (no division; it
+  can leave p <= value < p + 8, which happens with probability ~2^-58 per value). So with the same seed and
+  tokens our signature equals datatrove's `MinhashDedupSignature` signature (a test checks it).
 - Bands: each band of `rows_per_band` values is folded into one signed 64-bit key (Spark has no unsigned).
 - Signatures are kept as the low 32 bits of each value: enough to estimate Jaccard as the fraction of
   equal values when verifying candidate pairs.
@@ -22,10 +25,13 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from itertools import accumulate
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+import regex
 import xxhash
+from datatrove.utils.text import NUMBERS_PATTERN, PUNCTUATION_TRANS
 
 from pipelines.dedup.config import DedupConfig
 
@@ -34,7 +40,7 @@ _SHIFT_61 = np.uint64(61)
 _ROW_CHUNK = 4096  # shingles per matrix block: bounds memory at 4096 x num_perm x 8 bytes
 _WORDS = re.compile(r"\w+")
 _DIGITS = re.compile(r"\d+")
-_COMBINING = re.compile(r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
+_NONSPACING_MARKS = regex.compile(r"\p{Mn}+")  # what datatrove drops after NFD, one char at a time
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
@@ -92,7 +98,9 @@ class MinHasher:
         self._pos = gen.randint(1, 1 << 62, dtype=np.uint64, size=cfg.ngram_size) | odd
         self._rows = gen.randint(1, 1 << 62, dtype=np.uint64, size=cfg.rows_per_band) | odd
         self._band_salt = gen.randint(1, 1 << 62, dtype=np.uint64, size=cfg.num_bands)
-        self._hash_token = xxhash.xxh3_64_intdigest if cfg.shingle_hash == "xxh3" else _sha1_64
+        self._hash = {"xxh64": xxhash.xxh64_intdigest, "sha1": _sha1_64}.get(
+            cfg.shingle_hash, xxhash.xxh3_64_intdigest
+        )
 
     def __getstate__(self) -> dict:
         return {"config": self.config}
@@ -102,29 +110,45 @@ class MinHasher:
         self.__post_init__()
 
     # -- text -> tokens ---------------------------------------------------------------------------------------
-    def normalise(self, text: str) -> str:
-        """Lowercase and strip combining accents, as configured (digits are folded per token)."""
+    def tokens(self, text: str) -> list[str]:
+        """Normalised word tokens (see the module docstring)."""
         cfg = self.config
         if cfg.lowercase:
             text = text.lower()
+        if cfg.tokenizer == "datatrove":
+            if cfg.normalize_digits:
+                text = NUMBERS_PATTERN.sub("0", text)
+            text = text.translate(PUNCTUATION_TRANS)
+            if cfg.strip_accents and not text.isascii():
+                text = _NONSPACING_MARKS.sub("", unicodedata.normalize("NFD", text))
+            return text.split()
         if cfg.strip_accents and not text.isascii():
-            text = _COMBINING.sub("", unicodedata.normalize("NFD", text))
-        return text
-
-    def tokens(self, text: str) -> list[str]:
-        """Word tokens; with `normalize_digits` every digit run becomes '0' ('v2024' -> 'v0')."""
-        tokens = _WORDS.findall(self.normalise(text))
-        if (
-            self.config.normalize_digits
-        ):  # per token: isalpha() is far cheaper than a regex pass over the text
+            text = _NONSPACING_MARKS.sub("", unicodedata.normalize("NFD", text))
+        tokens = _WORDS.findall(text)
+        if cfg.normalize_digits:  # per token: isalpha() is far cheaper than a regex pass over the text
             tokens = [t if t.isalpha() else _DIGITS.sub("0", t) for t in tokens]
         return tokens
 
     # -- tokens -> shingle hashes -> signature -> bands ---------------------------------------------------------
     def shingle_hashes(self, tokens: list[str]) -> np.ndarray:
         """uint64 hash of every `ngram_size`-token window (one window if the text is shorter)."""
+        if self.config.shingle_hash == "xxh3_tokens":
+            return self._combined_token_hashes(tokens)
         n = self.config.ngram_size
-        th = np.fromiter(map(self._hash_token, tokens), dtype=np.uint64, count=len(tokens))
+        if len(tokens) <= n:
+            return np.array([self._hash(" ".join(tokens))], dtype=np.uint64)
+        # window i is joined[start_i : end_{i+n-1}]: slicing one joined string beats joining every window
+        joined = " ".join(tokens)
+        ends = list(accumulate(len(t) + 1 for t in tokens))
+        count = len(tokens) - n + 1
+        starts = [0, *ends[: count - 1]]
+        stops = [e - 1 for e in ends[n - 1 :]]
+        windows = map(joined.__getitem__, map(slice, starts, stops))
+        return np.fromiter(map(self._hash, windows), dtype=np.uint64, count=count)
+
+    def _combined_token_hashes(self, tokens: list[str]) -> np.ndarray:
+        n = self.config.ngram_size
+        th = np.fromiter(map(self._hash, tokens), dtype=np.uint64, count=len(tokens))
         if len(th) == 0:
             th = np.zeros(1, dtype=np.uint64)
         width = min(n, len(th))

@@ -8,6 +8,8 @@ import random
 import numpy as np
 import pytest
 from conftest_dedup import VOCAB, substitute, words  # tests/pipelines is on sys.path (prepend import mode)
+from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
+from datatrove.utils.text import simplify_text
 from pydantic import ValidationError
 
 from infra.settings import load_profile, validate_stage
@@ -52,7 +54,20 @@ def test_config_defaults_per_kind_and_profiles():
 
 def test_normalisation_and_tokens():
     web, code = MinHasher(DedupConfig()), MinHasher(DedupConfig(kind="code"))
-    assert web.tokens("Héllo, WORLD!  It's 2024-05.") == ["hello", "world", "it", "s", "0", "0"]
+    assert web.tokens("Héllo, WORLD!  It's 2024-05 or 3.14¶ os_path") == [
+        "hello",
+        "world",
+        "it",
+        "s",
+        "0",
+        "0",
+        "or",
+        "0¶",
+        "os",
+        "path",
+    ]
+    tricky = "Ça coûte 3,50 € — «vraiment»? Naïve façade_d’été… 1.5x faster¶ (see §2)."
+    assert web.tokens(tricky) == simplify_text(tricky).split()  # datatrove's normalisation, faster
     assert code.tokens("def Foo(x1): return x1+2") == ["def", "Foo", "x1", "return", "x1", "2"]
     # exact keys: words for web (punctuation/case/spacing ignored), collapsed whitespace for code
     assert web.content_hash("A b,  c", web.tokens("A b,  c")) == web.content_hash(
@@ -64,6 +79,23 @@ def test_normalisation_and_tokens():
     assert normalise_url("http://x.org") == "http://x.org/"
 
 
+def test_signature_equals_datatrove_minhash_signature(tmp_path):
+    """Same seed, same shingle hash, same universal hashes: datatrove's stock step gives the same signature
+    (datatrove tokenises with spaCy, we split simplified text on whitespace: same words here)."""
+    step = MinhashDedupSignature(output_folder=str(tmp_path), config=MinhashConfig(), language="en")
+    hasher = MinHasher(DedupConfig())
+    rng = random.Random(5)
+    texts = [" ".join(words(rng, n)) for n in (3, 5, 6, 200)]
+    texts.append("The café opened in 1998; its owner, Zoë, sells 3.5 kg of beans — daily! " * 3)
+    for text in texts:
+        if len(hasher.tokens(text)) < 5:
+            assert step.get_shingles(text).size == 0  # datatrove skips short texts; we hash them whole
+            continue
+        ours = hasher.signature(hasher.shingle_hashes(hasher.tokens(text)))
+        theirs = np.array(step.get_signature(step.get_shingles(text)), dtype=np.uint64).ravel()
+        assert np.array_equal(ours, theirs)
+
+
 def test_signatures_are_deterministic_seeded_and_picklable():
     text = " ".join(words(random.Random(0)))
     hasher = MinHasher(DedupConfig())
@@ -73,8 +105,9 @@ def test_signatures_are_deterministic_seeded_and_picklable():
     assert len(a.sig) == 4 * 112 and a.bands.dtype == np.int64 and a.tokens == 200
     other_seed = MinHasher(DedupConfig(seed=2)).fingerprint(text)
     assert not np.array_equal(a.bands, other_seed.bands)
-    sha1 = MinHasher(DedupConfig(shingle_hash="sha1")).fingerprint(text)
-    assert not np.array_equal(a.bands, sha1.bands) and sha1.tokens == 200
+    for other in ("sha1", "xxh3_tokens"):
+        fp = MinHasher(DedupConfig(shingle_hash=other)).fingerprint(text)
+        assert not np.array_equal(a.bands, fp.bands) and fp.tokens == 200
     # empty and short texts still get a signature (so exact copies of them still cluster)
     assert MinHasher(DedupConfig()).fingerprint("").tokens == 0
     assert (

@@ -53,6 +53,12 @@ def run(spec: TrainJobSpec) -> dict:
         model = load_model(spec.init_from, spec.model)
     else:
         model = build_model(spec.model, seed=spec.trainer.seed)
+    if spec.distributed.engine == "torch" and torch.cuda.is_available():  # DeepSpeed places the model itself
+        model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    counts = parameter_counts(model)
+    log.info(
+        "model: %.2fM parameters (%.2fM active per token)", counts["total"] / 1e6, counts["active"] / 1e6
+    )
     batches = import_object(spec.data.factory)(rank=rank, world_size=world_size, **spec.data.kwargs)
     eval_batches = None
     if spec.eval_data is not None:
@@ -84,7 +90,7 @@ def run(spec: TrainJobSpec) -> dict:
         "tokens": trainer.tokens_seen,
         "world_size": world_size,
         "metrics": metrics,
-        "parameters": parameter_counts(model),
+        "parameters": counts,
         "weights_digest": digest,
         "checkpoint": str(latest_checkpoint(run_dir / "checkpoints")),
         "hf_dir": None,

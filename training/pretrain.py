@@ -187,6 +187,7 @@ def _stage_metrics(run_root: Path, results: dict[str, dict]) -> dict[str, float]
             "eval_loss",
             "tokens_per_s",
             "eval_topk_mass",
+            "eval_topk_mass_oracle",
             "indexer_loss",
             "eval_indexer_loss",
         ):

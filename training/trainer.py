@@ -232,6 +232,7 @@ class Trainer:
         prepare_model(model, cfg)
         self.engine = (engine or LocalEngine)(model, cfg.optim)
         self.model = self.engine.model
+        self.device = next(self.model.parameters()).device  # after the engine placed the model
         self.router_taps = RouterTaps(self.model)
         self.step = 0
         self.tokens_seen = 0
@@ -244,14 +245,13 @@ class Trainer:
 
     def autocast(self):
         if self.cfg.precision == "bf16":
-            device = next(self.model.parameters()).device.type
-            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def loss_terms(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Forward one micro-batch: summed LM loss, indexer stats and the MoE balance loss."""
-        inputs = {k: batch[k] for k in ("input_ids", "position_ids") if k in batch}
-        labels = batch.get("labels", batch["input_ids"])
+        inputs = {k: batch[k].to(self.device) for k in ("input_ids", "position_ids") if k in batch}
+        labels = batch.get("labels", batch["input_ids"]).to(self.device)
         logits = self.engine.forward(**inputs).logits
         lm_sum = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"

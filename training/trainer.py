@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -272,7 +273,11 @@ class Trainer:
         cfg = self.cfg
         self._resume_or_seed()
         bar = tqdm(
-            total=cfg.steps, initial=self.step, disable=not (cfg.progress and self.is_main), unit="step"
+            total=cfg.steps,
+            initial=self.step,
+            disable=not (cfg.progress and self.is_main),
+            unit="step",
+            mininterval=0.1 if sys.stderr.isatty() else 10.0,  # a log file gets a line every 10 s, not 10/s
         )
         sums = torch.zeros(len(_SUMS), dtype=torch.float64)
         if cfg.eval_at_start and self.step == 0:

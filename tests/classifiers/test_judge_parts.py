@@ -52,7 +52,11 @@ def test_calibration_divides_out_the_prior():
 
 def test_prompt_files_are_versioned_by_content():
     rubric = load_prompt("edu_math_v1")
-    assert rubric.kind == "rubric" and rubric.prompt_id.startswith("edu_math_v1-") and len(rubric.prompt_id) == 20
+    assert (
+        rubric.kind == "rubric"
+        and rubric.prompt_id.startswith("edu_math_v1-")
+        and len(rubric.prompt_id) == 20
+    )
     msgs = rubric.messages("THE DOC")
     assert msgs[0]["role"] == "system" and "<document>THE DOC</document>" in msgs[-1]["content"]
     levels = load_prompt("edu_math_levels_v1")
@@ -72,7 +76,10 @@ def test_cache_is_keyed_by_model_prompt_and_document(tmp_path):
     cache.put(CachedAnswer(document_hash("doc"), "4", 4.0, "text", None, 10, 1))
     key = cache.flush()
     assert key.startswith("judge/cache/openai_m1/edu_math_v1-abc/part-") and cache.flush() is None
-    assert JudgeCache(store, "judge/cache", "openai:m1", "edu_math_v1-abc").get(document_hash("doc")).score == 4.0
+    assert (
+        JudgeCache(store, "judge/cache", "openai:m1", "edu_math_v1-abc").get(document_hash("doc")).score
+        == 4.0
+    )
     assert JudgeCache(store, "judge/cache", "openai:m2", "edu_math_v1-abc").get(document_hash("doc")) is None
     assert JudgeCache(store, "judge/cache", "openai:m1", "edu_math_v2-abc").get(document_hash("doc")) is None
 
@@ -80,13 +87,22 @@ def test_cache_is_keyed_by_model_prompt_and_document(tmp_path):
 def test_probe_set_and_gate_arithmetic():
     probes = load_probe_set()
     kinds = {p["kind"] for p in probes}
-    assert len(probes) == 94 and kinds == {"champ_solution", "sympy_doc", "champ_problem", "jargon_entry",
-                                           "fortune", "recipe", "navigation"}
+    assert len(probes) == 94 and kinds == {
+        "champ_solution",
+        "sympy_doc",
+        "champ_problem",
+        "jargon_entry",
+        "fortune",
+        "recipe",
+        "navigation",
+    }
     assert all(p["license"] in {"MIT", "BSD-3-Clause", "BSD", "public-domain"} for p in probes)
     assert {p["kind"] for p in interleave_kinds(probes)[:7]} == kinds
     perfect = evaluate_gate(probes, [float(p["grade"]) for p in probes], GateConfig())
     assert perfect.passed and perfect.auc == 1.0 and perfect.spearman == pytest.approx(1.0)
-    flat = evaluate_gate(probes, [2.0 if i % 2 else None for i in range(len(probes))], GateConfig(blocking=True))
+    flat = evaluate_gate(
+        probes, [2.0 if i % 2 else None for i in range(len(probes))], GateConfig(blocking=True)
+    )
     assert not flat.passed and flat.blocking and flat.unscored == 47 and "blocking" in flat.message
     inverted = evaluate_gate(probes, [-float(p["grade"]) for p in probes], GateConfig())
     assert inverted.auc == 0.0 and not inverted.passed

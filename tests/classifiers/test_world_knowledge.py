@@ -126,3 +126,35 @@ def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cach
     assert wiki_rescued >= 20  # unseen Wikipedia articles come back
     assert len(rescued) - wiki_rescued <= 3  # git manual pages stay dropped
     assert rescue.sample and rescue.sample[0]["score"] >= 0.9
+
+
+def test_judge_labelled_web_samples_join_the_training_data(web_store, debian_cache, judge_server, tmp_path):
+    from classifiers.judge.backends import OpenAIChatBackend
+    from classifiers.judge.client import JudgeClient, JudgeClientConfig
+    from classifiers.judge.prompt_files import load_prompt
+    from pipelines.knowledge.world_knowledge import JUDGE_PROMPT, assemble_examples
+
+    config = WorldKnowledgeConfig(
+        max_wikipedia_passages=20,
+        dictionaries=["dict-elements"],
+        max_passages_per_dictionary=20,
+        low_value_packages=["fortunes-min"],
+        max_low_value=20,
+        judge_sample_size=30,
+        judge_positive_min=2.0,
+        judge_negative_max=0.5,
+    )
+    judge = JudgeClient(
+        OpenAIChatBackend(judge_server.url, "m", backoff_s=0.01),
+        load_prompt(JUDGE_PROMPT),
+        LocalStore(tmp_path / "judge"),
+        JudgeClientConfig(show_progress=False, calibrate=False),
+    )
+    stats: dict = {}
+    examples = assemble_examples(web_store, config, judge, debian_cache, stats)
+    labelled = stats.get("judge/web_positive", 0) + stats.get("judge/web_negative", 0)
+    assert labelled + stats.get("judge/web_uncertain", 0) == 30 and labelled > 0
+    sources = {e.source for e in examples}
+    assert "judge/web-low" in sources or "judge/web" in sources
+    assert sum(e.source.startswith("judge/") for e in examples) == labelled
+    assert all(e.label == 1 for e in examples if e.source == "judge/web")

@@ -27,6 +27,11 @@ class JudgeConfig(BaseModel):
     endpoint_env: str = Field(
         "CRUCIBLE_JUDGE", description="Env prefix of the endpoint: <P>_URL, <P>_MODEL, <P>_API_KEY"
     )
+    prompt: str | None = Field(
+        None,
+        description="Prompt file (classifiers/judge/prompts/); None = the task's default for the backend: "
+        "a levels prompt for local models, a rubric prompt for endpoints",
+    )
     timeout_s: float = Field(60.0, gt=0, description="HTTP timeout per judge call")
     max_retries: int = Field(4, ge=0, description="Retries per judge call (timeouts, 5xx, malformed bodies)")
     backoff_s: float = Field(1.0, ge=0, description="First retry delay; doubles per retry (with jitter)")
@@ -62,8 +67,26 @@ def build_backend(config: JudgeConfig) -> JudgeBackend:
     )
 
 
+# task -> (prompt for a local model, prompt for an endpoint). Small local models cannot follow a rubric in
+# a chat (measured: probe AUC ~0.4-0.5), so they read the rubric's levels by likelihood instead.
+DEFAULT_PROMPTS = {
+    "edu_math": ("edu_math_levels_v1", "edu_math_v1"),
+    "world_knowledge": ("world_knowledge_levels_v1", "world_knowledge_v1"),
+}
+
+
+def prompt_name(config: JudgeConfig, task: str) -> str:
+    """The configured prompt, else the task's default for the configured backend."""
+    if config.prompt:
+        return config.prompt
+    local, endpoint = DEFAULT_PROMPTS[task]
+    return local if config.backend == "local" else endpoint
+
+
 def build_judge(
-    config: JudgeConfig, store: ObjectStore, prompt_name: str, backend: JudgeBackend | None = None
+    config: JudgeConfig, store: ObjectStore, task: str, backend: JudgeBackend | None = None
 ) -> JudgeClient:
-    """A JudgeClient for `prompt_name` (e.g. edu_math_v1); pass `backend` to share one loaded model."""
-    return JudgeClient(backend or build_backend(config), load_prompt(prompt_name), store, config.client)
+    """A JudgeClient for `task` (edu_math, world_knowledge); pass `backend` to share one loaded model."""
+    return JudgeClient(
+        backend or build_backend(config), load_prompt(prompt_name(config, task)), store, config.client
+    )

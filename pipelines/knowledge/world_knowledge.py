@@ -46,7 +46,7 @@ from pipelines.knowledge.world_knowledge_data import (
 log = logging.getLogger(__name__)
 
 ENCYCLOPEDIC = ("wikipedia", "dict-")
-JUDGE_PROMPT = "world_knowledge_v1"
+JUDGE_TASK = "world_knowledge"
 
 
 class WorldKnowledgeConfig(BaseModel):
@@ -201,7 +201,7 @@ def train_world_knowledge(
     work_dir = Path(work_dir)
     stats: dict = {}
     if judge is None and config.judge_sample_size:
-        judge = build_judge(config.judge, store, JUDGE_PROMPT)
+        judge = build_judge(config.judge, store, JUDGE_TASK)
     examples = assemble_examples(store, config, judge, debian_cache, stats)
     if not any(e.label == 0 for e in examples) or not any(e.label == 1 for e in examples):
         raise ValueError(f"world knowledge needs positives and negatives; got {source_counts(examples)}")

@@ -36,7 +36,7 @@ from pipelines.math.synthetic_text import SyntheticTextConfig, drop_synthetic
 
 log = logging.getLogger(__name__)
 
-PROMPT = "edu_math_v1"
+TASK = "edu_math"
 
 
 class MathFilterConfig(BaseModel):
@@ -111,7 +111,7 @@ def run_math_filter(
     dropped: list[dict] = []
     natural = list(drop_synthetic(candidates, stats, config.synthetic, dropped))
 
-    judge = judge or build_judge(config.judge, store, PROMPT)
+    judge = judge or build_judge(config.judge, store, TASK)
     gate = run_quality_gate(judge, config.judge.gate)
 
     rng = random.Random(config.seed)

@@ -132,7 +132,7 @@ def test_judge_labelled_web_samples_join_the_training_data(web_store, debian_cac
     from classifiers.judge.backends import OpenAIChatBackend
     from classifiers.judge.client import JudgeClient, JudgeClientConfig
     from classifiers.judge.prompt_files import load_prompt
-    from pipelines.knowledge.world_knowledge import JUDGE_PROMPT, assemble_examples
+    from pipelines.knowledge.world_knowledge import assemble_examples
 
     config = WorldKnowledgeConfig(
         max_wikipedia_passages=20,
@@ -146,7 +146,7 @@ def test_judge_labelled_web_samples_join_the_training_data(web_store, debian_cac
     )
     judge = JudgeClient(
         OpenAIChatBackend(judge_server.url, "m", backoff_s=0.01),
-        load_prompt(JUDGE_PROMPT),
+        load_prompt("world_knowledge_v1"),
         LocalStore(tmp_path / "judge"),
         JudgeClientConfig(show_progress=False, calibrate=False),
     )

@@ -12,6 +12,7 @@ import requests
 
 from classifiers.judge.backends import OpenAIChatBackend
 from classifiers.judge.client import JudgeClient
+from classifiers.judge.judge_config import prompt_name
 from classifiers.judge.prompt_files import load_prompt
 from infra.llm_server import llm_server_process
 from infra.local_web import fetch_doc_package
@@ -19,7 +20,7 @@ from infra.settings import REPO_ROOT, load_profile, validate_stage
 from infra.store import LocalStore
 from pipelines.knowledge.document_shards import read_documents, write_documents
 from pipelines.math.doc_pages import doc_page_paths, iter_doc_pages
-from pipelines.math.math_filter import PROMPT, MathFilterConfig, run_math_filter
+from pipelines.math.math_filter import TASK, MathFilterConfig, run_math_filter
 
 CACHE = REPO_ROOT / ".crucible" / "cache" / "debian-docs"
 SYNTHETIC = [
@@ -61,7 +62,7 @@ def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url,
 
     def judge() -> JudgeClient:
         backend = OpenAIChatBackend(judge_url, "keyword-scorer", timeout_s=10, max_retries=1, backoff_s=0.01)
-        return JudgeClient(backend, load_prompt(PROMPT), store, config.judge.client)
+        return JudgeClient(backend, load_prompt(prompt_name(config.judge, TASK)), store, config.judge.client)
 
     before = chat_requests(judge_url)
     result = run_math_filter(store, config, tmp_path / "work", tag="t1", judge=judge(), debian_cache=CACHE)

@@ -57,10 +57,11 @@ PYGMENTS_NAMES = {
 GUESSLANG_RUNNER = r"""
 import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-import tensorflow as tf
-import guesslang
+import importlib.util
 from pathlib import Path
-data = Path(guesslang.__file__).parent / "data"
+import tensorflow as tf
+# locate guesslang's saved model without importing the package (its __init__ needs tf.estimator, gone in TF 2.16+)
+data = Path(importlib.util.find_spec("guesslang").origin).parent / "data"
 names = {ext: name for name, ext in json.loads((data / "languages.json").read_text()).items()}
 t0 = time.time()
 model = tf.saved_model.load(str(data / "model"))

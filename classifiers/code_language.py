@@ -48,24 +48,42 @@ def content_window(text: str, max_chars: int = MAX_CHARS) -> str:
     return text[:head] + "\n" + text[mid : mid + max_chars - head]
 
 
+def _flush_line(out: list[str], line: list[str]) -> None:
+    """Append one line's tokens; a comment line of prose (`-- This class holds ...`, ` * Returns the ...`)
+    keeps its marker and becomes `PROSE`: the words of comments say which project, not which language."""
+    if len(line) >= 4 and not (line[0][0].isalpha() or line[0][0] == "_"):
+        words = sum(1 for t in line[1:] if t[0].isalpha())
+        if words >= 0.6 * (len(line) - 1):
+            out.append(line[0])
+            out.append("PROSE")
+            return
+    out.extend(line)
+
+
 def code_tokens(text: str, max_tokens: int = MAX_TOKENS) -> list[str]:
     """Tokens of a file's head: `NL*` (line start + indentation) markers, identifiers, numbers as `0`,
-    operators and punctuation."""
-    out = []
+    operators and punctuation; comment prose collapsed to `PROSE`."""
+    out: list[str] = []
+    line: list[str] = []
     for tok in _TOKEN.findall("\n" + content_window(text)):
         c = tok[0]
         if c == "\n":
-            if out and out[-1][:2] == "NL":
+            if line:
+                _flush_line(out, line)
+                line = []
+                if len(out) >= max_tokens:
+                    break
+            elif out and out[-1][:2] == "NL":
                 out[-1] = _line_start(tok)  # blank lines collapse into the next line start
                 continue
             out.append(_line_start(tok))
         elif c.isdigit():
-            out.append("0")
+            line.append("0")
         else:
-            out.append(tok)
-        if len(out) >= max_tokens:
-            break
-    return out
+            line.append(tok)
+    if line:
+        _flush_line(out, line)
+    return out[:max_tokens]
 
 
 def token_shape(tok: str) -> str:

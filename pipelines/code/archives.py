@@ -138,7 +138,11 @@ def iter_debian_source(files: list[Path]) -> Iterator[Member]:
     dsc = next((f for f in files if f.suffix == ".dsc"), None)
     if dsc is None:
         raise ArchiveError(f"no .dsc among {[f.name for f in files]}")
-    names = list(dict.fromkeys(_DSC_FILE.findall(dsc.read_text(errors="replace"))))
+    names = [
+        n
+        for n in dict.fromkeys(_DSC_FILE.findall(dsc.read_text(errors="replace")))
+        if ".tar" in n and not n.endswith(".asc")
+    ]
     if not names:
         raise ArchiveError(f"{dsc.name}: lists no files")
     for name in names:

@@ -59,6 +59,12 @@ def write_shards(store: ObjectStore, prefix: str, records: Iterable[dict], shard
             flush()
     if buf:
         flush()
+    # a previous, larger run may have left more shards under the prefix: they are not part of this output
+    written, base = set(keys), prefix.rstrip("/") + "/"
+    for key in store.list(base):
+        rel = key[len(base) :]
+        if "/" not in rel and rel.startswith("part-") and rel.endswith(".jsonl.gz") and key not in written:
+            store.delete(key)
     return keys
 
 

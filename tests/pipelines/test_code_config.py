@@ -38,3 +38,15 @@ def test_micro_manifest_crawls_this_repository_offline(tmp_path):
     assert res.metrics["sources/ok"] == 1 and "sources/failed" not in res.metrics
     assert res.metrics["language_files/Python"] >= 20
     assert len(res.extra["errors"]) == 0
+
+
+def test_rewriting_a_snapshot_removes_its_stale_shards(tmp_path):
+    from pipelines.code.records import read_shards, write_shards
+
+    store = LocalStore(tmp_path / "store")
+    recs = [{"text": str(i), "id": str(i), "metadata": {}} for i in range(25)]
+    assert len(write_shards(store, "code/raw/s", recs, 10)) == 3
+    store.put_json("code/raw/s/crawl_stats.json", {})
+    assert write_shards(store, "code/raw/s", recs[:5], 10) == ["code/raw/s/part-00000.jsonl.gz"]
+    assert [r["id"] for r in read_shards(store, "code/raw/s")] == ["0", "1", "2", "3", "4"]
+    assert store.exists("code/raw/s/crawl_stats.json")

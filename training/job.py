@@ -88,13 +88,25 @@ def training_command(spec: TrainJobSpec, torch_extensions_dir: Path | None = Non
     )
 
 
-def run_training_job(spec: TrainJobSpec, torch_extensions_dir: Path | None = None) -> dict[str, Any]:
-    """Run one phase to completion in child processes; returns `result.json`. Raises `LaunchError` if any
-    rank crashes or is killed (nothing is reported as a success unless the child exits 0)."""
+# Runs a launch command to completion, raising if it fails: `run_command` by default, Dagster Pipes from assets/.
+Launch = Callable[[LaunchCommand, Path, float | None], None]
+
+
+def run_training_job(
+    spec: TrainJobSpec, torch_extensions_dir: Path | None = None, launch: Launch | None = None
+) -> dict[str, Any]:
+    """Run one phase to completion in child processes; returns `result.json`. Raises if any rank crashes
+    or is killed (nothing is reported as a success unless the child exits 0)."""
     cmd = training_command(spec, torch_extensions_dir)
     run_dir = Path(spec.run_dir)
-    run_command(cmd, log_path=run_dir / "train.log", timeout_s=spec.distributed.timeout_s)
-    return json.loads((run_dir / "result.json").read_text())
+    if launch is None:
+        run_command(cmd, log_path=run_dir / "train.log", timeout_s=spec.distributed.timeout_s)
+    else:
+        launch(cmd, run_dir / "train.log", spec.distributed.timeout_s)
+    result_path = run_dir / "result.json"
+    if not result_path.exists():
+        raise RuntimeError(f"training job in {run_dir} exited without writing result.json")
+    return json.loads(result_path.read_text())
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

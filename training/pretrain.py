@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra.stage import StageResult, markdown_table
 from training.distributed import DistributedConfig
-from training.job import DataSpec, TrainJobSpec, read_metrics, run_training_job
+from training.job import DataSpec, Launch, TrainJobSpec, read_metrics, run_training_job
 from training.model import ModelConfig
 from training.trainer import TrainerConfig
 
@@ -133,8 +133,10 @@ def run_pretraining(
     extra_files: dict[str, str] | None = None,
     torch_extensions_dir: Path | None = None,
     callbacks: list[str] | None = None,
+    launch: Launch | None = None,
 ) -> StageResult:
-    """Run the three phases (skipping finished ones); raises `infra.launcher.LaunchError` if a phase fails."""
+    """Run the three phases (skipping finished ones); raises `infra.launcher.LaunchError` if a phase fails.
+    `launch` runs each phase's command (default: a plain subprocess; the asset layer passes Dagster Pipes)."""
     run_root = Path(run_root)
     init_from, rows, results = None, [], {}
     for phase in PHASES:
@@ -142,7 +144,7 @@ def run_pretraining(
         result = _finished(spec)
         if result is None:
             log.info("pretrain phase %s: %d steps (%s)", phase, spec.trainer.steps, spec.trainer.dsa_mode)
-            result = run_training_job(spec, torch_extensions_dir)
+            result = run_training_job(spec, torch_extensions_dir, launch)
         results[phase] = result
         init_from = result["hf_dir"]
         m = result["metrics"]

@@ -25,8 +25,10 @@ def test_local_instance_config(tmp_path, monkeypatch):
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     config, _ = dagster_instance_config(str(tmp_path))
-    limits = {(t["key"], t["value"]): t["limit"] for t in config["run_queue"]["tag_concurrency_limits"]}
+    runs = config["concurrency"]["runs"]
+    limits = {(t["key"], t["value"]): t["limit"] for t in runs["tag_concurrency_limits"]}
     assert set(limits) == {("crucible/resource", v) for v in ("gpu", "spark", "llm")}
+    assert config["concurrency"]["pools"]["default_limit"] == 1
     assert config["run_monitoring"]["enabled"] is True and config["telemetry"]["enabled"] is False
 
 

@@ -35,6 +35,7 @@ from pipelines.dedup.shards import (
 log = logging.getLogger(__name__)
 
 _SHARD, _DIGEST, _LINE = "dedup_shard", "dedup_shard_digest", "dedup_line"
+_BATCH_ROWS = 4096
 
 
 class StoreShardReader(PipelineStep):
@@ -72,19 +73,28 @@ class MinhashFingerprinter(PipelineStep):
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         hasher = MinHasher(self.config)
-        rows = []
-        for doc in data:
-            meta = doc.metadata
-            with self.track_time():
-                row = fingerprint_row(
-                    hasher, doc.text, doc.id, meta, meta[_SHARD], meta[_DIGEST], meta[_LINE], self.snapshot
-                )
-            rows.append(row)
-            self.stat_update("fingerprinted")
-            self.stat_update("tokens", value=row["tokens"])
-        pq.write_table(
-            pa.Table.from_pylist(rows, schema=FINGERPRINT_SCHEMA), f"{self.out_dir}/{rank:05d}.parquet"
-        )
+        rows: list[dict] = []
+        with pq.ParquetWriter(f"{self.out_dir}/{rank:05d}.parquet", FINGERPRINT_SCHEMA) as writer:
+            for doc in data:
+                meta = doc.metadata
+                with self.track_time():
+                    row = fingerprint_row(
+                        hasher,
+                        doc.text,
+                        doc.id,
+                        meta,
+                        meta[_SHARD],
+                        meta[_DIGEST],
+                        meta[_LINE],
+                        self.snapshot,
+                    )
+                rows.append(row)
+                self.stat_update("fingerprinted")
+                self.stat_update("tokens", value=row["tokens"])
+                if len(rows) == _BATCH_ROWS:  # bounded memory per task, whatever the shard sizes
+                    writer.write_table(pa.Table.from_pylist(rows, schema=FINGERPRINT_SCHEMA))
+                    rows = []
+            writer.write_table(pa.Table.from_pylist(rows, schema=FINGERPRINT_SCHEMA))
         yield from ()
 
 

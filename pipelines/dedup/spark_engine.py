@@ -86,15 +86,29 @@ def _verify_partition(rows, threshold: float):
             yield (row[0], row[1])
 
 
+def _is_star_forest(e) -> bool:
+    """True when every component is a star around its minimum: each u has one link, no link target has one."""
+    from pyspark.sql import functions as F
+
+    multi = e.groupBy("u").count().where("count > 1").select("u")
+    chained = e.join(e.select(F.col("u").alias("v")), "v", "left_semi").select("u")
+    return multi.unionByName(chained).limit(1).count() == 0
+
+
 def connected_components(edges):
     """(src, dst) edges -> (node, label) for every node on an edge; label = smallest node of its component.
 
-    Alternates large-star and small-star until every component is a star around its minimum."""
+    Alternates large-star and small-star (Kiveris et al., 2014) until every component is a star around its
+    minimum. LSH links already point at their bucket's minimum, so this often holds before the first round.
+    """
     from pyspark.sql import functions as F
 
     e = edges.select(F.greatest("src", "dst").alias("u"), F.least("src", "dst").alias("v")).where("u != v")
-    e = e.distinct()
-    for round_no in range(1, _MAX_CC_ROUNDS + 1):
+    e = e.distinct().localCheckpoint()
+    for round_no in range(_MAX_CC_ROUNDS + 1):
+        if _is_star_forest(e):
+            log.info("connected components converged after %d rounds", round_no)
+            return e.select(F.col("u").alias("node"), F.col("v").alias("label"))
         # large-star: every neighbour larger than u links to the smallest of u's closed neighbourhood
         adj = e.unionByName(e.select(F.col("v").alias("u"), F.col("u").alias("v")))
         low = adj.groupBy("u").agg(F.least(F.min("v"), F.col("u")).alias("m"))
@@ -109,12 +123,6 @@ def connected_components(edges):
         )
         e = small.select(F.greatest("a", "m").alias("u"), F.least("a", "m").alias("v")).where("u != v")
         e = e.distinct().localCheckpoint()
-        # converged when every component is a star: each u has one link and no link target has a link
-        multi = e.groupBy("u").count().where("count > 1").select("u")
-        chained = e.join(e.select(F.col("u").alias("v")), "v", "left_semi").select("u")
-        if multi.unionByName(chained).limit(1).count() == 0:
-            log.info("connected components converged after %d rounds", round_no)
-            return e.select(F.col("u").alias("node"), F.col("v").alias("label"))
     raise RuntimeError(f"connected components did not converge in {_MAX_CC_ROUNDS} rounds")
 
 

@@ -4,6 +4,7 @@ and writes byte-identical outputs and index entries (so the engines can be mixed
 from __future__ import annotations
 
 import os
+import random
 import sys
 
 import pytest
@@ -78,3 +79,18 @@ def test_spark_and_datatrove_engines_keep_the_same_documents(spark, tmp_path):
     assert b_spark.metrics["cross_partition_dups"] == b_local.metrics["cross_partition_dups"] == 12
     assert b_spark.data_version == b_local.data_version
     assert tree_bytes(local.root, "dedup") == local_b_tree
+
+
+def test_large_star_small_star_components_match_union_find(spark):
+    """A long path in shuffled label order (many rounds), a star, a cycle and a pair."""
+    from pipelines.dedup.spark_engine import connected_components
+
+    rng = random.Random(0)
+    path = rng.sample(range(1000, 1030), 30)
+    edges = list(zip(path, path[1:], strict=False))
+    edges += [(7, x) for x in (70, 71, 72)] + [(500, 501), (501, 502), (502, 500), (9, 8)]
+    frame = spark.createDataFrame(edges, "src long, dst long")
+    labels = {r["node"]: r["label"] for r in connected_components(frame).collect()}
+    expected = {x: min(path) for x in path if x != min(path)}
+    expected |= {70: 7, 71: 7, 72: 7, 501: 500, 502: 500, 9: 8}
+    assert labels == expected  # roots are not listed: their label is themselves

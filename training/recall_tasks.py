@@ -176,20 +176,25 @@ def synthetic_recall_rows(
     eos_id: int,
     seed: int,
     multikey_share: float = 0.5,
+    max_keys: int = 16,
 ) -> np.ndarray:
-    """`n_rows` synthetic recall rows [n_rows, seq_len]: passkey rows and multi-key rows mixed by share."""
+    """`n_rows` synthetic recall rows [n_rows, seq_len]: passkey rows and multi-key rows mixed by share.
+
+    Multi-key rows hold 2..`max_keys` keys and ask about half to all of them, so one row carries many
+    long-range copy targets (fewer keys when the row is too short for the template).
+    """
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n_rows):
         row = None
         if rng.random() < multikey_share:
-            num_keys = int(rng.integers(2, 7))
-            num_questions = int(rng.integers(1, num_keys))
-            while row is None and num_keys >= 2:  # short rows: fewer keys until the template fits
+            num_keys = int(rng.integers(2, max(max_keys, 2) + 1))
+            num_questions = int(rng.integers(max(1, num_keys // 2), num_keys + 1))
+            while row is None and num_keys >= 2:
                 try:
                     row = multikey_sequence(encode, filler, rng, seq_len, eos_id, num_keys, num_questions)
                 except ValueError:
                     num_keys -= 1
-                    num_questions = min(num_questions, num_keys - 1)
+                    num_questions = min(num_questions, num_keys)
         rows.append(row if row is not None else passkey_sequence(encode, filler, rng, seq_len, eos_id))
     return np.stack(rows) if rows else np.zeros((0, seq_len), dtype=np.int64)

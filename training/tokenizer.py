@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class TokenizerConfig(BaseModel):
     max_docs: int = Field(200_000, ge=1, description="Train on at most this many documents")
     max_chars_per_doc: int = Field(20_000, ge=100, description="Truncate each training document to this")
     individual_digits: bool = Field(
-        True, description="Split numbers into single digits (arithmetic, passkeys)"
+        True, description="Split numbers into single digits, a leading space kept with the first one"
     )
     model_max_length: int = Field(2048, ge=16, description="Longest context recorded in tokenizer_config")
 
@@ -79,7 +79,9 @@ def build_untrained_tokenizer(config: TokenizerConfig) -> tuple[Tokenizer, train
     """The byte-level BPE pipeline and its trainer, before training."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if config.individual_digits else []
+    # One token per digit, but a leading space stays with the first digit (" 71432" -> "Ġ7" "1" "4" "3" "2"),
+    # so the token before a number's second digit identifies the number (copying it needs one-token lookback).
+    steps = [pre_tokenizers.Split(Regex(r" ?\p{N}"), behavior="isolated")] if config.individual_digits else []
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         steps + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
     )

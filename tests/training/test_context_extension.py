@@ -183,7 +183,7 @@ def test_synthetic_recall_rows_answer_from_context():
             kinds["multikey"] += 1
             codes = dict(re.findall(r" The secret code of (\w+) is (\d{5})\. ", text))
             asked = re.findall(r"What is the secret code of (\w+)\? The secret code of \1 is (\d{5})\.", text)
-            assert 2 <= len(codes) <= 6 and 1 <= len(asked) < len(codes)
+            assert 2 <= len(codes) <= 16 and 1 <= len(asked) <= len(codes)
             assert all(codes[name] == key for name, key in asked)
     assert 10 <= kinds["passkey"] <= 30 and 10 <= kinds["multikey"] <= 30
 

@@ -27,7 +27,7 @@ class WorldKnowledgeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     fasttext: FastTextParams = Field(
         default_factory=lambda: FastTextParams(
-            epoch=15, lr=0.5, dim=64, word_ngrams=2, min_count=2, minn=3, maxn=5, bucket=200_000
+            epoch=25, lr=0.5, dim=64, word_ngrams=2, min_count=1, minn=3, maxn=5, bucket=200_000
         ),
         description="fastText hyper-parameters",
     )

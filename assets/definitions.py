@@ -2,24 +2,45 @@
 
 import dagster as dg
 
-from assets import web_crawl, web_extract
+from assets import code_corpus, dedup, pretraining, web_crawl, web_extract
 from assets.resources import resources_for
 from assets.sensors import web_snapshot_sensor
 from infra.settings import load_profile
 
 PROFILE = load_profile()
 
-web_assets = [web_crawl.web_warc, web_extract.web_documents, web_extract.web_filtered]
+web_assets = [web_crawl.web_warc, web_extract.web_documents, web_extract.web_filtered, dedup.web_deduped]
+code_assets = [
+    code_corpus.code_raw_files,
+    code_corpus.code_language_classifier,
+    code_corpus.code_files,
+    code_corpus.code_quality,
+    dedup.code_deduped,
+]
+training_assets = [pretraining.corpus_tokenizer, pretraining.token_shards, pretraining.base_checkpoint]
 
-# Run tags drive the queue limits in dagster.yaml (`crucible/resource`).
-web_corpus = dg.define_asset_job(
-    "web_corpus", selection=dg.AssetSelection.assets(*web_assets), tags={"crucible/resource": "cpu"}
-)
+
+def _job(name: str, assets: list, resource: str, description: str):
+    # Run tags drive the queue limits in dagster.yaml (`crucible/resource`).
+    return dg.define_asset_job(
+        name,
+        selection=dg.AssetSelection.assets(*assets),
+        description=description,
+        tags={"crucible/resource": resource},
+    )
+
+
+# In graph order; `crucible run` materializes them one after the other.
+JOBS = [
+    _job("web_corpus", web_assets, "cpu", "Crawl, extract, filter and dedup one web snapshot"),
+    _job("code_corpus", code_assets, "cpu", "Crawl, language-ID, fix, score and dedup one code snapshot"),
+    _job("training", training_assets, "gpu", "Tokenizer, token shards, pretraining, midtraining, evals"),
+]
 
 defs = dg.Definitions(
-    assets=[*web_assets],
-    jobs=[web_corpus],
+    assets=[*web_assets, *code_assets, *training_assets],
+    jobs=JOBS,
     sensors=[web_snapshot_sensor],
-    resources=resources_for(PROFILE),
+    resources={**resources_for(PROFILE), "pipes": dg.PipesSubprocessClient()},
     executor=dg.in_process_executor,
 )

@@ -22,6 +22,10 @@ class PipesLaunch:
 
     def __call__(self, cmd: LaunchCommand, log_path: Path, timeout_s: float | None) -> None:
         self.context.log.info("launching %s", " ".join(cmd.argv[:6]))
-        invocation = self.client.run(command=list(cmd.argv), env=dict(cmd.env), context=self.context,
-                                     extras={"log_path": str(log_path)})
+        invocation = self.client.run(
+            command=list(cmd.argv),
+            env=dict(cmd.env),
+            context=self.context,
+            extras={"log_path": str(log_path)},
+        )
         self.messages.extend(invocation.get_custom_messages())

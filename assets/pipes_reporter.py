@@ -26,7 +26,7 @@ def pipes_metrics(spec: Any) -> Callable[[int, dict[str, float]], None]:
 
     def report(step: int, metrics: dict[str, float]) -> None:
         last.clear()
-        last.update({"step": step, **{k: float(v) for k, v in metrics.items()}})
+        last.update({"step": float(step), **{k: float(v) for k, v in metrics.items()}})
         pipes.report_custom_message(last.copy())
         if step % LOG_EVERY == 0:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in list(metrics.items())[:8])
@@ -34,8 +34,9 @@ def pipes_metrics(spec: Any) -> Callable[[int, dict[str, float]], None]:
 
     def close() -> None:
         if last:
-            pipes.report_asset_materialization(metadata={k: {"raw_value": v, "type": "float"}
-                                                         for k, v in last.items()})
+            pipes.report_asset_materialization(
+                metadata={k: {"raw_value": v, "type": "float"} for k, v in last.items()}
+            )
         pipes.close()
 
     atexit.register(close)

@@ -107,8 +107,12 @@ def run_stage(
     fn: StageFn,
     upstream: Sequence[dg.AssetKey] = (),
     checks: CheckFn | None = None,
+    register: Callable[[StageResult], dict[str, str]] | None = None,
 ) -> dg.MaterializeResult:
-    """Run `fn` once per partition of this run, each inside its own MLflow run."""
+    """Run `fn` once per partition of this run, each inside its own MLflow run.
+
+    `register(result)` names models to register: {registered model name: artifact sub-path in the run};
+    each becomes a model version carrying the run's lineage tags."""
     cfg = resolve(config) if isinstance(config, dg.Config) else config
     key = context.asset_key
     asset_name = key.to_user_string()
@@ -141,6 +145,15 @@ def run_stage(
             result = fn(cfg, object_store, part, run)
             result.metrics.setdefault("wall_time_s", round(time.time() - started, 3))
             _log_result(run, result)
+            for name, subpath in (register(result) if register else {}).items():
+                version = tracker.register_model(
+                    name,
+                    run.run_id,
+                    subpath,
+                    {**tags, "crucible.data_version": result.data_version, "crucible.run_name": run_name},
+                )
+                result.outputs[f"model/{name}"] = f"models:/{name}/{version.version}"
+                context.log.info("registered %s version %s", name, version.version)
         results[part] = (run, result)
     return _materialize_result(results, cfg, checks)
 

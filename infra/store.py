@@ -73,6 +73,28 @@ class ObjectStore(ABC):
         }
         return sorted(children)
 
+    def put_dir(self, prefix: str, local_dir: str | Path) -> str:
+        """Publish every file of `local_dir` under `prefix`, then `_COMPLETE` last: readers that wait for the
+        marker never see a half-copied directory (a checkpoint, a tokenizer)."""
+        local_dir = Path(local_dir)
+        self.delete(f"{prefix}/_COMPLETE")
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            self.put_file(f"{prefix}/{path.relative_to(local_dir).as_posix()}", path)
+        self.put_bytes(f"{prefix}/_COMPLETE", b"")
+        return self.uri(prefix)
+
+    def get_dir(self, prefix: str, local_dir: str | Path) -> Path:
+        """Copy a directory published with `put_dir` to `local_dir` (fails if it was never completed)."""
+        if not self.exists(f"{prefix}/_COMPLETE"):
+            raise StoreError(
+                f"{self.uri(prefix)} is incomplete or missing (no _COMPLETE marker): rerun its asset"
+            )
+        local_dir = Path(local_dir)
+        for key in self.list(prefix + "/"):
+            if not key.endswith("/_COMPLETE"):
+                self.download(key, local_dir / key[len(prefix) + 1 :])
+        return local_dir
+
     def put_json(self, key: str, obj: Any) -> str:
         return self.put_bytes(key, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 

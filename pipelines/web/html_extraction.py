@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 from multiprocessing import Pipe
 from typing import TYPE_CHECKING
 
@@ -165,6 +166,11 @@ class ForkingExtractorSandbox(ExtractorSandbox):
     """datatrove's extraction sandbox, always forked: a process that was itself spawned (a Dagster run worker)
     inherits the `spawn` start method, which cannot pickle the extractor and its writers."""
 
+    def _quiet_worker(self, conn, extract_fn):
+        # the fork inherits the parent's SIGTERM handler (Dagster raises on it): die quietly when terminated
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._worker(conn, extract_fn)
+
     def _ensure_process(self, extract_fn):
         if self.process is not None and self.process.is_alive():
             return
@@ -172,7 +178,7 @@ class ForkingExtractorSandbox(ExtractorSandbox):
             self._cleanup_process()
         self.parent_conn, self.child_conn = Pipe()
         ctx = multiprocessing.get_context("fork")
-        self.process = ctx.Process(target=self._worker, args=(self.child_conn, extract_fn), daemon=True)
+        self.process = ctx.Process(target=self._quiet_worker, args=(self.child_conn, extract_fn), daemon=True)
         self.process.start()
         self.all_processes.append(self.process)
         if self.parent_conn.poll(self.timeout):

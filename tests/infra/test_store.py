@@ -151,3 +151,21 @@ def test_open_store_and_open_uri(tmp_path, s3_bucket):
     assert isinstance(remote, S3Store) and remote.uri("x") == f"s3://{bucket}/warcs/x"
     with pytest.raises(StoreError, match="no such directory"):
         open_uri(str(tmp_path / "nope"))
+
+
+def test_directories_publish_with_a_completion_marker(store, tmp_path):
+    src = tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "sub" / "weights.bin").write_bytes(b"w" * 100)
+    store.put_dir("checkpoints/base", src)
+    assert store.list("checkpoints/base/") == [
+        "checkpoints/base/_COMPLETE",
+        "checkpoints/base/config.json",
+        "checkpoints/base/sub/weights.bin",
+    ]
+    out = store.get_dir("checkpoints/base", tmp_path / "copy")
+    assert (out / "sub" / "weights.bin").read_bytes() == b"w" * 100
+    store.delete("checkpoints/base/_COMPLETE")
+    with pytest.raises(StoreError, match="incomplete"):
+        store.get_dir("checkpoints/base", tmp_path / "again")

@@ -1,0 +1,193 @@
+"""Tokenizer, token shards and pretraining of the GLM-5 architecture. These assets read every curated
+partition that exists when they run (web, code, math, rescued knowledge) and record which ones in MLflow."""
+
+from pathlib import Path
+
+import dagster as dg
+
+from assets.pipes_launch import CALLBACK, PipesLaunch
+from assets.resources import MlflowResource, ObjectStoreResource
+from assets.stage_config import launchpad_config
+from assets.tracked import code_version, run_stage
+from infra.settings import load_profile
+from infra.store import ObjectStore
+from training import data as token_data
+from training import pretrain, tokenizer
+from training.data import MixtureConfig
+from training.job import DataSpec
+from training.pretrain import PretrainConfig
+from training.tokenizer import TokenizerConfig
+
+PROFILE = load_profile()
+TokenizerRunConfig = launchpad_config("tokenizer", TokenizerConfig, PROFILE)
+TokenShardsRunConfig = launchpad_config("token_shards", MixtureConfig, PROFILE)
+PretrainRunConfig = launchpad_config("pretrain", PretrainConfig, PROFILE)
+
+CORPUS = ["web_deduped", "code_deduped", "math_filtered", "web_rescued"]
+TOKENIZER_PREFIX = "training/tokenizer"
+SHARDS_PREFIX = "training/token_shards"
+_train = {"group_name": "training", "kinds": {"python"}}
+
+
+def _snapshots(store: ObjectStore, prefix: str, marker: str) -> list[str]:
+    return [s for s in store.list_prefixes(prefix) if store.exists(f"{prefix}/{s}/{marker}")]
+
+
+def corpus_sources(store: ObjectStore) -> dict[str, list[str]]:
+    """Source -> store prefixes of every curated partition present now: deduplicated where dedup ran,
+    else the filtered documents; math and rescued knowledge as their own sources."""
+    deduped_web = set(_snapshots(store, "dedup/web", "_SUCCESS.json"))
+    deduped_code = set(_snapshots(store, "dedup/code", "_SUCCESS.json"))
+    web = [f"dedup/web/{s}/kept/" for s in sorted(deduped_web)] + [
+        f"web/filtered/{s}/kept/"
+        for s in _snapshots(store, "web/filtered", "manifest.json")
+        if s not in deduped_web
+    ]
+    code = [f"dedup/code/{s}/kept/" for s in sorted(deduped_code)] + [
+        f"code/files/{s}/" for s in store.list_prefixes("code/files") if s not in deduped_code
+    ]
+    sources = {
+        "web": web,
+        "code": code,
+        "math": [p + "/" for p in _dirs(store, "math/filtered")],
+        "knowledge": [f"knowledge/rescued/{s}/" for s in store.list_prefixes("knowledge/rescued")],
+    }
+    return {name: prefixes for name, prefixes in sources.items() if prefixes}
+
+
+def _dirs(store: ObjectStore, prefix: str) -> list[str]:
+    return sorted({k.rsplit("/", 1)[0] for k in store.list(prefix + "/") if k.endswith(".jsonl.gz")})
+
+
+def local_tokenizer(store: ObjectStore) -> Path:
+    return store.get_dir(TOKENIZER_PREFIX, PROFILE.state_path / "cache" / "tokenizer")
+
+
+@dg.asset(**_train, deps=CORPUS, code_version=code_version(tokenizer))
+def corpus_tokenizer(
+    context: dg.AssetExecutionContext,
+    config: TokenizerRunConfig,
+    store: ObjectStoreResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
+    """Byte-level BPE with chat / tool / thinking special tokens and a chat template (`tokenizer.json`)."""
+
+    def stage(cfg, s, _, run):
+        sources = corpus_sources(s)
+        context.log.info("tokenizer sources: %s", sources)
+        out_dir = PROFILE.state_path / "runs" / "tokenizer"
+        result = tokenizer.tokenizer_stage(cfg, s, sources, out_dir, TOKENIZER_PREFIX)
+        s.put_dir(TOKENIZER_PREFIX, result.outputs["tokenizer_dir"])
+        result.artifacts["tokenizer"] = Path(result.outputs["tokenizer_dir"])
+        return result
+
+    return run_stage(
+        context,
+        store=store,
+        mlflow=mlflow,
+        config=config,
+        fn=stage,
+        upstream=[dg.AssetKey(a) for a in CORPUS],
+    )
+
+
+@dg.asset(**_train, deps=[*CORPUS, "corpus_tokenizer"], code_version=code_version(token_data))
+def token_shards(
+    context: dg.AssetExecutionContext,
+    config: TokenShardsRunConfig,
+    store: ObjectStoreResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
+    """Tokenized train / held-out shards per source with document boundaries and the mixture's weights."""
+
+    def stage(cfg, s, _, run):
+        tok = local_tokenizer(s)
+        return token_data.build_token_shards(cfg, s, corpus_sources(s), tok / "tokenizer.json", SHARDS_PREFIX)
+
+    return run_stage(
+        context,
+        store=store,
+        mlflow=mlflow,
+        config=config,
+        fn=stage,
+        upstream=[dg.AssetKey(a) for a in [*CORPUS, "corpus_tokenizer"]],
+    )
+
+
+def shard_specs(s: ObjectStore, seed: int) -> tuple[DataSpec, DataSpec, str]:
+    """Train / held-out batch factories over the current token shards, and the shards' data version."""
+    manifest_key = f"{SHARDS_PREFIX}/manifest.json"
+    cache = PROFILE.state_path / "cache" / "token_shards"
+    train = {
+        k: [str(p) for p in v] for k, v in token_data.shard_paths(s, manifest_key, "train", cache).items()
+    }
+    held = {
+        k: [str(p) for p in v] for k, v in token_data.shard_paths(s, manifest_key, "heldout", cache).items()
+    }
+    manifest = s.get_json(manifest_key)
+    weights = {k: w for k, w in manifest.get("weights", {}).items() if k in train}
+    version = manifest.get("data_version", "")
+    kwargs = {"shard_paths": train, "seed": seed, "weights": weights or None}
+    return (
+        DataSpec(factory="training.data:token_batches", kwargs=kwargs),
+        DataSpec(factory="training.data:heldout_batches", kwargs={"shard_paths": held}),
+        version,
+    )
+
+
+def tokenizer_files(tok: Path) -> dict[str, str]:
+    return {p.name: str(p) for p in tok.iterdir() if p.is_file()}
+
+
+@dg.asset(
+    **_train,
+    deps=["token_shards", "corpus_tokenizer"],
+    code_version=code_version(pretrain),
+    tags={"crucible/resource": "gpu"},
+)
+def base_checkpoint(
+    context: dg.AssetExecutionContext,
+    config: PretrainRunConfig,
+    store: ObjectStoreResource,
+    mlflow: MlflowResource,
+    pipes: dg.PipesSubprocessClient,
+) -> dg.MaterializeResult:
+    """GLM-5 (MLA + DSA + MoE) pretrained in three phases: dense LM, DSA indexer warm-up on its KL loss,
+    sparse training; each phase is a separate process launched over Dagster Pipes."""
+
+    def stage(cfg: PretrainConfig, s, _, run):
+        tok = local_tokenizer(s)
+        vocab = len(tokenizer.load_tokenizer(tok))
+        cfg = cfg.model_copy(
+            update={
+                "model": cfg.model.model_copy(
+                    update={"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
+                )
+            }
+        )
+        data, eval_data, version = shard_specs(s, seed=cfg.dense.seed)
+        run_root = PROFILE.state_path / "runs" / "pretrain" / (version[:16] or "unversioned")
+        result = pretrain.run_pretraining(
+            cfg,
+            run_root,
+            data,
+            eval_data,
+            extra_files=tokenizer_files(tok),
+            torch_extensions_dir=PROFILE.state_path / "torch_extensions",
+            callbacks=[CALLBACK],
+            launch=PipesLaunch(context, pipes),
+        )
+        hf_dir = Path(result.outputs["hf_dir"])
+        result.outputs["checkpoint"] = s.put_dir("checkpoints/base", hf_dir)
+        result.artifacts["checkpoint"] = hf_dir
+        return result
+
+    return run_stage(
+        context,
+        store=store,
+        mlflow=mlflow,
+        config=config,
+        fn=stage,
+        upstream=[dg.AssetKey("token_shards"), dg.AssetKey("corpus_tokenizer")],
+        register=lambda result: {"crucible-base": "checkpoint"},
+    )

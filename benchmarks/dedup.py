@@ -48,6 +48,8 @@ from collections import defaultdict
 from itertools import combinations
 from pathlib import Path
 
+from tqdm import tqdm
+
 log = logging.getLogger("bench_dedup")
 
 PACKAGES = {
@@ -166,7 +168,7 @@ def build_corpus(base: list[dict], fraction: float, seed: int) -> tuple[list[dic
         for i, d in enumerate(base)
     ]
     pairs = []
-    for i, d in enumerate(base[: int(len(base) * fraction)]):
+    for i, d in enumerate(tqdm(base[: int(len(base) * fraction)], desc="planting copies", mininterval=5)):
         level = LEVELS[i % len(LEVELS)]
         text, true_j = plant_copy(d["text"], level, vocab, rng)
         copy_id = f"copy-{i:06d}"

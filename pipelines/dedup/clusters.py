@@ -10,7 +10,7 @@ document of the earlier partitions in the index:
    `verify_threshold` of their values (estimated Jaccard). Connected components of these links are the
    near-duplicate clusters.
 
-In every group / component the smallest node id wins: the keep rule (see `keep_order`) is baked into node
+In every group / component the smallest node id wins: the keep rule (`KEEP_ORDER`) is baked into node
 ids, and documents of earlier partitions have smaller ids than any document of this one. Links between two
 index documents are never built: they cannot change what this partition keeps.
 """

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import tempfile
@@ -38,7 +39,17 @@ _SHARD, _DIGEST, _LINE = "dedup_shard", "dedup_shard_digest", "dedup_line"
 _BATCH_ROWS = 4096
 
 
-class StoreShardReader(PipelineStep):
+class _StoreStep(PipelineStep):
+    """A step holding an object store. The executor deep-copies steps per task; the store is shared instead
+    (an S3 client cannot be copied). Worker processes (workers > 1) need a picklable store."""
+
+    def __deepcopy__(self, memo: dict) -> _StoreStep:
+        clone = copy.copy(self)
+        clone.stats = copy.deepcopy(self.stats, memo)
+        return clone
+
+
+class StoreShardReader(_StoreStep):
     """Reads this task's share of JSONL.gz shards from the object store as Documents (position in metadata)."""
 
     type = "📖 - READER"
@@ -98,7 +109,7 @@ class MinhashFingerprinter(PipelineStep):
         yield from ()
 
 
-class DedupShardWriter(PipelineStep):
+class DedupShardWriter(_StoreStep):
     """Applies each shard's plan: kept documents, index part and cluster rows to the store; counts to disk."""
 
     type = "🫂 - DEDUP"

@@ -24,8 +24,8 @@ from conftest_dedup import (  # tests/pipelines is on sys.path (prepend import m
     write_shards,
 )
 
-from infra.settings import load_profile, validate_stage
-from infra.store import LocalStore
+from infra.settings import StoreSettings, load_profile, validate_stage
+from infra.store import LocalStore, S3Store
 from pipelines.dedup import DedupConfig, dedup_partition
 from pipelines.dedup.index import IndexMismatchError
 
@@ -201,3 +201,20 @@ def test_killed_run_then_rerun_equals_uninterrupted_run(tmp_path):
     assert tree_bytes(killed.root, "dedup") == tree_bytes(clean.root, "dedup")
     with gzip.open(killed.root / f"dedup/web/{A}/kept/00000.jsonl.gz", "rt") as fh:
         assert all(json.loads(line)["text"] for line in fh)
+
+
+def test_datatrove_engine_on_an_s3_store(s3_bucket, tmp_path):
+    """Nothing assumes a local file system: shards, outputs and the index go through the store API."""
+    endpoint, bucket = s3_bucket
+    url = f"s3://{bucket}/crucible"
+    store = S3Store(url, StoreSettings(url=url, endpoint_url=endpoint))
+    local = tmp_path / "staging"
+    for key in write_shards(local, f"web/filtered/{A}/kept", snapshot_a(), shards=2):
+        store.put_file(key, local / key)
+    result = dedup_partition(micro_config(), store, A, scratch=tmp_path)
+    assert (result.metrics["docs_out"], result.metrics["near_dups"]) == (132, 18)
+    assert store.exists(f"dedup/web/index/{A}/manifest.json") and store.exists(f"dedup/web/{A}/_SUCCESS.json")
+    kept = []
+    for key in store.list(f"dedup/web/{A}/kept/"):
+        kept += [json.loads(line)["id"] for line in gzip.decompress(store.get_bytes(key)).splitlines()]
+    assert set(kept) == {d["id"] for d in snapshot_a()} - A_DROPPED

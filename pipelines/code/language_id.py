@@ -47,14 +47,14 @@ class CodeLanguageIdConfig(BaseModel):
     )
     shebang_labels: bool = Field(True, description="Label extension-less scripts by their shebang")
     lr: float = Field(0.5, gt=0, description="fastText learning rate")
-    epoch: int = Field(25, ge=1, description="fastText epochs")
+    epoch: int = Field(50, ge=1, description="fastText epochs")
     dim: int = Field(64, ge=2, description="fastText vector size")
-    word_ngrams: int = Field(2, ge=1, description="fastText word n-gram length over code tokens")
+    word_ngrams: int = Field(3, ge=1, description="fastText word n-gram length over code tokens")
     minn: int = Field(0, ge=0, description="fastText min char n-gram (0 = off)")
     maxn: int = Field(0, ge=0, description="fastText max char n-gram (0 = off)")
     min_count: int = Field(1, ge=1, description="fastText min token count")
     vocabulary_min_groups: int = Field(
-        3, ge=0, description="Tokens seen in fewer training packages become their shape (0 = keep all)"
+        6, ge=0, description="Tokens seen in fewer training packages become their shape (0 = keep all)"
     )
     bucket: int = Field(200_000, ge=1000, description="fastText hash buckets (model size)")
     threads: int = Field(2, ge=1, description="fastText threads")

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets import code_corpus, dedup, pretraining, web_crawl, web_extract
+from assets import code_corpus, dedup, midtraining, pretraining, web_crawl, web_extract
 from assets.resources import resources_for
 from assets.sensors import web_snapshot_sensor
 from infra.settings import load_profile
@@ -17,7 +17,13 @@ code_assets = [
     code_corpus.code_quality,
     dedup.code_deduped,
 ]
-training_assets = [pretraining.corpus_tokenizer, pretraining.token_shards, pretraining.base_checkpoint]
+training_assets = [
+    pretraining.corpus_tokenizer,
+    pretraining.token_shards,
+    pretraining.base_checkpoint,
+    *midtraining.midtrain_assets,
+    midtraining.checkpoint_evals,
+]
 
 
 def _job(name: str, assets: list, resource: str, description: str):

@@ -47,11 +47,12 @@ def launchpad_config(stage: str, model: type[BaseModel], profile: Profile) -> ty
     defaults = validate_stage(profile, stage, model)
     fields: dict[str, Any] = {}
     json_fields = []
+    dumped = defaults.model_dump(mode="json")
     for name, info in model.model_fields.items():
         annotation, is_json = _launchpad_type(info.annotation)
         value = getattr(defaults, name)
-        if isinstance(value, BaseModel):
-            value = value.model_dump(mode="json")
+        if is_json or isinstance(value, BaseModel):
+            value = dumped[name]
         if is_json:
             json_fields.append(name)
             value = json.dumps(value, default=str)

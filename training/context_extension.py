@@ -497,11 +497,14 @@ def midtrain_stage(
     in_process: bool = False,
     distributed: Any = None,
     torch_extensions_dir: str | Path | None = None,
+    launch: Any = None,
+    callbacks: Sequence[str] = (),
 ) -> Path:
     """Train one context-extension stage from the parent checkpoint; returns the new HF checkpoint dir.
 
     Runs each phase of `midtrain_job_specs` as a child process (`training.job.run_training_job`, resumable,
-    fails loudly) or, with `in_process=True`, in this process (tests, notebooks).
+    fails loudly) or, with `in_process=True`, in this process (tests, notebooks). `launch` / `callbacks` as
+    for `training.job.run_training_job` / `TrainJobSpec.callbacks` (the asset layer passes Dagster Pipes).
     """
     from training.job import run_training_job
 
@@ -518,12 +521,15 @@ def midtrain_stage(
         tokenizer_dir,
         distributed,
     ):
+        if callbacks:
+            spec = spec.model_copy(update={"callbacks": [*spec.callbacks, *callbacks]})
         if in_process:
             from training.launch_entry import run
 
             result = run(spec)
         else:
-            result = run_training_job(spec, Path(torch_extensions_dir) if torch_extensions_dir else None)
+            ext_dir = Path(torch_extensions_dir) if torch_extensions_dir else None
+            result = run_training_job(spec, ext_dir, launch)
         log.info("midtrain %s phase %s: %s", stage_name, Path(spec.run_dir).name, result.get("metrics"))
     return Path(result["hf_dir"])
 

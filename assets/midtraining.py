@@ -1,0 +1,220 @@
+"""Context-extension midtraining as staged assets (each stage raises the RoPE base or applies YaRN, up-samples
+long documents and packs similar ones together), and the evals of every checkpoint (held-out perplexity,
+RULER-style passkey retrieval at several lengths and depths, short-context regression)."""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+
+from assets.pipes_launch import CALLBACK, PipesLaunch
+from assets.pretraining import SHARDS_PREFIX, local_tokenizer, tokenizer_files
+from assets.resources import MlflowResource, ObjectStoreResource
+from assets.stage_config import launchpad_config
+from assets.tracked import code_version, run_stage
+from infra.settings import SettingsError, load_profile, validate_stage
+from infra.stage import StageResult, markdown_table
+from infra.store import LocalStore, ObjectStore
+from training import context_extension, evals
+from training import data as token_data
+from training.context_extension import ContextExtensionConfig
+from training.evals import EvalConfig
+from training.pretrain import PretrainConfig
+from training.tokenizer import load_tokenizer
+
+PROFILE = load_profile()
+MidtrainConfig = launchpad_config("context_extension", ContextExtensionConfig, PROFILE)
+EvalRunConfig = launchpad_config("checkpoint_evals", EvalConfig, PROFILE)
+STAGES = 3  # the graph is the same in every profile: each profile defines three context stages
+if len(validate_stage(PROFILE, "context_extension", ContextExtensionConfig).stages) != STAGES:
+    raise SettingsError(
+        f"{PROFILE.source} (stages.context_extension): field 'stages' must list {STAGES} stages"
+    )
+
+CHECKPOINTS = ["base_checkpoint", *[f"midtrain_stage{i}" for i in range(1, STAGES + 1)]]
+
+
+def checkpoint_prefix(asset: str) -> str:
+    return "checkpoints/base" if asset == "base_checkpoint" else f"checkpoints/{asset}"
+
+
+def local_checkpoint(store: ObjectStore, asset: str) -> Path:
+    return store.get_dir(checkpoint_prefix(asset), PROFILE.state_path / "cache" / "checkpoints" / asset)
+
+
+def _heldout(store: ObjectStore) -> dict[str, list[str]]:
+    cache = PROFILE.state_path / "cache" / "token_shards"
+    paths = token_data.shard_paths(store, f"{SHARDS_PREFIX}/manifest.json", "heldout", cache)
+    return {k: [str(p) for p in v] for k, v in paths.items()}
+
+
+def _midtrain_asset(index: int):
+    name, parent = f"midtrain_stage{index}", CHECKPOINTS[index - 1]
+
+    @dg.asset(
+        name=name,
+        group_name="training",
+        deps=[parent, "token_shards"],
+        kinds={"python"},
+        code_version=code_version(context_extension),
+        tags={"crucible/resource": "gpu"},
+    )
+    def midtrain(
+        context: dg.AssetExecutionContext,
+        config: MidtrainConfig,
+        store: ObjectStoreResource,
+        mlflow: MlflowResource,
+        pipes: dg.PipesSubprocessClient,
+    ) -> dg.MaterializeResult:
+        """One context-extension stage trained from the previous checkpoint (see `context_extension`)."""
+
+        def stage(cfg: ContextExtensionConfig, s, _, run) -> StageResult:
+            ctx = cfg.stages[index - 1]
+            pre = validate_stage(PROFILE, "pretrain", PretrainConfig)
+            tok = local_tokenizer(s)
+            model_cfg = pre.model.model_copy(
+                update={
+                    "vocab_size": len(load_tokenizer(tok)),
+                    "bos_token_id": 0,
+                    "eos_token_id": 0,
+                    "pad_token_id": 1,
+                }
+            )
+            rows = context_extension.build_midtrain_shards(
+                cfg,
+                ctx.name,
+                s,
+                f"{SHARDS_PREFIX}/manifest.json",
+                tok / "tokenizer.json",
+                f"training/midtrain_rows/{ctx.name}",
+                PROFILE.state_path / "cache" / "midtrain_rows",
+            )
+            shard_path = _local_shard(s, rows.outputs["shard"])
+            run_dir = PROFILE.state_path / "runs" / name / (rows.data_version[:16] or "unversioned")
+            hf_dir = context_extension.midtrain_stage(
+                local_checkpoint(s, parent),
+                model_cfg,
+                pre.sparse,
+                cfg,
+                ctx.name,
+                [shard_path],
+                run_dir,
+                heldout=_heldout(s),
+                tokenizer_dir=tok,
+                distributed=pre.distributed,
+                torch_extensions_dir=PROFILE.state_path / "torch_extensions",
+                launch=PipesLaunch(context, pipes),
+                callbacks=[CALLBACK],
+            )
+            for fname, src in tokenizer_files(tok).items():
+                if not (hf_dir / fname).exists():
+                    (hf_dir / fname).write_bytes(Path(src).read_bytes())
+            metrics = {f"rows/{k}": v for k, v in rows.metrics.items()}
+            final = (token_data_json(hf_dir.parent / "result.json") or {}).get("metrics", {})
+            metrics.update({f"final/{k}": v for k, v in final.items() if isinstance(v, int | float)})
+            metrics.update({"seq_len": ctx.seq_len, "rope_theta": ctx.rope_theta or 0.0})
+            report = f"## {name}: {ctx.name} (seq_len {ctx.seq_len}, {cfg.rope_method})\n\n{rows.report_md}"
+            return StageResult(
+                metrics=metrics,
+                outputs={"checkpoint": s.put_dir(checkpoint_prefix(name), hf_dir)},
+                report_md=report,
+                artifacts={"checkpoint": hf_dir},
+                data_version=rows.data_version + ":" + str(final.get("step", "")),
+            )
+
+        return run_stage(
+            context,
+            store=store,
+            mlflow=mlflow,
+            config=config,
+            fn=stage,
+            upstream=[dg.AssetKey(parent), dg.AssetKey("token_shards")],
+            register=lambda result: {f"crucible-{name}": "checkpoint"},
+        )
+
+    return midtrain
+
+
+def token_data_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _local_shard(store: ObjectStore, key: str) -> Path:
+    """A token shard (+ its doc index) as local files: in place for a local store, else cached copies."""
+    if isinstance(store, LocalStore):
+        return store.local_path(key)
+    cache = PROFILE.state_path / "cache"
+    store.download(key.replace(".tokens.npy", ".docs.npy"), cache / key.replace(".tokens.npy", ".docs.npy"))
+    return store.download(key, cache / key)
+
+
+midtrain_assets = [_midtrain_asset(i) for i in range(1, STAGES + 1)]
+
+
+@dg.asset(
+    group_name="training",
+    deps=[*CHECKPOINTS, "token_shards"],
+    kinds={"python"},
+    code_version=code_version(evals),
+)
+def checkpoint_evals(
+    context: dg.AssetExecutionContext,
+    config: EvalRunConfig,
+    store: ObjectStoreResource,
+    mlflow: MlflowResource,
+) -> dg.MaterializeResult:
+    """Every checkpoint's held-out perplexity and passkey accuracy, and each stage against its parent."""
+
+    def stage(cfg: EvalConfig, s, _, run) -> StageResult:
+        tok, heldout = local_tokenizer(s), _heldout(s)
+        out_root = PROFILE.state_path / "runs" / "evals"
+        per: dict[str, StageResult] = {}
+        metrics: dict[str, float] = {}
+        artifacts: dict[str, Path] = {}
+        rows = []
+        for asset in CHECKPOINTS:
+            mode = "dense" if asset == "base_checkpoint" else "native"
+            result = evals.evaluate_checkpoint_dir(
+                local_checkpoint(s, asset), tok, heldout, cfg, out_root / asset, dsa_mode=mode
+            )
+            per[asset] = result
+            metrics.update({f"{asset}/{k}": v for k, v in result.metrics.items()})
+            artifacts.update({f"{asset}/{Path(k).name}": v for k, v in result.artifacts.items()})
+            rows.append(
+                {
+                    "checkpoint": asset,
+                    **{
+                        k: round(v, 3)
+                        for k, v in result.metrics.items()
+                        if k.startswith(("passkey/acc/", "ppl/"))
+                    },
+                }
+            )
+        for parent, child in zip(CHECKPOINTS, CHECKPOINTS[1:], strict=False):
+            delta = evals.compare_to_parent(per[parent].metrics, per[child].metrics, cfg.short_seq_len)
+            metrics.update({f"{child}/vs_parent/{k}": v for k, v in delta.items()})
+        delta = evals.compare_to_parent(
+            per[CHECKPOINTS[0]].metrics, per[CHECKPOINTS[-1]].metrics, cfg.short_seq_len
+        )
+        metrics.update({f"final_vs_base/{k}": v for k, v in delta.items()})
+        report = (
+            "## Checkpoint evals\n\n"
+            + markdown_table(rows)
+            + "\n\n### Final vs base\n\n"
+            + markdown_table([{"metric": k, "value": round(v, 4)} for k, v in sorted(delta.items())])
+        )
+        return StageResult(
+            metrics=metrics,
+            report_md=report,
+            artifacts=artifacts,
+            data_version=",".join(r.data_version for r in per.values()),
+        )
+
+    return run_stage(
+        context,
+        store=store,
+        mlflow=mlflow,
+        config=config,
+        fn=stage,
+        upstream=[dg.AssetKey(a) for a in CHECKPOINTS],
+    )

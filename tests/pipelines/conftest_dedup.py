@@ -4,7 +4,7 @@ Documents are 200 seeded pseudo-words, so unrelated documents share no 5-gram. T
 
 `2024-10` (processed first), 166 documents in 4 shards:
   - base-000..119   120 originals (quality 0.5)
-  - exact-00..09    10 copies of base-000..009 that differ only in case, punctuation, whitespace and digits
+  - exact-00..09    10 copies of base-000..009 that differ only in case, punctuation and whitespace
   - url-00..05      6 new texts under the URL of base-010..015 (upper-case host, #fragment)
   - near-00..11     12 copies of base-020..031 with 2 word substitutions (Jaccard ~0.9)
   - far-00..07      8 copies of base-040..047 with 60 substitutions (Jaccard ~0.2): not duplicates

@@ -168,6 +168,17 @@ def multikey_sequence(
     return np.concatenate([fill, np.asarray(tail, dtype=np.int64)])[:seq_len]
 
 
+def repeat_sequence(filler: FillerText, rng: np.random.Generator, seq_len: int, eos_id: int) -> np.ndarray:
+    """A training row of `seq_len` tokens: a passage, unrelated text, then the same passage again.
+
+    Every token of the second copy is predictable by looking back to the first (dense copy targets, the
+    data that grows induction heads, on which passkey and key-value retrieval are built)."""
+    passage_len = int(rng.integers(seq_len // 8, seq_len // 3 + 1))
+    gap_len = seq_len - 2 * passage_len - 1
+    passage = filler.window(rng, passage_len)
+    return np.concatenate([passage, filler.window(rng, gap_len), passage, [eos_id]])[:seq_len]
+
+
 def synthetic_recall_rows(
     encode: Encode,
     filler: FillerText,
@@ -177,8 +188,10 @@ def synthetic_recall_rows(
     seed: int,
     multikey_share: float = 0.5,
     max_keys: int = 16,
+    repeat_share: float = 0.0,
 ) -> np.ndarray:
-    """`n_rows` synthetic recall rows [n_rows, seq_len]: passkey rows and multi-key rows mixed by share.
+    """`n_rows` synthetic recall rows [n_rows, seq_len]: repeated-passage rows (`repeat_share`), multi-key
+    rows (`multikey_share`) and passkey rows (the rest).
 
     Multi-key rows hold 2..`max_keys` keys and ask about half to all of them, so one row carries many
     long-range copy targets (fewer keys when the row is too short for the template).
@@ -187,7 +200,10 @@ def synthetic_recall_rows(
     rows = []
     for _ in range(n_rows):
         row = None
-        if rng.random() < multikey_share:
+        draw = rng.random()
+        if draw < repeat_share:
+            row = repeat_sequence(filler, rng, seq_len, eos_id)
+        elif draw < repeat_share + multikey_share:
             num_keys = int(rng.integers(2, max(max_keys, 2) + 1))
             num_questions = int(rng.integers(max(1, num_keys // 2), num_keys + 1))
             while row is None and num_keys >= 2:

@@ -245,3 +245,21 @@ def test_midtrain_stage_trains_from_parent_with_extended_rope(tmp_path, one_torc
     ]
     assert max(m["step"] for m in metrics) == 3
     assert any("eval_loss" in m for m in metrics) and any("topk_mass" in m for m in metrics)
+
+
+def test_repeat_rows_copy_a_passage():
+    from training.recall_tasks import repeat_sequence
+
+    docs, _ = topic_docs(20)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        row = repeat_sequence(FillerText(docs, eos_id=0), rng, 300, eos_id=0)
+        assert len(row) == 300 and row[-1] == 0
+        body = row[:-1]
+        # the longest n with body[:n] == body[-n:] is the passage length: 1/8 .. 1/3 of the row
+        n = max(k for k in range(1, 150) if (body[:k] == body[-k:]).all())
+        assert 300 // 8 <= n <= 300 // 3
+    rows = synthetic_recall_rows(ascii_encode, FillerText(docs, 0), 200, 700, 0, seed=2, multikey_share=0.3,
+                                 repeat_share=0.4)  # fmt: skip
+    n_repeat = sum("What is" not in ascii_decode(r) for r in rows)
+    assert 80 - 25 <= n_repeat <= 80 + 25

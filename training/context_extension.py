@@ -93,12 +93,20 @@ class ContextExtensionConfig(BaseModel):
         0.25, ge=0, le=1, description="Share of rows that are synthetic recall rows"
     )
     multikey_share: float = Field(
-        0.5, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
+        0.3, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
+    )
+    repeat_share: float = Field(
+        0.4,
+        ge=0,
+        le=1,
+        description="Share of synthetic rows that repeat a passage (dense long-range copying)",
     )
     seed: int = Field(0, description="Seed for sampling, packing and synthetic rows")
 
     @model_validator(mode="after")
     def _increasing(self) -> ContextExtensionConfig:
+        if self.multikey_share + self.repeat_share > 1:
+            raise ValueError("multikey_share + repeat_share must be <= 1 (the rest are passkey rows)")
         lengths = [self.base_seq_len] + [s.seq_len for s in self.stages]
         if any(b <= a for a, b in zip(lengths, lengths[1:], strict=False)):
             raise ValueError(f"stages: seq_len must increase from base_seq_len, got {lengths}")
@@ -308,7 +316,16 @@ def build_midtrain_rows(
         stats[f"rows/source/{s}"] += 1
         long_tokens += sum(t for i, t in zip(used, taken, strict=True) if len(docs[i]) >= seq_len)
         rows.append(row)
-    synth = synthetic_recall_rows(encode, filler, n_synth, seq_len, eos_id, seed + 1, config.multikey_share)
+    synth = synthetic_recall_rows(
+        encode,
+        filler,
+        n_synth,
+        seq_len,
+        eos_id,
+        seed + 1,
+        config.multikey_share,
+        repeat_share=config.repeat_share,
+    )
     stats["rows/synthetic"] = n_synth
     all_rows = np.concatenate([np.stack(rows) if rows else np.zeros((0, seq_len), np.int64), synth])
     all_rows = all_rows[rng.permutation(len(all_rows))]

@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets import code_corpus, dedup, midtraining, pretraining, web_crawl, web_extract
+from assets import code_corpus, dedup, knowledge, midtraining, pretraining, web_crawl, web_extract
 from assets.resources import resources_for
 from assets.sensors import web_snapshot_sensor
 from infra.settings import load_profile
@@ -17,6 +17,8 @@ code_assets = [
     code_corpus.code_quality,
     dedup.code_deduped,
 ]
+knowledge_assets = [knowledge.world_knowledge_classifier, knowledge.math_filtered]
+rescue_assets = [knowledge.web_rescued]
 training_assets = [
     pretraining.corpus_tokenizer,
     pretraining.token_shards,
@@ -40,11 +42,13 @@ def _job(name: str, assets: list, resource: str, description: str):
 JOBS = [
     _job("web_corpus", web_assets, "cpu", "Crawl, extract, filter and dedup one web snapshot"),
     _job("code_corpus", code_assets, "cpu", "Crawl, language-ID, fix, score and dedup one code snapshot"),
+    _job("knowledge", knowledge_assets, "llm", "World-knowledge classifier and LLM-judge math filter"),
+    _job("web_rescue", rescue_assets, "cpu", "Rescue long-tail knowledge from one snapshot's dropped pages"),
     _job("training", training_assets, "gpu", "Tokenizer, token shards, pretraining, midtraining, evals"),
 ]
 
 defs = dg.Definitions(
-    assets=[*web_assets, *code_assets, *training_assets],
+    assets=[*web_assets, *code_assets, *knowledge_assets, *rescue_assets, *training_assets],
     jobs=JOBS,
     sensors=[web_snapshot_sensor],
     resources={**resources_for(PROFILE), "pipes": dg.PipesSubprocessClient()},

@@ -165,7 +165,7 @@ class LocalModelBackend:
         model_path: str | Path,
         threads: int | None = None,
         max_input_tokens: int = 1024,
-        max_document_tokens: int = 96,
+        max_document_tokens: int = 64,
         level_temperature: float = 0.1,
     ):
         from infra.llm_server import TransformersChatModel

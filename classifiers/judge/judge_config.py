@@ -23,9 +23,11 @@ class JudgeConfig(BaseModel):
         None,
         description="GGUF file or HF model dir for the local backend; None = packaged SmolLM2-135M-Instruct",
     )
-    local_threads: int | None = Field(None, ge=1, description="torch threads for the local backend")
+    local_threads: int | None = Field(
+        1, ge=1, description="torch threads for the local backend (1: other stages share the CPU; None = all)"
+    )
     local_document_tokens: int = Field(
-        96, ge=8, description="Levels prompts: document tokens scored per chunk"
+        64, ge=8, description="Levels prompts: document tokens scored per chunk"
     )
     local_level_temperature: float = Field(
         0.1, gt=0, description="Levels prompts: softmax temperature over mean log-likelihoods (nats/token)"

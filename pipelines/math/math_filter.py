@@ -53,10 +53,10 @@ class MathFilterConfig(BaseModel):
         400, ge=1, description="Seeded sample per source; None = all"
     )
     judge_sample_size: int = Field(
-        160, ge=0, description="Candidates the LLM judge scores (the rest: classifier)"
+        120, ge=0, description="Candidates the LLM judge scores (the rest: classifier)"
     )
     chunk_chars: int = Field(1500, ge=200, description="Chunk size for chunk-and-aggregate judging")
-    max_chunks: int = Field(4, ge=1, description="Chunks judged per document at most (evenly spaced)")
+    max_chunks: int = Field(3, ge=1, description="Chunks judged per document at most (evenly spaced)")
     top_chunk_bonus: float = Field(0.5, ge=0, le=1, description="Aggregate = mean + bonus * (best - mean)")
     keep_threshold: float = Field(3.0, ge=0, le=5, description="Judge score (0-5) that counts as 'keep'")
     fallback_top_fraction: float = Field(

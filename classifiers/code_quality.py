@@ -122,10 +122,10 @@ HQ, LQ = "hq", "lq"
 
 
 def train_quality_model(
-    examples: Sequence[tuple[str, str]], params: FastTextParams, out_path: Path | None = None
+    examples: Sequence[tuple[str, str]], params: FastTextParams, out_path: Path | None = None, quantize: bool = True
 ):
-    """Train one language's quality model on (hq|lq, file text) pairs."""
-    return train_fasttext([(label, content_line(text)) for label, text in examples], params, out_path)
+    """Train one language's quality model on (hq|lq, file text) pairs (quantized: a small file)."""
+    return train_fasttext([(label, content_line(text)) for label, text in examples], params, out_path, quantize)
 
 
 def quality_scores(model, texts: Sequence[str]) -> list[float]:

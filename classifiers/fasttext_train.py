@@ -62,7 +62,22 @@ def train_fasttext(examples: Sequence[tuple[str, str]], params: FastTextParams, 
         with os.fdopen(fd, "w") as fh:
             for label, text in examples:
                 fh.write(f"{label_token(label)} {text}\n")
-        model = fasttext.train_supervised(input=tmp, **params.kwargs())
+        kwargs = params.kwargs()
+        for attempt in range(4):
+            try:
+                model = fasttext.train_supervised(input=tmp, **kwargs)
+                break
+            except RuntimeError as exc:
+                # seen here: some inputs diverge at a given bucket count whatever the lr, and train fine
+                # with more buckets; retry with twice the buckets (then quantize keeps the file small)
+                if "NaN" not in str(exc) or attempt == 3:
+                    raise
+                log.warning(
+                    "fastText diverged (NaN) with bucket=%d; retrying with %d",
+                    kwargs["bucket"],
+                    kwargs["bucket"] * 2,
+                )
+                kwargs["bucket"] *= 2
     finally:
         os.unlink(tmp)
     if quantize:

@@ -63,6 +63,7 @@ class CodeQualityConfig(BaseModel):
     word_ngrams: int = Field(2, ge=1, description="fastText word n-grams")
     dim: int = Field(32, ge=2, description="fastText vector size")
     bucket: int = Field(100_000, ge=1000, description="fastText hash buckets")
+    quantize: bool = Field(True, description="Quantize the per-language models (small files, slower training)")
     temperature: float = Field(2.0, ge=1, description="Language sampling temperature (1 = natural shares)")
     beta: float = Field(
         3.0, ge=0, description="Per-file weight exp(beta * (quality - mean)); 0 = quality-blind"
@@ -158,8 +159,9 @@ def train_code_quality(
         params = FastTextParams(lr=config.lr, epoch=config.epoch, dim=config.dim, word_ngrams=config.word_ngrams,
                                 bucket=config.bucket, threads=1, seed=config.seed)  # fmt: skip
         slug = lang.lower().replace(" ", "_").replace("+", "p").replace("#", "sharp")
-        model_path = work / f"quality_{slug}.bin"
-        model = train_quality_model(train, params, model_path)
+        model_path = work / f"quality_{slug}.ftz"
+        model_path = model_path.with_suffix(".ftz" if config.quantize else ".bin")
+        model = train_quality_model(train, params, model_path, quantize=config.quantize)
         ev = {
             "label_source": label_source,
             "train": len(train),

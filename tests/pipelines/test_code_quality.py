@@ -78,7 +78,7 @@ def quality(tmp_path_factory):
         records.append(make_record(text, "pypi", "py", "1", f"m{i}.py", len(text), sha256_hex(text.encode()), "MIT",
                                    "Python", "Python", "extension", "s1"))  # fmt: skip
     write_shards(store, "code/files/s1", records, 1000)
-    cfg = CodeQualityConfig(languages=["Scala", "Swift", "Lua"], min_files=20, epoch=10)
+    cfg = CodeQualityConfig(languages=["Scala", "Swift", "Lua"], min_files=20, epoch=10, quantize=False)
     return train_code_quality(cfg, store, "s1"), store, records
 
 
@@ -128,7 +128,7 @@ def test_judge_labels_replace_heuristics_when_given(quality, tmp_path):
     labels = [{"id": r["id"], "score": 4 if "DO NOT EDIT" not in r["text"] and "@generated" not in r["text"] else 1}
               for r in records if r["metadata"]["language"] in ("Lua", "Scala")]  # fmt: skip
     store.put_bytes("judge/code_labels.jsonl", "".join(json.dumps(x) + "\n" for x in labels).encode())
-    cfg = CodeQualityConfig(languages=["Lua"], judge_labels="judge/code_labels.jsonl", min_files=20, epoch=10,
+    cfg = CodeQualityConfig(languages=["Lua"], judge_labels="judge/code_labels.jsonl", min_files=20, epoch=10, quantize=False,
                             out_prefix="code/quality_judge")  # fmt: skip
     res = train_code_quality(cfg, store, "s1")
     assert res.extra["eval"]["Lua"]["label_source"] == "judge"

@@ -50,7 +50,7 @@ class SentenceEmbedder:
     def __init__(
         self,
         model_dir: Path | None = None,
-        max_seq_length: int = 256,
+        max_seq_length: int = 128,
         batch_size: int = 32,
         check_hash: bool = True,
     ):

@@ -45,7 +45,8 @@ class JudgeClientConfig(BaseModel):
     max_document_chars: int = Field(2000, ge=100, description="Documents are cut to this many characters")
     calibrate: bool = Field(
         True,
-        description="Divide the score distribution by the judge's content-free prior (contextual calibration)",
+        description="Rubric prompts: divide the score distribution by the answer to content-free inputs "
+        "(contextual calibration, Zhao et al. 2021)",
     )
     cache_prefix: str = Field("judge/cache", description="Store prefix of the judge cache")
     show_progress: bool = Field(True, description="tqdm progress bar")
@@ -143,7 +144,8 @@ class JudgeClient:
 
     def prior(self) -> tuple[float, ...] | None:
         """The judge's average score distribution on content-free inputs (asked once, cached)."""
-        if self._prior is None and self.config.calibrate:
+        # levels prompts score likelihoods, not answers: a content-free "document" says nothing about bias
+        if self._prior is None and self.config.calibrate and self.prompt.kind == "rubric":
             dists = []
             for text in CONTENT_FREE_INPUTS:
                 h = document_hash("\x00content-free\x00" + text)

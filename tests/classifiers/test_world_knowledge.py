@@ -93,7 +93,7 @@ def web_store(tmp_path_factory, debian_cache) -> LocalStore:
 def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cache, tmp_path):
     config = validate_stage(load_profile("micro"), "world_knowledge", WorldKnowledgeConfig)
     assert config.judge_sample_size == 0 and config.dropped_negative_fraction == 0.0
-    embedder = SentenceEmbedder(max_seq_length=64)  # short inputs keep the test fast; tiny uses 256
+    embedder = SentenceEmbedder(max_seq_length=64)  # short inputs keep the test fast; tiny uses 128
     result = train_world_knowledge(
         web_store, config, tmp_path / "work", embedder=embedder, debian_cache=debian_cache
     )

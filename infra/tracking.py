@@ -28,6 +28,8 @@ UPSTREAM_RUNS_TAG = "crucible.upstream_runs"
 UPSTREAM_VERSIONS_TAG = "crucible.upstream_data_versions"
 _SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|access[_-]?key|auth)", re.I)
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s:]+:[^/@\s]+@")
+_METRIC_ILLEGAL = re.compile(r"[^\w\-. :/]")
+_METRIC_SPELLED = {"+": "p", "#": "sharp"}
 
 
 def redact(params: dict[str, Any]) -> dict[str, str]:
@@ -47,6 +49,11 @@ def redact(params: dict[str, Any]) -> dict[str, str]:
 
     walk("", params)
     return flat
+
+
+def metric_name(key: str) -> str:
+    """An MLflow-legal metric name: `language_files/C++` -> `language_files/Cpp`, `C#` -> `Csharp`."""
+    return _METRIC_ILLEGAL.sub(lambda m: _METRIC_SPELLED.get(m.group(), "_"), key)
 
 
 def git_commit() -> str:
@@ -103,7 +110,9 @@ class StageRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        batch = [
+            Metric(metric_name(k), float(v), now, step or 0) for k, v in metrics.items() if v is not None
+        ]
         for i in range(0, len(batch), 900):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
         self.metrics.update({m.key: m.value for m in batch})

@@ -46,6 +46,14 @@ def test_stage_runs_and_lineage(tmp_path):
     assert tree["upstream"][0]["partition"] == "s1"
 
 
+def test_metric_names_are_made_legal():
+    tracker = Tracker.from_profile(load_profile())
+    with tracker.stage_run("code", "crawl", {}) as run:
+        run.log_metrics({"language_files/C++": 3, "language_files/C#": 2, "files/kept": 5})
+    metrics = tracker.get_run(run.run_id).data.metrics
+    assert metrics == {"language_files/Cpp": 3, "language_files/Csharp": 2, "files/kept": 5}
+
+
 def test_failed_stage_marks_run_failed():
     tracker = Tracker.from_profile(load_profile())
     with pytest.raises(ValueError):

@@ -60,7 +60,7 @@ class CodeLanguageIdConfig(BaseModel):
     threads: int = Field(2, ge=1, description="fastText threads")
     quantize: bool = Field(True, description="Quantize the saved model (MBs instead of tens of MBs)")
     override_threshold: float = Field(
-        0.98, gt=0, le=1, description="Content overrides an extension prior above this"
+        0.995, gt=0, le=1, description="Content overrides an extension prior above this"
     )
     min_confidence: float = Field(
         0.5, gt=0, le=1, description="Content-only decisions below this are unknown"
@@ -97,18 +97,18 @@ def labelled_files(records, config: CodeLanguageIdConfig, stats: Counter) -> lis
     return out
 
 
-def refine_single_group_languages(files: list[dict]) -> dict[str, int]:
+def refine_single_group_languages(files: list[dict], label_key: str = "label") -> dict[str, int]:
     """A language found in one package only cannot be held out by package: split its files in that package by
     component (the two directories below the files' common prefix, e.g. `src/library` vs `src/compiler`).
     Returns language -> number of components made."""
     groups: dict[str, set[str]] = defaultdict(set)
     for f in files:
-        groups[f["label"]].add(f["group"])
+        groups[f[label_key]].add(f["group"])
     made = {}
     for lang, gs in groups.items():
         if len(gs) != 1:
             continue
-        mine = [f for f in files if f["label"] == lang]
+        mine = [f for f in files if f[label_key] == lang]
         dirs = [f["path"].split("/")[:-1] for f in mine]
         common = 0
         while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:

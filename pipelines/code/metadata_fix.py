@@ -44,7 +44,7 @@ class MetadataFixConfig(BaseModel):
         None, description="Snapshot whose model to use (None = the same snapshot)"
     )
     override_threshold: float = Field(
-        0.98, gt=0, le=1, description="Content overrides an extension prior above this"
+        0.995, gt=0, le=1, description="Content overrides an extension prior above this"
     )
     min_confidence: float = Field(
         0.5, gt=0, le=1, description="Content-only decisions below this are dropped"

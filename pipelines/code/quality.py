@@ -37,6 +37,7 @@ from classifiers.code_quality import (
 from classifiers.fasttext_train import FastTextParams, classification_report
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
+from pipelines.code.language_id import refine_single_group_languages
 from pipelines.code.records import read_shards, write_shards
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ class CodeQualityConfig(BaseModel):
     word_ngrams: int = Field(2, ge=1, description="fastText word n-grams")
     dim: int = Field(32, ge=2, description="fastText vector size")
     bucket: int = Field(100_000, ge=1000, description="fastText hash buckets")
-    quantize: bool = Field(True, description="Quantize the per-language models (small files, slower training)")
+    quantize: bool = Field(
+        True, description="Quantize the per-language models (small files, slower training)"
+    )
     temperature: float = Field(2.0, ge=1, description="Language sampling temperature (1 = natural shares)")
     beta: float = Field(
         3.0, ge=0, description="Per-file weight exp(beta * (quality - mean)); 0 = quality-blind"
@@ -115,7 +118,12 @@ def train_code_quality(
         pkg = (meta["source"], meta["package"])
         feats = quality_features(rec["text"], meta["language"], meta["path"], pkg in tested_packages)
         rows.append({"id": rec["id"], "language": meta["language"], "group": f"{pkg[0]}:{pkg[1]}",
-                     "chars": len(rec["text"]), "heuristic": heuristic_quality(feats), "text": rec["text"]})  # fmt: skip
+                     "chars": len(rec["text"]), "heuristic": heuristic_quality(feats), "text": rec["text"],
+                     "path": meta["path"]})  # fmt: skip
+    # a language found in one package only is held out by component within it (as for language ID)
+    refine_single_group_languages(
+        [r for r in rows if r["language"] in config.languages], label_key="language"
+    )
     by_lang: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         by_lang[row["language"]].append(row)

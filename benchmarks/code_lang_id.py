@@ -101,7 +101,9 @@ def run_guesslang(python: Path, texts: list[str]) -> tuple[list[str], float]:
         inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         runner = Path(tmp) / "runner.py"
         runner.write_text(GUESSLANG_RUNNER)
-        proc = subprocess.run([str(python), str(runner), str(inp)], capture_output=True, text=True, timeout=7200)
+        proc = subprocess.run(
+            [str(python), str(runner), str(inp)], capture_output=True, text=True, timeout=7200
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"guesslang runner failed: {proc.stderr[-2000:]}")
         result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -126,7 +128,9 @@ def run_pygments(texts: list[str]) -> tuple[list[str], float]:
 
 def load_heldout(store, snapshot: str, max_files: int, seed: int) -> tuple[list[str], list[str], Path]:
     prefix = f"code/language_id/{snapshot}"
-    heldout = [json.loads(x) for x in gzip.decompress(store.get_bytes(f"{prefix}/heldout.jsonl.gz")).splitlines()]
+    heldout = [
+        json.loads(x) for x in gzip.decompress(store.get_bytes(f"{prefix}/heldout.jsonl.gz")).splitlines()
+    ]
     wanted = {h["id"]: h["label"] for h in heldout}
     texts = {r["id"]: r["text"] for r in read_shards(store, f"code/raw/{snapshot}") if r["id"] in wanted}
     ids = sorted(i for i in wanted if i in texts)
@@ -148,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bench-venv", type=Path, default=None, help="default: <state dir>/bench-venv")
     ap.add_argument("--skip-guesslang", action="store_true")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="processes for our classifier (pays off from ~10k files)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -161,21 +168,28 @@ def main(argv: list[str] | None = None) -> dict:
         model = store.download(f"{prefix}/code_language.ftz", Path(tmp) / "code_language.ftz")
         clf = CodeLanguageClassifier.load(model)
         t0 = time.time()
-        probs = clf.predict_content(texts, k=1)
+        probs = clf.predict_content(texts, k=1, workers=args.workers)
         ours_s = time.time() - t0
     ours = [max(p, key=p.get) for p in probs]
     pyg, pyg_s = run_pygments(texts)
-    rows = [score("crucible fastText", y_true, ours, ours_s, labels), score("pygments guess_lexer", y_true, pyg, pyg_s, labels)]
+    rows = [
+        score("crucible fastText", y_true, ours, ours_s, labels),
+        score("pygments guess_lexer", y_true, pyg, pyg_s, labels),
+    ]
 
     guess_rows = []
     if not args.skip_guesslang:
         venv = args.bench_venv or profile.state_path / "bench-venv"
         gl, gl_s = run_guesslang(ensure_bench_venv(venv), texts)
         # guesslang's languages only: a fair subset for all three
-        from_guesslang = set(json.loads((venv / "lib/python3.11/site-packages/guesslang/data/languages.json").read_text()))
+        from_guesslang = set(
+            json.loads((venv / "lib/python3.11/site-packages/guesslang/data/languages.json").read_text())
+        )
         supported = {GUESSLANG_NAMES.get(n, n) for n in from_guesslang} | GUESSLANG_LISP
         idx = [i for i, lab in enumerate(y_true) if lab in supported]
-        gl_fixed = [y_true[i] if (gl[i] == "Lisp" and y_true[i] in GUESSLANG_LISP) else gl[i] for i in range(len(gl))]
+        gl_fixed = [
+            y_true[i] if (gl[i] == "Lisp" and y_true[i] in GUESSLANG_LISP) else gl[i] for i in range(len(gl))
+        ]
         rows.append(score("guesslang", y_true, gl_fixed, gl_s, labels))
         sub = [y_true[i] for i in idx]
         sub_labels = sorted(set(sub))
@@ -192,8 +206,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"\nratios vs guesslang (same files): accuracy {ours_g['accuracy']:.4f} vs {gl_g['accuracy']:.4f} "
               f"(+{100 * (ours_g['accuracy'] - gl_g['accuracy']):.1f} pts), "
               f"speed {ours_g['files_per_s'] / max(gl_g['files_per_s'], 1e-9):.1f}x")  # fmt: skip
-    print(f"ratios vs pygments (all files): accuracy {rows[0]['accuracy']:.4f} vs {rows[1]['accuracy']:.4f}, "
-          f"speed {rows[0]['files_per_s'] / max(rows[1]['files_per_s'], 1e-9):.1f}x")
+    print(
+        f"ratios vs pygments (all files): accuracy {rows[0]['accuracy']:.4f} vs {rows[1]['accuracy']:.4f}, "
+        f"speed {rows[0]['files_per_s'] / max(rows[1]['files_per_s'], 1e-9):.1f}x"
+    )
     result = {"snapshot": args.snapshot, "all": rows, "guesslang_subset": guess_rows}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -182,14 +182,28 @@ class CodeLanguageClassifier:
     def load(cls, path: str | Path, **kwargs) -> CodeLanguageClassifier:
         import fasttext
 
-        return cls(fasttext.load_model(str(path)), **kwargs)
+        clf = cls(fasttext.load_model(str(path)), **kwargs)
+        clf.path = Path(path)
+        return clf
 
     @property
     def languages(self) -> list[str]:
         return sorted(lab.removeprefix("__label__").replace("_", " ") for lab in self.model.get_labels())
 
-    def predict_content(self, texts: Sequence[str], k: int = -1) -> list[dict[str, float]]:
-        """Language -> probability from content alone."""
+    path: Path | None = None
+
+    def predict_content(self, texts: Sequence[str], k: int = -1, workers: int = 1) -> list[dict[str, float]]:
+        """Language -> probability from content alone; `workers` > 1 splits the files over processes (each
+        loads the model file once), for large batches on several cores."""
+        if workers > 1 and self.path is not None and len(texts) >= 200 * workers:
+            from concurrent.futures import ProcessPoolExecutor
+
+            size = -(-len(texts) // (workers * 4))
+            chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
+            with ProcessPoolExecutor(
+                workers, initializer=_load_worker_model, initargs=(str(self.path),)
+            ) as pool:
+                return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
         return predict_proba(self.model, [content_line(t, self.vocabulary) for t in texts], k=k)
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:
@@ -210,3 +224,14 @@ class CodeLanguageClassifier:
         if top is not None and top_p >= self.min_confidence:
             return LanguageDecision(top, declared, prior, top, top_p, "content_only")
         return LanguageDecision(None, declared, prior, top, top_p, "unknown")
+
+
+_WORKER_MODEL: list[CodeLanguageClassifier] = []  # one model per worker process, loaded by the initializer
+
+
+def _load_worker_model(path: str) -> None:
+    _WORKER_MODEL[:] = [CodeLanguageClassifier.load(path)]
+
+
+def _predict_in_worker(texts: list[str], k: int) -> list[dict[str, float]]:
+    return _WORKER_MODEL[0].predict_content(texts, k=k)

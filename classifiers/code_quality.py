@@ -122,10 +122,15 @@ HQ, LQ = "hq", "lq"
 
 
 def train_quality_model(
-    examples: Sequence[tuple[str, str]], params: FastTextParams, out_path: Path | None = None, quantize: bool = True
+    examples: Sequence[tuple[str, str]],
+    params: FastTextParams,
+    out_path: Path | None = None,
+    quantize: bool = True,
 ):
     """Train one language's quality model on (hq|lq, file text) pairs (quantized: a small file)."""
-    return train_fasttext([(label, content_line(text)) for label, text in examples], params, out_path, quantize)
+    return train_fasttext(
+        [(label, content_line(text)) for label, text in examples], params, out_path, quantize
+    )
 
 
 def quality_scores(model, texts: Sequence[str]) -> list[float]:

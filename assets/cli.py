@@ -160,6 +160,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         f"Dagster UI: http://{args.host}:{args.dagster_port}\nMLflow UI:  {mlflow_url}\n(Ctrl-C stops both)",
         flush=True,
     )
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # stop both on TERM
     try:
         while all(p.poll() is None for p in procs):
             time.sleep(1)

@@ -218,6 +218,7 @@ class S3Store(ObjectStore):
         from botocore.config import Config
 
         settings = settings or StoreSettings(url=url)
+        self._init_args = (url, settings)
         if not url.startswith("s3://"):
             raise StoreError(f"S3 store URL must look like s3://bucket/prefix, got {url!r}")
         bucket, _, prefix = url[len("s3://") :].partition("/")
@@ -239,6 +240,12 @@ class S3Store(ObjectStore):
 
     def __repr__(self) -> str:
         return f"S3Store({self.uri()})"
+
+    def __getstate__(self) -> tuple:
+        return self._init_args  # boto3 clients don't pickle: worker processes rebuild their own
+
+    def __setstate__(self, state: tuple) -> None:
+        self.__init__(*state)
 
     def _key(self, key: str) -> str:
         return self.prefix + _check_key(key)

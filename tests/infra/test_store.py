@@ -169,3 +169,11 @@ def test_directories_publish_with_a_completion_marker(store, tmp_path):
     store.delete("checkpoints/base/_COMPLETE")
     with pytest.raises(StoreError, match="incomplete"):
         store.get_dir("checkpoints/base", tmp_path / "again")
+
+
+def test_stores_pickle_for_worker_processes(store):
+    import pickle
+
+    store.put_bytes("p/x", b"1")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.uri("p/x") == store.uri("p/x") and clone.get_bytes("p/x") == b"1"

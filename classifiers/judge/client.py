@@ -44,7 +44,7 @@ class JudgeClientConfig(BaseModel):
     usd_per_million_completion_tokens: float = Field(0.0, ge=0, description="Price of completion tokens")
     max_document_chars: int = Field(2000, ge=100, description="Documents are cut to this many characters")
     calibrate: bool = Field(
-        True,
+        False,
         description="Rubric prompts: divide the score distribution by the answer to content-free inputs "
         "(contextual calibration, Zhao et al. 2021)",
     )

@@ -47,7 +47,7 @@ class CodeLanguageIdConfig(BaseModel):
     )
     shebang_labels: bool = Field(True, description="Label extension-less scripts by their shebang")
     lr: float = Field(0.5, gt=0, description="fastText learning rate")
-    epoch: int = Field(50, ge=1, description="fastText epochs")
+    epoch: int = Field(80, ge=1, description="fastText epochs")
     dim: int = Field(64, ge=2, description="fastText vector size")
     word_ngrams: int = Field(3, ge=1, description="fastText word n-gram length over code tokens")
     minn: int = Field(0, ge=0, description="fastText min char n-gram (0 = off)")

@@ -171,9 +171,11 @@ class LanguageDecision:
 class CodeLanguageClassifier:
     """A trained content model plus the rules that combine it with the priors."""
 
-    def __init__(self, model, override_threshold: float = 0.98, min_confidence: float = 0.5):
+    def __init__(self, model, override_threshold: float = 0.98, min_confidence: float = 0.5,
+                 override_unambiguous: bool = True):  # fmt: skip
         self.model = model
         self.override_threshold = override_threshold
+        self.override_unambiguous = override_unambiguous
         self.min_confidence = min_confidence
         # the model's words are the training vocabulary (shape tokens included)
         self.vocabulary = frozenset(model.get_words())
@@ -219,7 +221,11 @@ class CodeLanguageClassifier:
             return LanguageDecision(best, declared, prior, top, top_p, "ambiguous_resolved")
         if prior.language is not None:
             if top is not None and top != prior.language and top_p >= self.override_threshold:
-                return LanguageDecision(top, declared, prior, top, top_p, "content_override")
+                if self.override_unambiguous:
+                    return LanguageDecision(top, declared, prior, top, top_p, "content_override")
+                return LanguageDecision(
+                    prior.language, declared, prior, top, top_p, "prior_content_disagrees"
+                )
             return LanguageDecision(prior.language, declared, prior, top, top_p, "prior")
         if top is not None and top_p >= self.min_confidence:
             return LanguageDecision(top, declared, prior, top, top_p, "content_only")

@@ -46,6 +46,9 @@ class MetadataFixConfig(BaseModel):
     override_threshold: float = Field(
         0.995, gt=0, le=1, description="Content overrides an extension prior above this"
     )
+    override_unambiguous: bool = Field(
+        False, description="Let confident content override an unambiguous extension (else only flag it)"
+    )
     min_confidence: float = Field(
         0.5, gt=0, le=1, description="Content-only decisions below this are dropped"
     )
@@ -108,6 +111,9 @@ def fix_records(records, clf: CodeLanguageClassifier, origins, stats: Counter, b
             meta["language"] = decision.language
             meta["language_reason"] = decision.reason
             meta["language_score"] = round(p.get(decision.language, 0.0), 4)
+            if decision.reason == "prior_content_disagrees":
+                stats["flagged/content_disagrees_with_extension"] += 1
+                meta["content_language"] = decision.content_language
             if declared != decision.language:
                 ext = extension_of(meta["path"]) or "(none)"
                 stats[f"corrected/language/{decision.reason}"] += 1
@@ -150,8 +156,12 @@ def fix_metadata(
             if not store.exists(key):
                 key = key.removesuffix(".ftz") + ".bin"
             model_path = store.download(key, Path(tmp) / key.rsplit("/", 1)[-1])
-        clf = CodeLanguageClassifier.load(model_path, override_threshold=config.override_threshold,
-                                          min_confidence=config.min_confidence)  # fmt: skip
+        clf = CodeLanguageClassifier.load(
+            model_path,
+            override_threshold=config.override_threshold,
+            min_confidence=config.min_confidence,
+            override_unambiguous=config.override_unambiguous,
+        )  # fmt: skip
         kept: list[dict] = []
         languages = Counter()
         for rec in tqdm(fix_records(read_shards(store, src), clf, origins, stats, config.batch_size),
@@ -167,7 +177,7 @@ def fix_metadata(
     reasons = [
         {"reason": k, "files": v}
         for k, v in sorted(stats.items())
-        if k.startswith(("dropped/", "corrected/"))
+        if k.startswith(("dropped/", "corrected/", "flagged/"))
     ]
     md = [f"## Code metadata fix `{snapshot}`", f"{stats['seen']} records in, {stats['kept']} kept.", "",
           markdown_table(reasons), "", "### Files per final language",

@@ -159,6 +159,13 @@ def test_content_overrides_a_wrong_extension_only_when_confident(classifier):
         assert (decision.language, decision.reason) == ("Lua", "content_override")
     classifier_strict = CodeLanguageClassifier(classifier.model, override_threshold=1.01)
     assert classifier_strict.decide("src/thing.py", lua, "Python", probs).language == "Python"
+    flag_only = CodeLanguageClassifier(classifier.model, override_threshold=0.0, override_unambiguous=False)
+    decision = flag_only.decide("src/thing.py", lua, "Python", probs)
+    assert (decision.language, decision.reason, decision.content_language) == (
+        "Python",
+        "prior_content_disagrees",
+        "Lua",
+    )
 
 
 def test_classification_report_numbers():

@@ -97,18 +97,22 @@ def labelled_files(records, config: CodeLanguageIdConfig, stats: Counter) -> lis
     return out
 
 
-def refine_single_group_languages(files: list[dict], label_key: str = "label") -> dict[str, int]:
-    """A language found in one package only cannot be held out by package: split its files in that package by
-    component (the two directories below the files' common prefix, e.g. `src/library` vs `src/compiler`).
-    Returns language -> number of components made."""
-    groups: dict[str, set[str]] = defaultdict(set)
+def refine_single_group_languages(
+    files: list[dict], label_key: str = "label", share: float = 0.9
+) -> dict[str, int]:
+    """A language (almost) all found in one package cannot be held out by package: split its files in that
+    package by component (the two directories below their common prefix, e.g. `src/library` vs
+    `src/compiler`). "Almost": the package holds >= `share` of the language's files (a stray misfiled file
+    elsewhere must not become the whole held-out set). Returns language -> number of components made."""
+    counts: dict[str, Counter] = defaultdict(Counter)
     for f in files:
-        groups[f[label_key]].add(f["group"])
+        counts[f[label_key]][f["group"]] += 1
     made = {}
-    for lang, gs in groups.items():
-        if len(gs) != 1:
+    for lang, groups in counts.items():
+        main, n = groups.most_common(1)[0]
+        if n < share * sum(groups.values()):
             continue
-        mine = [f for f in files if f[label_key] == lang]
+        mine = [f for f in files if f[label_key] == lang and f["group"] == main]
         dirs = [f["path"].split("/")[:-1] for f in mine]
         common = 0
         while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:

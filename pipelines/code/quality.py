@@ -157,11 +157,13 @@ def train_code_quality(
             continue
         groups = sorted({r["group"] for r, _ in labelled}, key=lambda g: _hash(config.seed, g))
         test_groups, held = set(), 0
-        for g in groups:  # hold out whole packages up to the target share, keeping >= 1 for training
+        sizes = Counter(r["group"] for r, _ in labelled)
+        for g in groups:  # hold out whole packages up to the target share, never overshooting it by half
             if held >= config.test_fraction * len(labelled) or len(test_groups) >= len(groups) - 1:
                 break
-            test_groups.add(g)
-            held += sum(1 for r, _ in labelled if r["group"] == g)
+            if held + sizes[g] <= 1.5 * config.test_fraction * len(labelled):
+                test_groups.add(g)
+                held += sizes[g]
         train = [(lab, r["text"]) for r, lab in labelled if r["group"] not in test_groups]
         test = [(lab, r["text"]) for r, lab in labelled if r["group"] in test_groups]
         params = FastTextParams(lr=config.lr, epoch=config.epoch, dim=config.dim, word_ngrams=config.word_ngrams,

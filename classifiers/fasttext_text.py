@@ -48,7 +48,7 @@ def train_fasttext(
     texts: list[str], labels: list[str], out_path: Path, params: FastTextParams | None = None, seed: int = 0
 ) -> Path:
     """Train a supervised model on (text, label) pairs and save it to `out_path` (.bin or .ftz)."""
-    import fasttext
+    from classifiers.fasttext_train import train_supervised_with_retry
 
     params = params or FastTextParams()
     if len(texts) != len(labels) or not texts:
@@ -61,8 +61,8 @@ def train_fasttext(
             fh.write(f"__label__{labels[i]} {fasttext_line(texts[i], params.max_tokens)}\n")
         train_file = fh.name
     try:
-        model = fasttext.train_supervised(
-            input=train_file,
+        model = train_supervised_with_retry(
+            train_file,
             epoch=params.epoch,
             lr=params.lr,
             dim=params.dim,

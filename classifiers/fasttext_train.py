@@ -52,32 +52,36 @@ class FastTextParams:
         }  # fmt: skip
 
 
+def train_supervised_with_retry(input_file: str, **kwargs):
+    """`fasttext.train_supervised`, retried with twice the buckets when it diverges (NaN): seen here, some
+    inputs diverge at a given bucket count whatever the lr and train fine with more buckets."""
+    import fasttext
+
+    for attempt in range(4):
+        try:
+            return fasttext.train_supervised(input=input_file, **kwargs)
+        except RuntimeError as exc:
+            if "NaN" not in str(exc) or attempt == 3:
+                raise
+            log.warning(
+                "fastText diverged (NaN) with bucket=%d; retrying with %d",
+                kwargs["bucket"],
+                kwargs["bucket"] * 2,
+            )
+            kwargs["bucket"] *= 2
+    raise AssertionError("unreachable")
+
+
 def train_fasttext(examples: Sequence[tuple[str, str]], params: FastTextParams, out_path: Path | None = None,
                    quantize: bool = False):  # fmt: skip
     """Train on (label, preprocessed one-line text) pairs; saves to `out_path` if given; returns the model."""
-    import fasttext
 
     fd, tmp = tempfile.mkstemp(prefix="crucible-ft-", suffix=".txt")
     try:
         with os.fdopen(fd, "w") as fh:
             for label, text in examples:
                 fh.write(f"{label_token(label)} {text}\n")
-        kwargs = params.kwargs()
-        for attempt in range(4):
-            try:
-                model = fasttext.train_supervised(input=tmp, **kwargs)
-                break
-            except RuntimeError as exc:
-                # seen here: some inputs diverge at a given bucket count whatever the lr, and train fine
-                # with more buckets; retry with twice the buckets (then quantize keeps the file small)
-                if "NaN" not in str(exc) or attempt == 3:
-                    raise
-                log.warning(
-                    "fastText diverged (NaN) with bucket=%d; retrying with %d",
-                    kwargs["bucket"],
-                    kwargs["bucket"] * 2,
-                )
-                kwargs["bucket"] *= 2
+        model = train_supervised_with_retry(tmp, **params.kwargs())
     finally:
         os.unlink(tmp)
     if quantize:

@@ -70,3 +70,21 @@ def binary_report(labels, scores, threshold: float) -> dict[str, float]:
     out["n_positive"] = float(y.sum())
     out["n_negative"] = float((~y).sum())
     return out
+
+
+def best_balanced_threshold(labels, scores) -> float:
+    """The threshold that maximises balanced accuracy (TPR - FPR, Youden's J): unlike F1 it does not drift
+    to 'keep everything' when most labels are positive."""
+    y = np.asarray(labels, dtype=bool)
+    s = np.asarray(scores, dtype=float)
+    if y.all() or not y.any():
+        return best_f1_threshold(y, s)
+    candidates = np.unique(s)
+    if len(candidates) > 200:
+        candidates = np.quantile(s, np.linspace(0, 1, 201))
+
+    def youden(t: float) -> float:
+        pred = s >= t
+        return pred[y].mean() - pred[~y].mean()
+
+    return float(max(candidates, key=lambda t: (youden(t), t)))

@@ -1,7 +1,7 @@
 """Distil a sample of judge scores into a fast classifier applied to every candidate (FineWeb-Edu style).
 
 Labels: judge score >= keep_threshold (FineWeb-Edu kept >= 3). The judged sample is split by document id
-into train / valid / test; the classifier's probability threshold is the best-F1 point on valid, and its
+into train / valid / test; the classifier's probability threshold maximises balanced accuracy on valid, and its
 agreement with the judge (AUC, Spearman with the judge's score, F1 at the threshold) is measured on test.
 Two students are trained on the same split: fastText on words, and a linear head on MiniLM embeddings.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers.binary_metrics import best_f1_threshold, binary_report, spearman
+from classifiers.binary_metrics import best_balanced_threshold, binary_report, spearman
 from classifiers.fasttext_text import FastTextParams, FastTextTextClassifier, train_fasttext
 from classifiers.labelled_text import group_split
 
@@ -128,7 +128,7 @@ def _fit_threshold(name, path, predict, texts_arr, labels, scores, parts) -> Dis
     valid = (
         parts["valid"] if len(parts["valid"]) and len(set(labels[parts["valid"]])) == 2 else parts["train"]
     )
-    threshold = best_f1_threshold(labels[valid], predict(list(texts_arr[valid])))
+    threshold = best_balanced_threshold(labels[valid], predict(list(texts_arr[valid])))
     test = parts["test"]
     agreement = _agreement(predict(list(texts_arr[test])), labels[test], scores[test], threshold)
     log.info("distilled %s: agreement with judge on %d test docs: %s", name, len(test), agreement)

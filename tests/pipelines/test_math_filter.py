@@ -61,14 +61,14 @@ def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url,
     assert config.judge.backend == "openai" and not config.distill_embeddings
 
     def judge() -> JudgeClient:
-        backend = OpenAIChatBackend(judge_url, "keyword-scorer", timeout_s=10, max_retries=1, backoff_s=0.01)
+        backend = OpenAIChatBackend(judge_url, "keyword-scorer", timeout_s=30, max_retries=2, backoff_s=0.01)
         return JudgeClient(backend, load_prompt(prompt_name(config.judge, TASK)), store, config.judge.client)
 
     before = chat_requests(judge_url)
     result = run_math_filter(store, config, tmp_path / "work", tag="t1", judge=judge(), debian_cache=CACHE)
     m = result.metrics
     calls = chat_requests(judge_url) - before
-    assert calls == m["judge/calls"] > 40  # 24 probes + the chunks of 40 sampled documents
+    assert calls == m["judge/calls"] + m["judge/retries"] and m["judge/calls"] > 40  # 24 probes + chunks
 
     assert (
         m["candidates/web"] == 28

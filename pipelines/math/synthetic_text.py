@@ -32,8 +32,8 @@ _STOCK = re.compile(
     re.IGNORECASE,
 )
 _PLACEHOLDER = re.compile(
-    r"\{\{\s*\w+\s*\}\}|\[(?:insert|your|name of|placeholder)[^\]]{0,40}\]|lorem ipsum|<placeholder>|"
-    r"\{(?:name|title|topic|first_name|product)\}",  # not `%s` / `{x}`: code examples use them
+    r"\{\{\s*[A-Za-z_]\w+\s*\}\}|\[(?:insert|your|name of|placeholder)[^\]]{0,40}\]|lorem ipsum|<placeholder>|"
+    r"\{(?:name|title|topic|first_name|product)\}",  # not `%s`, `{x}` or `{{c}}`: code and maxima use them
     re.IGNORECASE,
 )
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")

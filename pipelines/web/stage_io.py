@@ -11,6 +11,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+from infra.packaged import file_sha256
 from infra.store import LocalStore, ObjectStore
 
 
@@ -48,14 +49,6 @@ def zero_gzip_mtime(path: Path) -> None:
 
 def output_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def shard_manifest(root: Path) -> dict[str, dict]:

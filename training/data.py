@@ -45,7 +45,7 @@ class MixtureConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     weights: dict[str, float] = Field(
-        {"web": 0.6, "code": 0.3, "math": 0.1},
+        {"web": 0.5, "code": 0.3, "math": 0.1, "knowledge": 0.1},
         description="Sampling weight per source (share of training tokens); renormalised over present sources",
     )
     code_language_weights: bool = Field(

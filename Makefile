@@ -42,7 +42,7 @@ system-deps:
 run: setup system-deps
 	$(BIN)/crucible run
 
-test: setup system-deps
+test: setup system-deps lint
 	CRUCIBLE_PROFILE=micro $(BIN)/pytest
 
 lint: setup

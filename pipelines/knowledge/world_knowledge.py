@@ -71,7 +71,7 @@ class WorldKnowledgeConfig(BaseModel):
         "web/filtered/{snapshot}/dropped/", description="Dropped web docs of a snapshot"
     )
     dropped_negative_fraction: float = Field(
-        0.0,
+        0.3,
         ge=0,
         lt=1,
         description="Share of dropped docs (by id hash) used as negatives; those are never rescued",
@@ -159,11 +159,12 @@ def judge_labelled_web(
     low scores stay negatives (as 'judge/web-low'), the uncertain middle is left out."""
     rng = np.random.default_rng(config.seed)
     web_idx = [i for i, e in enumerate(examples) if e.source.startswith("web/")]
-    chosen = (
-        set(rng.choice(web_idx, size=min(config.judge_sample_size, len(web_idx)), replace=False).tolist())
-        if web_idx
-        else set()
-    )
+    size = min(config.judge_sample_size, len(web_idx) // 2)  # the other half stays plain web negatives
+    if size < config.judge_sample_size:
+        log.warning(
+            "judging %d of %d web docs (at most half), not %d", size, len(web_idx), config.judge_sample_size
+        )
+    chosen = set(rng.choice(web_idx, size=size, replace=False).tolist()) if size else set()
     order = sorted(chosen)
     scores = judge.score_texts([examples[i].text for i in order])
     relabelled: dict[int, LabelledText | None] = {}
@@ -182,10 +183,15 @@ def judge_labelled_web(
 
 
 def encyclopedic_vs_web_auc(test: list[LabelledText], scores) -> float:
-    """The acceptance number: held-out Wikipedia + dictionary passages vs held-out web pages."""
-    idx = [i for i, e in enumerate(test) if e.source.startswith(ENCYCLOPEDIC) or e.source.startswith("web/")]
+    """The acceptance number: held-out Wikipedia + dictionary passages vs held-out web pages (crawled pages
+    the judge did not call knowledge-rich: those left out, as they are positives of neither kind)."""
+    idx = [i for i, e in enumerate(test) if e.source.startswith(ENCYCLOPEDIC) or _is_web_negative(e)]
     scores = np.asarray(scores)
     return roc_auc([test[i].source.startswith(ENCYCLOPEDIC) for i in idx], scores[idx])
+
+
+def _is_web_negative(example: LabelledText) -> bool:
+    return example.source.startswith("web/") or example.source == "judge/web-low"
 
 
 def train_world_knowledge(

@@ -78,13 +78,13 @@ class CrawlConfig(BaseModel):
     )
     seeds: list[str] = Field(default_factory=list, description="Start URLs (http/https) for source=seeds")
     doc_packages: list[str] = Field(
-        default_factory=lambda: ["python3.11-doc"],
-        description="Debian packages whose HTML docs form the local web (source=local_docs)",
+        default_factory=lambda: ["python3.11-doc", "postgresql-doc-15"],
+        description="Debian packages whose HTML docs form the local web (source=local_docs), one host each",
     )
     warc_uri: str | None = Field(
         None, description="WARC file, directory or s3:// prefix to ingest (source=warc)"
     )
-    max_pages: int = Field(300, ge=1, description="Stop after this many pages are written to the WARC")
+    max_pages: int = Field(600, ge=1, description="Stop after this many pages are written to the WARC")
     max_depth: int = Field(10, ge=0, description="Maximum link depth from a seed (seeds are depth 0)")
     max_bytes_per_page: int = Field(
         1_048_576, ge=1024, description="Pages larger than this (decoded bytes) are skipped as oversize"

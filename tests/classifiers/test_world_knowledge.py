@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from classifiers.embedding_quality import SentenceEmbedder
+from classifiers.labelled_text import LabelledText
 from infra.local_web import fetch_doc_package
 from infra.settings import load_profile, validate_stage
 from infra.store import LocalStore
@@ -166,3 +167,17 @@ def test_judge_labelled_web_samples_join_the_training_data(web_store, debian_cac
     assert "judge/web-low" in sources or "judge/web" in sources
     assert sum(e.source.startswith("judge/") for e in examples) == labelled
     assert all(e.label == 1 for e in examples if e.source == "judge/web")
+
+
+def test_encyclopedic_vs_web_auc_counts_judge_low_pages_as_web_and_leaves_judge_positives_out():
+    from pipelines.knowledge.world_knowledge import encyclopedic_vs_web_auc
+
+    test = [
+        LabelledText("a", 1, "wikipedia", "A"),
+        LabelledText("b", 1, "dict-foldoc", "B"),
+        LabelledText("c", 0, "judge/web-low", "C"),  # a web page the judge scored low: still web
+        LabelledText("d", 1, "judge/web", "D"),  # a web page the judge called knowledge: neither side
+        LabelledText("e", 0, "fortunes", "E"),  # low-value text is not a web page
+    ]
+    assert encyclopedic_vs_web_auc(test, [0.9, 0.8, 0.7, 0.1, 0.95]) == 1.0
+    assert encyclopedic_vs_web_auc(test, [0.9, 0.6, 0.7, 0.1, 0.0]) == 0.5

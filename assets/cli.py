@@ -88,12 +88,15 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     from infra.tracking import Tracker
 
     tracker = Tracker.from_profile(load_profile())
-    if "/" in args.target:
-        name, version = args.target.rsplit("/", 1)
-        run_id = tracker.client.get_model_version(name, version).run_id
-    else:
-        run_id = args.target
-    tree = tracker.lineage(run_id)
+    try:
+        if "/" in args.target:
+            run_id = tracker.model_version_run_id(*args.target.rsplit("/", 1))
+        else:
+            run_id = args.target
+        tree = tracker.run_lineage(run_id)
+    except LookupError as exc:
+        print(f"crucible lineage: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(tree, indent=2))
         return 0

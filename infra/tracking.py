@@ -237,6 +237,28 @@ class Tracker:
         )
         return version
 
+    def model_version_run_id(self, name: str, version: str) -> str:
+        """The MLflow run behind a registered model version; LookupError naming what is registered."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version(name, version).run_id
+        except MlflowException:
+            known = sorted(m.name for m in self.client.search_registered_models())
+            raise LookupError(
+                f"no registered model version {name}/{version}; registered models: {', '.join(known) or 'none'}"
+                " (see the Models page of the MLflow UI)"
+            ) from None
+
+    def run_lineage(self, run_id: str) -> dict:
+        """`lineage`, with a LookupError for an unknown run id."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.lineage(run_id)
+        except MlflowException:
+            raise LookupError(f"no MLflow run {run_id!r} (give <model>/<version> or a run id)") from None
+
     def lineage(self, run_id: str, depth: int = 0, seen: set | None = None) -> dict:
         """Walk the upstream-run tags back to the roots (the crawl snapshots)."""
         seen = seen if seen is not None else set()

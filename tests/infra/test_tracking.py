@@ -45,6 +45,14 @@ def test_stage_runs_and_lineage(tmp_path):
     assert tree["asset"] == "web_documents" and tree["upstream"][0]["run_id"] == up.run_id
     assert tree["upstream"][0]["partition"] == "s1"
 
+    down.log_text("weights", "model/weights.txt")
+    tracker.register_model("crucible-test", down.run_id, "model", {"crucible.data_version": "abc"})
+    assert tracker.model_version_run_id("crucible-test", "1") == down.run_id
+    with pytest.raises(LookupError, match=r"no registered model version crucible-test/2; .*crucible-test"):
+        tracker.model_version_run_id("crucible-test", "2")
+    with pytest.raises(LookupError, match="no MLflow run 'nope'"):
+        tracker.run_lineage("nope")
+
 
 def test_metric_names_are_made_legal():
     tracker = Tracker.from_profile(load_profile())

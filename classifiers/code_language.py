@@ -25,22 +25,27 @@ from classifiers.code_language_rules import (
 )
 from classifiers.fasttext_train import FastTextParams, predict_proba, train_fasttext
 
-MAX_CHARS = 4000
-MAX_TOKENS = 800
+MAX_CHARS = 2500
+MAX_TOKENS = 500
 
-# one pass over the text: a line break with its indentation, identifiers (with sigils: #include, @end, $var,
-# %hash; ruby ?/!), numbers, and runs of up to three punctuation characters (`->`, `::`, `);`, `#[`)
-_TOKEN = re.compile(r"\n[ \t]*|[#@$%]?[A-Za-z_]\w*[?!]?|\d[\w.]*|[^\w\s]{1,3}")
+# identifiers (with sigils: #include, @end, $var, %hash; ruby ?/!), numbers, and runs of up to three
+# punctuation characters (`->`, `::`, `);`, `#[`); line starts and indentation are read per line
+_TOKEN = re.compile(
+    r"[#@$%]?[A-Za-z_]\w*[?!]?|\d[\w.]*|[^\w\s]{1,3}", re.ASCII
+)  # ASCII classes: ~1.4x faster
+_LINE_START = ["NL"] + [f"NLsp{min(n, 8)}" for n in range(1, 200)]
+# English words that are no language's keyword: two of them make a marker-less line prose (licence blocks)
+_STOPWORDS = frozenset(
+    "the The a A an are to of this This that it It be with by you You we We can will your which has have "
+    "should would may must was were any all see file software License license Copyright".split()
+)
+_MAX_MEMO = 500_000  # token -> feature memo entries (identifiers repeat across files; bounded for long runs)
 
 
-def _line_start(tok: str) -> str:
-    indent = tok[1:]
-    return "NL" if not indent else ("NLtab" if indent[0] == "\t" else f"NLsp{min(len(indent), 8)}")
-
-
-def content_window(text: str, max_chars: int = MAX_CHARS) -> str:
+def content_window(text: str, max_chars: int | None = None) -> str:
     """What the classifier reads: the whole file if short, else its head and a window from its middle, so a
     long licence header cannot hide the code."""
+    max_chars = max_chars or MAX_CHARS
     if len(text) <= max_chars:
         return text
     head = max_chars * 3 // 8
@@ -48,48 +53,53 @@ def content_window(text: str, max_chars: int = MAX_CHARS) -> str:
     return text[:head] + "\n" + text[mid : mid + max_chars - head]
 
 
-def _flush_line(out: list[str], line: list[str]) -> None:
-    """Append one line's tokens; a comment line of prose (`-- This class holds ...`, ` * Returns the ...`)
-    keeps its marker and becomes `PROSE`: the words of comments say which project, not which language."""
-    if len(line) >= 4 and not (line[0][0].isalpha() or line[0][0] == "_"):
-        words = sum(1 for t in line[1:] if t[0].isalpha())
-        if words >= 0.6 * (len(line) - 1):
-            out.append(line[0])
-            out.append("PROSE")
-            return
-    out.extend(line)
-
-
-def code_tokens(text: str, max_tokens: int = MAX_TOKENS) -> list[str]:
-    """Tokens of a file's head: `NL*` (line start + indentation) markers, identifiers, numbers as `0`,
-    operators and punctuation; comment prose collapsed to `PROSE`."""
+def _raw_tokens(text: str, max_tokens: int | None = None, max_chars: int | None = None) -> list[str]:
+    """Per line: a line-start marker (`NL`, `NLtab`, `NLsp<indent>`) and its tokens; comment lines of prose
+    (`-- This class holds ...`, ` * Returns the ...`) keep their marker and become `PROSE`: the words of
+    comments say which project, not which language. Blank lines vanish; numbers are left as they are."""
+    max_tokens = max_tokens or MAX_TOKENS
     out: list[str] = []
-    line: list[str] = []
-    for tok in _TOKEN.findall("\n" + content_window(text)):
-        c = tok[0]
-        if c == "\n":
-            if line:
-                _flush_line(out, line)
-                line = []
-                if len(out) >= max_tokens:
-                    break
-            elif out and out[-1][:2] == "NL":
-                out[-1] = _line_start(tok)  # blank lines collapse into the next line start
-                continue
-            out.append(_line_start(tok))
-        elif c.isdigit():
-            line.append("0")
+    for raw in content_window(text, max_chars).split("\n"):
+        toks = _TOKEN.findall(raw)
+        if not toks:
+            continue
+        first = raw[0]
+        if first == "\t":
+            out.append("NLtab")
+        elif first == " ":
+            out.append(_LINE_START[min(len(raw) - len(raw.lstrip(" \t")), 199)])
         else:
-            line.append(tok)
-    if line:
-        _flush_line(out, line)
+            out.append("NL")
+        c = toks[0][0]
+        if len(toks) >= 4:
+            words = sum(1 for t in toks if t[0].isalpha())
+            if not (c.isalpha() or c == "_"):
+                if words >= 0.6 * (len(toks) - 1):
+                    out.append(toks[0])
+                    out.append("PROSE")
+                    continue
+            elif words >= 0.7 * len(toks) and len(_STOPWORDS.intersection(toks)) >= 2:
+                out.append("PROSE")  # a comment block's continuation line, e.g. a licence
+                continue
+        out += toks
+        if len(out) >= max_tokens:
+            break
     return out[:max_tokens]
 
 
+def code_tokens(text: str, max_tokens: int | None = None, max_chars: int | None = None) -> list[str]:
+    """Tokens of a file's head: `NL*` (line start + indentation) markers, identifiers, numbers as `0`,
+    operators and punctuation; comment prose collapsed to `PROSE`."""
+    return [("0" if t[0].isdigit() else t) for t in _raw_tokens(text, max_tokens, max_chars)]
+
+
 def token_shape(tok: str) -> str:
-    """What is left of a token outside the vocabulary: its sigil and case shape (`$Aa`, `a_a`, `AA`, `aA`)."""
+    """What is left of a token outside the vocabulary: `0` for a number, else its sigil and case shape (`$Aa`,
+    `a_a`, `AA`, `aA`)."""
     if not tok or tok[:2] == "NL":
         return tok
+    if tok[0].isdigit():
+        return "0"
     sigil, core = (tok[0], tok[1:]) if tok[0] in "#@$%" and len(tok) > 1 else ("", tok)
     if not (core[:1].isalpha() or core[:1] == "_"):
         return "P"  # a rare punctuation run
@@ -106,12 +116,31 @@ def token_shape(tok: str) -> str:
     return sigil + "~" + shape
 
 
+class TokenFeatures:
+    """Maps raw tokens to model features: a vocabulary token stays, others become their shape (numbers `0`).
+    Memoised: identifiers repeat across files, and per-token Python work is what bounds files/s."""
+
+    def __init__(self, vocabulary: set[str] | frozenset[str] | None):
+        self.vocabulary = vocabulary
+        self.memo: dict[str, str] = {}
+
+    def feature(self, tok: str) -> str:
+        if self.vocabulary is None:
+            out = "0" if tok[0].isdigit() else tok
+        else:
+            out = tok if tok in self.vocabulary and not tok[0].isdigit() else token_shape(tok)
+        if len(self.memo) < _MAX_MEMO:
+            self.memo[tok] = out
+        return out
+
+    def line(self, text: str, max_tokens: int | None = None, max_chars: int | None = None) -> str:
+        memo, feature = self.memo, self.feature
+        return " ".join([memo.get(t) or feature(t) for t in _raw_tokens(text, max_tokens, max_chars)])
+
+
 def content_line(text: str, vocabulary: set[str] | frozenset[str] | None = None) -> str:
     """The one-line fastText input for a file's content; tokens outside `vocabulary` become their shape."""
-    toks = code_tokens(text)
-    if vocabulary is not None:
-        toks = [t if t in vocabulary else token_shape(t) for t in toks]
-    return " ".join(toks)
+    return TokenFeatures(vocabulary).line(text)
 
 
 def build_vocabulary(texts_by_group: dict[str, list[str]], min_groups: int) -> frozenset[str]:
@@ -119,7 +148,7 @@ def build_vocabulary(texts_by_group: dict[str, list[str]], min_groups: int) -> f
     specific identifiers fall out, so the model learns the language, not the projects it was trained on."""
     seen: dict[str, int] = {}
     for texts in texts_by_group.values():
-        for tok in {t for text in texts for t in code_tokens(text)}:
+        for tok in {t for text in texts for t in code_tokens(text)} - {"0"}:
             seen[tok] = seen.get(tok, 0) + 1
     return frozenset(t for t, n in seen.items() if n >= min_groups)
 
@@ -154,7 +183,8 @@ def train_code_language_model(examples: Sequence[tuple[str, str]], params: FastT
         for (_, text), g in zip(examples, groups, strict=True):
             by_group.setdefault(g, []).append(text)
         vocabulary = build_vocabulary(by_group, min_groups)
-    lines = [(lang, content_line(text, vocabulary)) for lang, text in examples]
+    features = TokenFeatures(vocabulary)
+    lines = [(lang, features.line(text)) for lang, text in examples]
     return train_fasttext(lines, params, out_path, quantize)
 
 
@@ -179,6 +209,7 @@ class CodeLanguageClassifier:
         self.min_confidence = min_confidence
         # the model's words are the training vocabulary (shape tokens included)
         self.vocabulary = frozenset(model.get_words())
+        self.features = TokenFeatures(self.vocabulary)
 
     @classmethod
     def load(cls, path: str | Path, **kwargs) -> CodeLanguageClassifier:
@@ -206,7 +237,7 @@ class CodeLanguageClassifier:
                 workers, initializer=_load_worker_model, initargs=(str(self.path),)
             ) as pool:
                 return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
-        return predict_proba(self.model, [content_line(t, self.vocabulary) for t in texts], k=k)
+        return predict_proba(self.model, [self.features.line(t) for t in texts], k=k)
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:
         """Combine priors and content probabilities into the final language of one file."""

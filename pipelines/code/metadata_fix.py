@@ -62,7 +62,9 @@ def load_origins(store: ObjectStore, key: str) -> tuple[dict[tuple, str], dict[s
         return None
     by_key: dict[tuple, str] = {}
     by_sha: dict[str, list[tuple]] = defaultdict(list)
-    for line in gzip.decompress(store.get_bytes(key)).decode().splitlines():
+    for line in gzip.decompress(store.get_bytes(key)).decode().split("\n"):  # not splitlines: U+2028 in paths
+        if not line:
+            continue
         o = json.loads(line)
         k = (o["source"], o["package"], o["version"], o["path"])
         by_key[k] = o["sha256"]

@@ -74,7 +74,8 @@ def read_shards(store: ObjectStore, prefix: str) -> Iterator[dict]:
         name = key.rsplit("/", 1)[-1]
         if not (name.startswith("part-") and name.endswith(".jsonl.gz")):
             continue
-        for line in gzip.decompress(store.get_bytes(key)).decode().splitlines():
+        # split on "\n" only: str.splitlines also breaks at U+2028, \x1c, \x85 inside JSON strings
+        for line in gzip.decompress(store.get_bytes(key)).decode().split("\n"):
             if line.strip():
                 yield json.loads(line)
 

@@ -74,7 +74,7 @@ def _raw_tokens(text: str, max_tokens: int | None = None, max_chars: int | None 
         if len(toks) >= 4:
             words = sum(1 for t in toks if t[0].isalpha())
             if not (c.isalpha() or c == "_"):
-                if words >= 0.6 * (len(toks) - 1):
+                if words >= 3 and words >= 0.6 * (len(toks) - 1):  # 3: `"use strict";` is code
                     out.append(toks[0])
                     out.append("PROSE")
                     continue

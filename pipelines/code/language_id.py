@@ -49,7 +49,9 @@ class CodeLanguageIdConfig(BaseModel):
     lr: float = Field(0.5, gt=0, description="fastText learning rate")
     epoch: int = Field(80, ge=1, description="fastText epochs")
     dim: int = Field(64, ge=2, description="fastText vector size")
-    word_ngrams: int = Field(3, ge=1, description="fastText word n-gram length over code tokens")
+    word_ngrams: int = Field(
+        2, ge=1, description="fastText word n-gram length over code tokens (3 overfits packages)"
+    )
     minn: int = Field(0, ge=0, description="fastText min char n-gram (0 = off)")
     maxn: int = Field(0, ge=0, description="fastText max char n-gram (0 = off)")
     min_count: int = Field(1, ge=1, description="fastText min token count")

@@ -46,6 +46,10 @@ class CodeLanguageIdConfig(BaseModel):
         True, description="Label ambiguous extensions (.h .m .pl .v .ts) by strong markers"
     )
     shebang_labels: bool = Field(True, description="Label extension-less scripts by their shebang")
+    skip_flow: bool = Field(
+        True,
+        description="Leave `@flow` files out (typed JS, between JS and TS: as JS labels they teach 'typed = JS')",
+    )
     lr: float = Field(0.5, gt=0, description="fastText learning rate")
     epoch: int = Field(80, ge=1, description="fastText epochs")
     dim: int = Field(64, ge=2, description="fastText vector size")
@@ -95,6 +99,9 @@ def labelled_files(records, config: CodeLanguageIdConfig, stats: Counter) -> lis
         label, how = training_label(meta["path"], rec["text"], config.heuristic_labels, config.shebang_labels)
         if label is None:
             stats[f"unlabelled/{how}"] += 1
+            continue
+        if config.skip_flow and label == "JavaScript" and "@flow" in rec["text"][:2000]:
+            stats["unlabelled/flow_typed_javascript"] += 1
             continue
         stats[f"labelled/{how}"] += 1
         out.append({"id": rec["id"], "text": rec["text"], "label": label, "group": group_of(meta),

@@ -8,6 +8,7 @@ from code_snippets import corpus, snippet
 from classifiers.code_language import (
     CodeLanguageClassifier,
     code_tokens,
+    split_header,
     train_code_language_model,
     training_label,
 )
@@ -90,6 +91,17 @@ def test_tokens_keep_operators_sigils_and_line_structure():
     assert "->" in toks and "::" in toks and "NLtab" in toks
     assert code_tokens("my $x = 42;")[1:4] == ["my", "$x", "="]
     assert "0" in code_tokens("x = 12345")  # digits are normalised
+
+
+def test_leading_comment_blocks_leave_only_their_markers():
+    licence = "/* Copyright (C) 2009 FSF.\n   This file is free software.  */\n/* more */\nint x;\n"
+    assert split_header(licence) == ("\nint x;\n", ["/*"])
+    assert split_header("%% header\n% more\nfoo(X) :- bar(X).\n") == ("\nfoo(X) :- bar(X).\n", ["%%", "%"])
+    assert split_header(";;; x.el --- y\n(defun f ())") == ("\n(defun f ())", [";;;"])
+    for code in ("#!/bin/sh\n# x\necho", "#include <a.h>\nint x;", "{-# LANGUAGE GADTs #-}\nmodule A"):
+        assert split_header(code) == (code, [])  # a shebang, directive or pragma is code: no header
+    toks = code_tokens(licence + "   This file is free software: you can redistribute it\n")
+    assert toks[:6] == ["NL", "/*", "PROSE", "NL", "int", "x"] and toks[-1] == "PROSE"
 
 
 def test_training_labels_use_unambiguous_extensions_and_strong_heuristics_only():

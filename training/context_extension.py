@@ -41,7 +41,9 @@ class ContextStage(BaseModel):
         "sparse", description="Attention while training: sparse = DSA top-k with the indexer on its own loss"
     )
     indexer_warmup_steps: int = Field(
-        0, ge=0, description="Indexer-only warm-up steps at the new length before the main phase (0 = none)"
+        0,
+        ge=0,
+        description="Indexer-only steps at the new length: before the main phase if sparse, after it if dense",
     )
 
 
@@ -100,6 +102,9 @@ class ContextExtensionConfig(BaseModel):
         ge=0,
         le=1,
         description="Share of synthetic rows that repeat a passage (dense long-range copying)",
+    )
+    filler_max_tokens: int = Field(
+        4_000_000, ge=1, description="Tokens of the largest source used as filler of synthetic rows"
     )
     seed: int = Field(0, description="Seed for sampling, packing and synthetic rows")
 
@@ -346,6 +351,12 @@ def build_midtrain_rows(
 # ---------------------------------------------------------------------------------------------- stage data
 
 
+def filler_source_of(docs_by_source: Mapping[str, Sequence[np.ndarray]]) -> str:
+    """The source with the most tokens: filler must be too large to memorise, else a model learns the
+    repeated passages by heart instead of copying them from context (a 42k-token web filler did that)."""
+    return max(sorted(docs_by_source), key=lambda s: sum(len(d) for d in docs_by_source[s]))
+
+
 def build_midtrain_shards(
     config: ContextExtensionConfig,
     stage_name: str,
@@ -367,8 +378,13 @@ def build_midtrain_shards(
     tok = load_corpus_tokenizer(tokenizer_path)
     eos_id = manifest["tokenizer"]["eos_id"]
     # Synthetic rows hide their keys in training text (never the held-out text the passkey eval uses).
-    filler_source = "web" if "web" in docs_by_source else sorted(docs_by_source)[0]
-    filler = FillerText(docs_by_source[filler_source], eos_id=eos_id)
+    filler_docs, n = [], 0
+    for doc in docs_by_source[filler_source_of(docs_by_source)]:
+        if n >= config.filler_max_tokens:
+            break
+        filler_docs.append(doc)
+        n += len(doc)
+    filler = FillerText(filler_docs, eos_id=eos_id)
     rows, metrics = build_midtrain_rows(
         docs_by_source,
         weights,
@@ -474,10 +490,13 @@ def midtrain_job_specs(
     if tokenizer_dir:
         extra = {n: str(Path(tokenizer_dir) / n) for n in ("tokenizer.json", "tokenizer_config.json")}
     model = stage_model_config(model_cfg, stage, config.rope_method, config.base_seq_len)
-    phases = []
-    if stage.indexer_warmup_steps and stage.dsa_mode == "sparse":
-        phases.append(("indexer_warmup", "indexer_warmup", stage.indexer_warmup_steps))
-    phases.append(("main", stage.dsa_mode, stage.steps))
+    phases = [("main", stage.dsa_mode, stage.steps)]
+    if stage.indexer_warmup_steps:
+        # Sparse: warm the indexer up before the main phase (its top-k decides what the model sees). Dense:
+        # after it, so the indexer learns the attention the dense phase grew (e.g. retrieval heads) and the
+        # checkpoint runs natively with DSA top-k.
+        warmup = ("indexer_warmup", "indexer_warmup", stage.indexer_warmup_steps)
+        phases = [warmup, *phases] if stage.dsa_mode == "sparse" else [*phases, warmup]
     specs, init_from = [], str(parent_dir)
     for name, mode, steps in phases:
         optim = trainer_cfg.optim.model_copy(update={"lr": stage.learning_rate})

@@ -48,7 +48,11 @@ class ContextStage(BaseModel):
 
 
 class ContextExtensionConfig(BaseModel):
-    """Context-extension midtraining settings (defaults are the `tiny` profile's: 256 -> 1024 -> 2048)."""
+    """Context-extension midtraining settings (defaults are the `tiny` profile's: 256 -> 512 -> 768 -> 1024).
+
+    The first tiny stage trains dense (retrieval heads grow under full attention; under top-k sparse attention
+    the indexer would only ever show the model what it already attends to), then warms the indexer up on it.
+    """
 
     model_config = ConfigDict(extra="forbid")
     base_seq_len: int = Field(256, ge=16, description="Context length of pretraining (the base checkpoint)")
@@ -58,16 +62,19 @@ class ContextExtensionConfig(BaseModel):
     stages: list[ContextStage] = Field(
         default_factory=lambda: [
             ContextStage(
-                name="ctx_1024", seq_len=1024, rope_theta=40_000.0, steps=300, indexer_warmup_steps=30
+                name="ctx_512",
+                seq_len=512,
+                rope_theta=20_000.0,
+                steps=200,
+                learning_rate=3e-3,
+                dsa_mode="dense",
+                indexer_warmup_steps=30,
             ),
             ContextStage(
-                name="ctx_2048",
-                seq_len=2048,
-                rope_theta=80_000.0,
-                steps=150,
-                batch_size=2,
-                learning_rate=5e-4,
-                indexer_warmup_steps=20,
+                name="ctx_768", seq_len=768, rope_theta=30_000.0, steps=100, indexer_warmup_steps=20
+            ),
+            ContextStage(
+                name="ctx_1024", seq_len=1024, rope_theta=40_000.0, steps=100, indexer_warmup_steps=20
             ),
         ],
         description="Stages in order; each starts from the previous stage's checkpoint",
@@ -92,13 +99,13 @@ class ContextExtensionConfig(BaseModel):
         16, ge=2, description="Target docs per tf-idf k-means cluster when grouping similar docs"
     )
     synthetic_share: float = Field(
-        0.25, ge=0, le=1, description="Share of rows that are synthetic recall rows"
+        0.5, ge=0, le=1, description="Share of rows that are synthetic recall rows"
     )
     multikey_share: float = Field(
-        0.3, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
+        0.25, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
     )
     repeat_share: float = Field(
-        0.4,
+        0.5,
         ge=0,
         le=1,
         description="Share of synthetic rows that repeat a passage (dense long-range copying)",

@@ -39,7 +39,9 @@ class EvalConfig(BaseModel):
     ppl_max_tokens: int = Field(
         32_768, ge=64, description="Held-out tokens scored per source and context length"
     )
-    passkey_lengths: list[int] = Field([256, 512, 1024, 2048], description="Passkey prompt lengths (tokens)")
+    passkey_lengths: list[int] = Field(
+        [256, 512, 1024], description="Passkey prompt lengths (tokens); 1024 = 4x the pretraining context"
+    )
     passkey_depths: list[float] = Field([0.1, 0.3, 0.5, 0.7, 0.9], description="Needle depths (0 = start)")
     passkey_per_cell: int = Field(8, ge=1, description="Items per (length, depth) cell")
     passkey_choices: int = Field(4, ge=2, description="Candidate keys per item (chance = 1/choices)")

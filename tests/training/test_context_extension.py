@@ -4,6 +4,7 @@ import json
 import math
 import random
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,7 +83,35 @@ def test_yarn_scales_low_frequencies_only():
 def test_stage_lengths_must_increase():
     with pytest.raises(ValidationError, match="must increase"):
         ContextExtensionConfig(base_seq_len=256, stages=[ContextStage(name="a", seq_len=256)])
-    assert [s.seq_len for s in ContextExtensionConfig().stages] == [1024, 2048]
+    tiny = ContextExtensionConfig()
+    # Three stages ending at 4x the pretraining context, where the passkey eval measures the gain.
+    assert [s.seq_len for s in tiny.stages] == [512, 768, 1024] == sorted({512, 768, 4 * tiny.base_seq_len})
+    assert [s.dsa_mode for s in tiny.stages] == ["dense", "sparse", "sparse"]
+
+
+def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_path):
+    from training.context_extension import midtrain_job_specs
+    from training.model import ModelConfig
+    from training.trainer import TrainerConfig
+
+    config = ContextExtensionConfig()
+    names = {}
+    for stage in ("ctx_512", "ctx_768"):
+        specs = midtrain_job_specs(
+            tmp_path, ModelConfig(), TrainerConfig(), config, stage, ["rows.tokens.npy"], tmp_path / stage
+        )
+        names[stage] = [(Path(s.run_dir).name, s.trainer.dsa_mode) for s in specs]
+        assert specs[1].init_from == str(Path(specs[0].run_dir) / "hf")
+    assert names["ctx_512"] == [("main", "dense"), ("indexer_warmup", "indexer_warmup")]
+    assert names["ctx_768"] == [("indexer_warmup", "indexer_warmup"), ("main", "sparse")]
+
+
+def test_filler_comes_from_the_largest_source():
+    from training.context_extension import filler_source_of
+
+    small, large = [np.arange(10)] * 3, [np.arange(1000)] * 2
+    # A small source as filler is memorised: repeated passages become predictable without looking back.
+    assert filler_source_of({"web": small, "code": large}) == "code"
 
 
 def test_interleave_chunks_round_robin():

@@ -55,10 +55,14 @@ class FastTextParams:
 def train_supervised_with_retry(input_file: str, **kwargs):
     """`fasttext.train_supervised`, retried when it stops with "Encountered NaN". Seen on loaded machines and
     on CI with single-threaded, seeded training that passes elsewhere, so the first retry is identical (the
-    same model when the NaN was transient), then another seed, then half the learning rate."""
+    same model when the NaN was transient), then another seed, then lower learning rates with more buckets
+    (some inputs diverge at one bucket count whatever the lr and train fine with more)."""
     import fasttext
 
-    retries = [{}, {"seed": kwargs["seed"] + 1}, {"seed": kwargs["seed"] + 1, "lr": kwargs["lr"] / 2}]
+    seed, lr, bucket = kwargs["seed"], kwargs["lr"], kwargs.get("bucket", 2_000_000)
+    retries = [{}, {"seed": seed + 1}] + [
+        {"seed": seed + 1, "lr": lr / f, "bucket": bucket * f} for f in (2, 4)
+    ]
     for attempt in range(len(retries) + 1):
         try:
             return fasttext.train_supervised(input=input_file, **kwargs)

@@ -3,8 +3,11 @@ classifiers): train from (label, text) pairs, predict, per-class precision/recal
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
@@ -52,20 +55,41 @@ class FastTextParams:
         }  # fmt: skip
 
 
-def train_supervised_with_retry(input_file: str, **kwargs):
-    """`fasttext.train_supervised`, retried when it stops with "Encountered NaN". Seen on loaded machines and
-    on CI with single-threaded, seeded training that passes elsewhere, so the first retry is identical (the
-    same model when the NaN was transient), then another seed, then lower learning rates with more buckets
-    (some inputs diverge at one bucket count whatever the lr and train fine with more)."""
+# Trains in a child process: repeated trainings in one process give different models from the same seed
+# (and sometimes "Encountered NaN"), while every fresh process gives the same model.
+_TRAIN_CHILD = (
+    "import json, sys, fasttext; "
+    "fasttext.train_supervised(input=sys.argv[1], **json.loads(sys.argv[2])).save_model(sys.argv[3])"
+)
+
+
+def train_supervised_in_child(input_file: str, **kwargs):
+    """`fasttext.train_supervised` run in a fresh Python process; returns the loaded model."""
     import fasttext
 
+    with tempfile.TemporaryDirectory(prefix="crucible-ft-") as tmp:
+        out = os.path.join(tmp, "model.bin")
+        proc = subprocess.run([sys.executable, "-c", _TRAIN_CHILD, input_file, json.dumps(kwargs), out],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            lines = proc.stderr.strip().splitlines()
+            raise RuntimeError(
+                f"fastText training failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+            )
+        return fasttext.load_model(out)
+
+
+def train_supervised_with_retry(input_file: str, train=train_supervised_in_child, **kwargs):
+    """`train` (fastText supervised training), retried when it stops with "Encountered NaN": first with the
+    same settings, then another seed, then lower learning rates with more buckets (some inputs diverge at
+    one bucket count whatever the lr and train fine with more)."""
     seed, lr, bucket = kwargs["seed"], kwargs["lr"], kwargs.get("bucket", 2_000_000)
     retries = [{}, {"seed": seed + 1}] + [
         {"seed": seed + 1, "lr": lr / f, "bucket": bucket * f} for f in (2, 4)
     ]
     for attempt in range(len(retries) + 1):
         try:
-            return fasttext.train_supervised(input=input_file, **kwargs)
+            return train(input_file, **kwargs)
         except RuntimeError as exc:
             if "NaN" not in str(exc) or attempt == len(retries):
                 raise

@@ -55,9 +55,6 @@ def web_store(root: Path) -> LocalStore:
     return store
 
 
-# Seen failing on a heavily loaded machine (the rerun's data_version differed; cause not found) and on CI when
-# fastText diverged on 16 training documents (micro now judges 64).
-@pytest.mark.flaky(reruns=2)
 def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url, tmp_path):
     store = web_store(tmp_path / "store")
     config = validate_stage(load_profile("micro"), "math_filter", MathFilterConfig)

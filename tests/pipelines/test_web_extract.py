@@ -260,4 +260,5 @@ def test_network_guard_catches_datatrove_own_model_download(monkeypatch, tmp_pat
     attempts = block_network(monkeypatch)
     with pytest.raises(Exception):  # noqa: B017 - whatever wraps the refused lookup
         FT176LID(["en"]).predict(Document(text="hello world", id="x"))
-    assert attempts and "dl.fbaipublicfiles.com" in attempts[0]
+    # any(): a thread left by an earlier test in the same process may also hit the guard (seen under `make test`)
+    assert any("dl.fbaipublicfiles.com" in a for a in attempts)

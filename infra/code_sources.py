@@ -167,6 +167,23 @@ def _dsc_version(dsc: Path) -> str:
     return m.group(1)
 
 
+UPSTREAM_ONLY_MARKER = "upstream-only.txt"  # in a Debian source download whose debian/ tarball is missing
+_DSC_ENTRY = re.compile(r"^ [0-9a-f]{32} (\d+) (\S+)$", re.M)  # the md5 `Files:` lines of a .dsc
+
+
+def _upstream_tarballs_complete(tmp: Path) -> bool:
+    """A .dsc was fetched and every upstream tarball it lists is there at its listed size (only the
+    `.debian.tar.*` packaging tarball may be missing)."""
+    dscs = sorted(tmp.glob("*.dsc"))
+    if not dscs:
+        return False
+    entries = [(int(n), name) for n, name in _DSC_ENTRY.findall(dscs[0].read_text(errors="replace"))]
+    upstream = [(n, name) for n, name in entries if ".tar" in name and ".debian.tar." not in name
+                and not name.endswith(".asc")]  # fmt: skip
+    return bool(upstream) and all((tmp / name).exists() and (tmp / name).stat().st_size == n
+                                  for n, name in upstream)  # fmt: skip
+
+
 def fetch_debian_source(apt: AptConfig, package: str, version: str | None, cache_dir: Path) -> FetchedSource:
     """`apt-get source --download-only PACKAGE[=VERSION]` (needs the deb-src list); returns the .dsc first."""
     t0 = time.time()
@@ -179,7 +196,14 @@ def fetch_debian_source(apt: AptConfig, package: str, version: str | None, cache
     target = f"{package}={version}" if version else package
     # --only-source: the name is a source package, even if a binary package has the same name
     cmd = ["apt-get", "-q", *apt.options(), "source", "--download-only", "--only-source", target]
-    _run(cmd, f"debian source {package}", cwd=tmp)
+    try:
+        _run(cmd, f"debian source {package}", cwd=tmp)
+    except SourceFetchError as exc:
+        # a mirror may serve the upstream tarball but 404 the debian/ packaging one: the code is upstream's
+        if not _upstream_tarballs_complete(tmp):
+            raise
+        log.warning("debian source %s: keeping the upstream tarball(s) only (%s)", package, str(exc)[-200:])
+        (tmp / UPSTREAM_ONLY_MARKER).write_text(f"debian/ tarball not fetched: {exc}\n")
     files = _source_files(tmp)
     if not files:
         raise SourceFetchError(f"debian source {package}: apt-get source produced no .dsc")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.code_sources import UPSTREAM_ONLY_MARKER
+
 
 class ArchiveError(RuntimeError):
     """An archive is corrupt or of an unknown format; the message names the file."""
@@ -147,6 +149,8 @@ def iter_debian_source(files: list[Path]) -> Iterator[Member]:
         raise ArchiveError(f"{dsc.name}: lists no files")
     for name in names:
         tar = dsc.parent / name
+        if not tar.exists() and ".debian.tar." in name and (dsc.parent / UPSTREAM_ONLY_MARKER).exists():
+            continue  # the fetcher kept the upstream code of a package whose debian/ tarball 404'd
         if not tar.exists():
             raise ArchiveError(f"{dsc.name}: lists {name}, which was not downloaded")
         is_debian_tar = ".debian.tar." in name

@@ -2,7 +2,7 @@
 Linguist-style priors (file name / extension, shebang, modeline, heuristics for ambiguous extensions).
 
 Content features: a code-aware tokenisation that keeps operators and punctuation (`::`, `->`, `:=`, `#include`,
-`@end`, `$x`), marks line starts (`NL`) and leading indentation, and maps digits to `0`; leading comment blocks
+`@end`, `$x`), marks line starts (`NL`) and indentation steps (deeper / same / shallower), and maps digits to `0`; leading comment blocks
 (licences, banners) shrink to their comment markers and prose comment lines to `marker PROSE`; tokens seen in
 few training packages become their case shape; fastText then adds word bigrams over these tokens. The reader
 sees at most `MAX_CHARS` (head + middle window) and `MAX_TOKENS`: the model is trained under these values.
@@ -28,8 +28,8 @@ from classifiers.code_language_rules import (
 )
 from classifiers.fasttext_train import FastTextParams, predict_proba, train_fasttext
 
-MAX_CHARS = 2500
-MAX_TOKENS = 500
+MAX_CHARS = 4000  # 2500 -> 4000: +1.5 points on validation packages, ~4,000 files/s
+MAX_TOKENS = 800
 
 # identifiers (with sigils: #include, @end, $var, %hash; ruby ?/!), numbers, and runs of up to three
 # punctuation characters (`->`, `::`, `);`, `#[`); line starts and indentation are read per line
@@ -43,7 +43,6 @@ _HEADER_BLOCK = re.compile(
     re.S,
 )
 _PUNCT_RUN = re.compile(r"[^\w\s]{1,3}")
-_LINE_START = ["NL"] + [f"NLsp{min(n, 8)}" for n in range(1, 200)]
 # English words that are no language's keyword: two of them make a marker-less line prose (licence blocks)
 _STOPWORDS = frozenset(
     "the The a A an are to of this This that it It be with by you You we We can will your which has have "
@@ -81,23 +80,23 @@ def split_header(text: str, max_blocks: int = 400) -> tuple[str, list[str]]:
 
 
 def _raw_tokens(text: str, max_tokens: int | None = None, max_chars: int | None = None) -> list[str]:
-    """Per line: a line-start marker (`NL`, `NLtab`, `NLsp<indent>`) and its tokens; comment lines of prose
+    """Per line: a line-start marker (`NL` at column 0, else `NL>` / `NL=` / `NL<` for an indent deeper than,
+    equal to or shallower than the previous non-blank line's) and its tokens; comment lines of prose
     (`-- This class holds ...`, ` * Returns the ...`) keep their marker and become `PROSE`: the words of
     comments say which project, not which language. Blank lines vanish; numbers are left as they are."""
     max_tokens = max_tokens or MAX_TOKENS
     body, markers = split_header(text)
     out: list[str] = [t for m in markers for t in ("NL", m, "PROSE")]
+    prev = 0
     for raw in content_window(body, max_chars).split("\n"):
         toks = _TOKEN.findall(raw)
         if not toks:
             continue
-        first = raw[0]
-        if first == "\t":
-            out.append("NLtab")
-        elif first == " ":
-            out.append(_LINE_START[min(len(raw) - len(raw.lstrip(" \t")), 199)])
-        else:
-            out.append("NL")
+        # indentation as a step (deeper / same / shallower than the line before), not a depth: tabs vs
+        # 2 vs 4 spaces is a project's style (tab-indented Scala read as Kotlin), nesting is the language's
+        ind = len(raw) - len(raw.lstrip(" \t")) if raw[0] in " \t" else 0
+        out.append("NL" if ind == 0 else "NL>" if ind > prev else "NL=" if ind == prev else "NL<")
+        prev = ind
         c = toks[0][0]
         if len(toks) >= 4:
             words = sum(1 for t in toks if t[0].isalpha())
@@ -116,7 +115,7 @@ def _raw_tokens(text: str, max_tokens: int | None = None, max_chars: int | None 
 
 
 def code_tokens(text: str, max_tokens: int | None = None, max_chars: int | None = None) -> list[str]:
-    """Tokens of a file's head: `NL*` (line start + indentation) markers, identifiers, numbers as `0`,
+    """Tokens of a file's head: `NL*` (line start + indentation step) markers, identifiers, numbers as `0`,
     operators and punctuation; comment prose collapsed to `PROSE`."""
     return [("0" if t[0].isdigit() else t) for t in _raw_tokens(text, max_tokens, max_chars)]
 

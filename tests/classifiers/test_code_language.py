@@ -88,9 +88,18 @@ def test_shebang_and_modeline_priors():
 def test_tokens_keep_operators_sigils_and_line_structure():
     toks = code_tokens("#include <stdio.h>\nint main() {\n\treturn a->b :: c;\n}\n")
     assert toks[:3] == ["NL", "#include", "<"]
-    assert "->" in toks and "::" in toks and "NLtab" in toks
+    assert "->" in toks and "::" in toks and "NL>" in toks and toks[-2:] == ["NL", "}"]
     assert code_tokens("my $x = 42;")[1:4] == ["my", "$x", "="]
     assert "0" in code_tokens("x = 12345")  # digits are normalised
+
+
+def test_indentation_is_a_step_whatever_the_indent_unit():
+    tabs = "def f(x):\n\tif x:\n\t\treturn 1\n\treturn 2\nf(1)\n"
+    spaces = tabs.replace("\t", "    ")
+    two = tabs.replace("\t", "  ")
+    assert code_tokens(tabs) == code_tokens(spaces) == code_tokens(two)
+    assert [t for t in code_tokens(tabs) if t.startswith("NL")] == ["NL", "NL>", "NL>", "NL<", "NL"]
+    assert [t for t in code_tokens("a\n  b\n  c\n") if t.startswith("NL")] == ["NL", "NL>", "NL="]
 
 
 def test_leading_comment_blocks_leave_only_their_markers():

@@ -114,8 +114,9 @@ def token_shards(
     )
 
 
-def shard_specs(s: ObjectStore, seed: int) -> tuple[DataSpec, DataSpec, str]:
-    """Train / held-out batch factories over the current token shards, and the shards' data version."""
+def shard_specs(s: ObjectStore, seed: int, repeat_share: float = 0.0) -> tuple[DataSpec, DataSpec, str]:
+    """Train / held-out batch factories over the current token shards, and the shards' data version.
+    `repeat_share` of the training rows repeat a passage (see `training.data.TokenBatches`)."""
     manifest_key = f"{SHARDS_PREFIX}/manifest.json"
     cache = PROFILE.state_path / "cache" / "token_shards"
     train = {
@@ -127,7 +128,7 @@ def shard_specs(s: ObjectStore, seed: int) -> tuple[DataSpec, DataSpec, str]:
     manifest = s.get_json(manifest_key)
     weights = {k: w for k, w in manifest.get("weights", {}).items() if k in train}
     version = manifest.get("data_version", "")
-    kwargs = {"shard_paths": train, "seed": seed, "weights": weights or None}
+    kwargs = {"shard_paths": train, "seed": seed, "weights": weights or None, "repeat_share": repeat_share}
     return (
         DataSpec(factory="training.data:token_batches", kwargs=kwargs),
         DataSpec(factory="training.data:heldout_batches", kwargs={"shard_paths": held}),
@@ -165,7 +166,7 @@ def base_checkpoint(
                 )
             }
         )
-        data, eval_data, version = shard_specs(s, seed=cfg.dense.seed)
+        data, eval_data, version = shard_specs(s, seed=cfg.dense.seed, repeat_share=cfg.repeat_share)
         run_root = PROFILE.state_path / "runs" / "pretrain" / (version[:16] or "unversioned")
         result = pretrain.run_pretraining(
             cfg,

@@ -467,6 +467,10 @@ class TokenBatches:
     and a uniformly random window in it (`aligned=True`: windows start at multiples of `seq_len`, for shards of
     pre-packed rows). Iterating yields {"input_ids", "labels"} (int64, [batch_size, seq_len]); `position`
     is the index of the next batch, saved by `state_dict()` and restored by `load_state_dict()`.
+
+    `repeat_share` of the rows are repeated-passage rows: a window, an unrelated window, then the first window
+    again. The second copy is predictable only by looking back, the signal that grows induction (copy) heads;
+    a few-million-token run of natural text alone holds too few repeats for a small model to learn them.
     """
 
     def __init__(
@@ -480,9 +484,12 @@ class TokenBatches:
         aligned: bool = False,
         rank: int = 0,
         world_size: int = 1,
+        repeat_share: float = 0.0,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
+        if not 0 <= repeat_share <= 1:
+            raise ValueError(f"repeat_share must be in [0, 1], got {repeat_share}")
         self.rank, self.world_size = rank, world_size
         if not isinstance(shard_paths, Mapping):
             shard_paths = {"all": list(shard_paths)}
@@ -498,27 +505,38 @@ class TokenBatches:
         self.probs = np.array([raw[s] / total for s in self.sources])
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.aligned = aligned
+        self.repeat_share = repeat_share
         self.position = start_position
 
-    def plan(self, position: int) -> list[tuple[str, int]]:
-        """(source, start offset) of every row of batch `position`."""
+    def _start(self, rng: np.random.Generator, source: str) -> int:
+        n = self.streams[source].num_tokens
+        if self.aligned:
+            return int(rng.integers(0, max(n // self.seq_len, 1))) * self.seq_len
+        return int(rng.integers(0, max(n - self.seq_len + 1, 1)))
+
+    def plan(self, position: int) -> list[list[tuple[str, int, int]]]:
+        """The pieces (source, start offset, length) of every row of batch `position`."""
         rng = np.random.default_rng([self.seed, self.rank, position])  # each data-parallel rank its own rows
         picks = rng.choice(len(self.sources), size=self.batch_size, p=self.probs)
         rows = []
         for idx in picks:
             source = self.sources[idx]
-            n = self.streams[source].num_tokens
-            if self.aligned:
-                start = int(rng.integers(0, max(n // self.seq_len, 1))) * self.seq_len
+            if self.repeat_share and rng.random() < self.repeat_share:
+                passage = int(rng.integers(self.seq_len // 8, self.seq_len // 3 + 1))
+                copy = (source, self._start(rng, source), passage)
+                gap = (source, self._start(rng, source), self.seq_len - 2 * passage)
+                rows.append([copy, gap, copy])
             else:
-                start = int(rng.integers(0, max(n - self.seq_len + 1, 1)))
-            rows.append((source, start))
+                rows.append([(source, self._start(rng, source), self.seq_len)])
         return rows
 
     def batch_at(self, position: int) -> dict[str, Any]:
         import torch
 
-        rows = [self.streams[s].read(start, self.seq_len) for s, start in self.plan(position)]
+        rows = [
+            np.concatenate([self.streams[s].read(start, n) for s, start, n in pieces])
+            for pieces in self.plan(position)
+        ]
         input_ids = torch.from_numpy(np.stack(rows))
         return {"input_ids": input_ids, "labels": input_ids.clone()}
 

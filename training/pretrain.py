@@ -71,6 +71,12 @@ class PretrainConfig(BaseModel):
     )
     seq_len: int = Field(256, gt=1, description="Pre-training context length (tokens)")
     micro_batch_size: int = Field(8, gt=0, description="Sequences per micro-batch and process")
+    repeat_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of training rows that repeat a passage after a gap (grows copy heads; 0 = off)",
+    )
     dense: TrainerConfig = Field(default_factory=_phase_default("dense"), description="Phase 1: dense LM")
     indexer_warmup: TrainerConfig = Field(
         default_factory=_phase_default("indexer_warmup"), description="Phase 2: DSA indexer warm-up"

@@ -130,7 +130,7 @@ def test_mixture_proportions(corpus):
     batches = TokenBatches(paths, seq_len=32, batch_size=16, seed=7, weights=weights)
     counts = {s: 0 for s in weights}
     for pos in range(200):
-        for source, _ in batches.plan(pos):
+        for [(source, _, _)] in batches.plan(pos):
             counts[source] += 1
     total = sum(counts.values())
     for source, weight in weights.items():
@@ -161,9 +161,28 @@ def test_windows_are_real_token_runs(corpus):
     paths = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "train")
     stream = np.concatenate([np.load(p) for p in paths["math"]]).astype(np.int64)
     batches = TokenBatches({"math": paths["math"]}, seq_len=50, batch_size=3, seed=1)
-    for (source, start), row in zip(batches.plan(0), batches.batch_at(0)["input_ids"], strict=True):
-        assert source == "math"
+    for [(source, start, n)], row in zip(batches.plan(0), batches.batch_at(0)["input_ids"], strict=True):
+        assert (source, n) == ("math", 50)
         assert (row.numpy() == stream[start : start + 50]).all()
+
+
+def test_repeat_rows_copy_a_passage(corpus):
+    paths = shard_paths(corpus["store"], corpus["result"].outputs["manifest"], "train")
+    batches = TokenBatches(paths, seq_len=96, batch_size=8, seed=2, repeat_share=0.5)
+    repeated = 0
+    for pos in range(50):
+        for pieces, row in zip(batches.plan(pos), batches.batch_at(pos)["input_ids"].numpy(), strict=True):
+            assert len(row) == 96 and sum(n for _, _, n in pieces) == 96
+            if len(pieces) == 3:
+                repeated += 1
+                n = pieces[0][2]
+                assert 96 // 8 <= n <= 96 // 3 and pieces[0] == pieces[2]
+                assert (row[:n] == row[-n:]).all()  # the passage comes back after the gap
+    assert repeated / (50 * 8) == pytest.approx(0.5, abs=0.06)
+    plain = TokenBatches(paths, seq_len=96, batch_size=8, seed=2)
+    assert all(len(p) == 1 for p in plain.plan(0))
+    with pytest.raises(ValueError, match="repeat_share"):
+        TokenBatches(paths, seq_len=96, batch_size=8, repeat_share=1.5)
 
 
 def test_unknown_source_fails_with_name(corpus):

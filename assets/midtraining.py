@@ -90,6 +90,7 @@ def _midtrain_asset(index: int):
                 PROFILE.state_path / "cache" / "midtrain_rows",
             )
             shard_path = _local_shard(s, rows.outputs["shard"])
+            recall = {n: [_local_shard(s, k)] for n, k in rows.extra["manifest"]["recall_shards"].items()}
             run_dir = PROFILE.state_path / "runs" / name / (rows.data_version[:16] or "unversioned")
             hf_dir = context_extension.midtrain_stage(
                 local_checkpoint(s, parent),
@@ -105,6 +106,7 @@ def _midtrain_asset(index: int):
                 torch_extensions_dir=PROFILE.state_path / "torch_extensions",
                 launch=PipesLaunch(context, pipes),
                 callbacks=[CALLBACK],
+                recall_shards=recall,
             )
             for fname, src in tokenizer_files(tok).items():
                 if not (hf_dir / fname).exists():
@@ -112,6 +114,10 @@ def _midtrain_asset(index: int):
             metrics = {f"rows/{k}": v for k, v in rows.metrics.items()}
             final = (token_data_json(hf_dir.parent / "result.json") or {}).get("metrics", {})
             metrics.update({f"final/{k}": v for k, v in final.items() if isinstance(v, int | float)})
+            for phase in ctx.recall_curriculum:  # how far the curriculum got: loss on its last batches
+                done = token_data_json(run_dir / f"recall_{phase.seq_len}" / "result.json") or {}
+                if "loss" in done.get("metrics", {}):
+                    metrics[f"recall_curriculum/{phase.seq_len}/loss"] = done["metrics"]["loss"]
             metrics.update({"seq_len": ctx.seq_len, "rope_theta": ctx.rope_theta or 0.0})
             report = f"## {name}: {ctx.name} (seq_len {ctx.seq_len}, {cfg.rope_method})\n\n{rows.report_md}"
             return StageResult(

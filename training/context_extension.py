@@ -27,6 +27,24 @@ from training.recall_tasks import FillerText, synthetic_recall_rows
 log = logging.getLogger(__name__)
 
 
+class RecallPhase(BaseModel):
+    """A phase on synthetic recall rows only (passkey and multi-key), shorter than the stage's context."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq_len: int = Field(ge=16, description="Row length (tokens); at most the stage's seq_len")
+    steps: int = Field(ge=1, description="Optimizer steps (every row is new: steps x batch_size rows)")
+    batch_size: int = Field(8, ge=1, description="Rows per step")
+
+
+# Short to long: a tiny model learns to retrieve a key from 96-token rows and then keeps the skill at longer
+# lengths; trained on 256-token rows from the start, it never finds the key (loss stays at ln 10 per digit).
+TINY_RECALL_CURRICULUM = [
+    RecallPhase(seq_len=96, steps=400),
+    RecallPhase(seq_len=160, steps=300),
+    RecallPhase(seq_len=256, steps=300),
+]
+
+
 class ContextStage(BaseModel):
     """One context-extension stage."""
 
@@ -45,6 +63,23 @@ class ContextStage(BaseModel):
         ge=0,
         description="Indexer-only steps at the new length: before the main phase if sparse, after it if dense",
     )
+    recall_curriculum: list[RecallPhase] = Field(
+        default_factory=list,
+        description="Dense phases on synthetic recall rows of increasing length, before the main phase",
+    )
+
+    @model_validator(mode="after")
+    def _curriculum_fits(self) -> ContextStage:
+        lengths = [p.seq_len for p in self.recall_curriculum]
+        if any(b <= a for a, b in zip(lengths, lengths[1:], strict=False)):
+            raise ValueError(f"stage {self.name!r}: recall_curriculum seq_len must increase, got {lengths}")
+        too_long = [n for n in lengths if n > self.seq_len]
+        if too_long:
+            raise ValueError(
+                f"stage {self.name!r}: recall_curriculum seq_len {too_long} exceeds the stage's "
+                f"seq_len {self.seq_len}; use shorter rows or drop them"
+            )
+        return self
 
 
 class ContextExtensionConfig(BaseModel):
@@ -52,6 +87,8 @@ class ContextExtensionConfig(BaseModel):
 
     The first tiny stage trains dense (retrieval heads grow under full attention; under top-k sparse attention
     the indexer would only ever show the model what it already attends to), then warms the indexer up on it.
+    It opens with a recall curriculum (synthetic rows of 96 -> 160 -> 256 tokens) that grows the retrieval
+    skill the longer stages stretch.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -69,6 +106,7 @@ class ContextExtensionConfig(BaseModel):
                 learning_rate=3e-3,
                 dsa_mode="dense",
                 indexer_warmup_steps=30,
+                recall_curriculum=TINY_RECALL_CURRICULUM,
             ),
             ContextStage(
                 name="ctx_768", seq_len=768, rope_theta=30_000.0, steps=100, indexer_warmup_steps=20
@@ -102,13 +140,17 @@ class ContextExtensionConfig(BaseModel):
         0.5, ge=0, le=1, description="Share of rows that are synthetic recall rows"
     )
     multikey_share: float = Field(
-        0.25, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
+        0.5, ge=0, le=1, description="Share of synthetic rows that are multi-key (MRCR)"
     )
+    # Off in tiny: repeated passages did not move passkey retrieval (measured, training/recall_tasks.py).
     repeat_share: float = Field(
-        0.5,
+        0.0,
         ge=0,
         le=1,
         description="Share of synthetic rows that repeat a passage (dense long-range copying)",
+    )
+    curriculum_multikey_share: float = Field(
+        0.5, ge=0, le=1, description="Share of recall-curriculum rows that are multi-key (the rest passkey)"
     )
     filler_max_tokens: int = Field(
         4_000_000, ge=1, description="Tokens of the largest source used as filler of synthetic rows"
@@ -375,7 +417,7 @@ def build_midtrain_shards(
 ) -> StageResult:
     """Build one stage's packed rows from the token shards of `manifest_key` and publish them as a token shard
     of `seq_len`-aligned rows under `out_prefix` (read with `TokenBatches(..., aligned=True)`)."""
-    from training.data import load_corpus_tokenizer, token_dtype
+    from training.data import load_corpus_tokenizer
 
     stage = config.stage(stage_name)
     manifest = store.get_json(manifest_key)
@@ -392,29 +434,51 @@ def build_midtrain_shards(
         filler_docs.append(doc)
         n += len(doc)
     filler = FillerText(filler_docs, eos_id=eos_id)
+
+    def encode(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False).ids
+
     rows, metrics = build_midtrain_rows(
         docs_by_source,
         weights,
         filler,
-        lambda text: tok.encode(text, add_special_tokens=False).ids,
+        encode,
         eos_id,
         manifest["tokenizer"]["vocab_size"],
         config,
         stage,
     )
     out_prefix = out_prefix.strip("/")
-    base = f"{out_prefix}/shard-00000"
-    with store.writer(f"{base}.tokens.npy", suffix=".npy") as tmp:
-        np.save(tmp, rows.reshape(-1).astype(token_dtype(manifest["tokenizer"]["vocab_size"])))
-    with store.writer(f"{base}.docs.npy", suffix=".npy") as tmp:
-        np.save(tmp, np.arange(len(rows) + 1, dtype=np.int64) * stage.seq_len)
-    data_version = xxhash.xxh64_hexdigest(rows.tobytes())
+    base = _write_rows(store, f"{out_prefix}/shard-00000", rows, manifest["tokenizer"]["vocab_size"])
+    digest = xxhash.xxh64(rows.tobytes())
+    recall_shards: dict[int, str] = {}
+    for i, phase in enumerate(stage.recall_curriculum):
+        recall = synthetic_recall_rows(
+            encode,
+            filler,
+            phase.steps * phase.batch_size,
+            phase.seq_len,
+            eos_id,
+            config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}"),
+            config.curriculum_multikey_share,
+        )
+        key = _write_rows(
+            store,
+            f"{out_prefix}/recall-{phase.seq_len}/shard-00000",
+            recall,
+            manifest["tokenizer"]["vocab_size"],
+        )
+        recall_shards[phase.seq_len] = key
+        digest.update(recall.tobytes())
+        metrics[f"recall_rows/{phase.seq_len}"] = float(len(recall))
+    data_version = digest.hexdigest()
     stage_manifest = {
         "stage": stage.model_dump(),
         "config": config.model_dump(),
         "token_manifest": manifest_key,
         "token_data_version": manifest.get("data_version"),
-        "shards": [f"{base}.tokens.npy"],
+        "shards": [base],
+        "recall_shards": recall_shards,
         "rows": len(rows),
         "seq_len": stage.seq_len,
         "data_version": data_version,
@@ -424,11 +488,26 @@ def build_midtrain_shards(
     table = [{"metric": k, "value": round(v, 4)} for k, v in sorted(metrics.items())]
     return StageResult(
         metrics=metrics,
-        outputs={"manifest": f"{out_prefix}/manifest.json", "shard": f"{base}.tokens.npy"},
+        outputs={
+            "manifest": f"{out_prefix}/manifest.json",
+            "shard": base,
+            **{f"recall_{n}": k for n, k in recall_shards.items()},
+        },
         report_md=f"## Midtraining data `{stage.name}` ({stage.seq_len} tokens)\n\n" + markdown_table(table),
         data_version=data_version,
         extra={"manifest": stage_manifest},
     )
+
+
+def _write_rows(store: ObjectStore, base: str, rows: np.ndarray, vocab_size: int) -> str:
+    """Publish [n, seq_len] rows as a token shard (+ doc index, one doc per row); returns the tokens key."""
+    from training.data import token_dtype
+
+    with store.writer(f"{base}.tokens.npy", suffix=".npy") as tmp:
+        np.save(tmp, rows.reshape(-1).astype(token_dtype(vocab_size)))
+    with store.writer(f"{base}.docs.npy", suffix=".npy") as tmp:
+        np.save(tmp, np.arange(len(rows) + 1, dtype=np.int64) * rows.shape[1])
+    return f"{base}.tokens.npy"
 
 
 def stage_model_config(model_cfg: Any, stage: ContextStage, method: str, base_seq_len: int) -> Any:
@@ -460,28 +539,32 @@ def midtrain_job_specs(
     tokenizer_dir: str | Path | None = None,
     distributed: Any = None,
     callbacks: Sequence[str] = (),
+    recall_shards: Mapping[int, Sequence[str | Path]] | None = None,
 ) -> list[Any]:
-    """The training phases of one stage as `training.job.TrainJobSpec`s, in order: an optional indexer-only
-    warm-up at the new length, then the main phase; each starts from the previous phase's HF export.
+    """The training phases of one stage as `training.job.TrainJobSpec`s, in order: the recall curriculum
+    (dense, one phase per row length), an optional indexer-only warm-up at the new length, then the main
+    phase; each starts from the previous phase's HF export.
 
     model_cfg: the pretraining `ModelConfig` (this stage's RoPE is applied here); trainer_cfg: the profile's
     `TrainerConfig` (steps, LR and DSA mode are taken from the stage); rows_shards: `build_midtrain_shards` output;
-    distributed: a `training.distributed.DistributedConfig` (None = one local process).
+    recall_shards: its curriculum shards by row length; distributed: a `training.distributed.DistributedConfig`
+    (None = one local process).
     """
     from training.job import DataSpec, TrainJobSpec
 
     stage = config.stage(stage_name)
     run_dir = Path(run_dir)
-    data = DataSpec(
-        factory="training.data:token_batches",
-        kwargs={
-            "shard_paths": [str(p) for p in rows_shards],
-            "seq_len": stage.seq_len,
-            "batch_size": stage.batch_size,
-            "seed": config.seed,
-            "aligned": True,
-        },
-    )
+    recall_shards = recall_shards or {}
+    missing = [p.seq_len for p in stage.recall_curriculum if p.seq_len not in recall_shards]
+    if missing:
+        raise ValueError(f"stage {stage.name!r}: no recall-curriculum rows for seq_len {missing}")
+
+    def rows(paths: Sequence[str | Path], seq_len: int, batch_size: int) -> DataSpec:
+        kwargs = {"seq_len": seq_len, "batch_size": batch_size, "seed": config.seed, "aligned": True}
+        return DataSpec(
+            factory="training.data:token_batches", kwargs={"shard_paths": [str(p) for p in paths], **kwargs}
+        )
+
     eval_data = None
     if heldout:
         eval_data = DataSpec(
@@ -497,15 +580,27 @@ def midtrain_job_specs(
     if tokenizer_dir:
         extra = {n: str(Path(tokenizer_dir) / n) for n in ("tokenizer.json", "tokenizer_config.json")}
     model = stage_model_config(model_cfg, stage, config.rope_method, config.base_seq_len)
-    phases = [("main", stage.dsa_mode, stage.steps)]
+    main = rows(rows_shards, stage.seq_len, stage.batch_size)
+    # (name, DSA mode, steps, data, eval data)
+    phases = [("main", stage.dsa_mode, stage.steps, main, eval_data)]
     if stage.indexer_warmup_steps:
         # Sparse: warm the indexer up before the main phase (its top-k decides what the model sees). Dense:
         # after it, so the indexer learns the attention the dense phase grew (e.g. retrieval heads) and the
         # checkpoint runs natively with DSA top-k.
-        warmup = ("indexer_warmup", "indexer_warmup", stage.indexer_warmup_steps)
+        warmup = ("indexer_warmup", "indexer_warmup", stage.indexer_warmup_steps, main, eval_data)
         phases = [warmup, *phases] if stage.dsa_mode == "sparse" else [*phases, warmup]
+    curriculum = [
+        (
+            f"recall_{p.seq_len}",
+            "dense",
+            p.steps,
+            rows(recall_shards[p.seq_len], p.seq_len, p.batch_size),
+            None,
+        )
+        for p in stage.recall_curriculum
+    ]
     specs, init_from = [], str(parent_dir)
-    for name, mode, steps in phases:
+    for name, mode, steps, data, evals in [*curriculum, *phases]:
         optim = trainer_cfg.optim.model_copy(update={"lr": stage.learning_rate})
         if mode == "indexer_warmup":  # GLM-5 warms the indexer up at a high LR (RECIPE.md: 5e-3)
             optim = optim.model_copy(update={"lr": max(stage.learning_rate, 5e-3), "optimizer": "adamw"})
@@ -517,7 +612,7 @@ def midtrain_job_specs(
             init_from=init_from,
             trainer=trainer,
             data=data,
-            eval_data=eval_data,
+            eval_data=evals,
             extra_files=extra,
             callbacks=list(callbacks),
             **({"distributed": distributed} if distributed is not None else {}),
@@ -542,6 +637,7 @@ def midtrain_stage(
     torch_extensions_dir: str | Path | None = None,
     launch: Any = None,
     callbacks: Sequence[str] = (),
+    recall_shards: Mapping[int, Sequence[str | Path]] | None = None,
 ) -> Path:
     """Train one context-extension stage from the parent checkpoint; returns the new HF checkpoint dir.
 
@@ -563,6 +659,7 @@ def midtrain_stage(
         heldout,
         tokenizer_dir,
         distributed,
+        recall_shards=recall_shards,
     ):
         if callbacks:
             spec = spec.model_copy(update={"callbacks": [*spec.callbacks, *callbacks]})

@@ -76,6 +76,11 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
     ids = tokenizer("The pass key is 12345.", return_tensors="pt").input_ids
     assert model(ids).logits.shape[-1] == config.vocab_size
 
+    (stage1,) = tracker.find_runs("training", "tags.`dagster.asset_key` = 'midtrain_stage1'", max_results=1)
+    # The micro stage 1 opens with a recall-curriculum phase (2 steps x 2 rows of synthetic recall).
+    assert stage1.data.metrics["rows/recall_rows/128"] == 4
+    assert stage1.data.metrics["recall_curriculum/128/loss"] > 0
+
     (evals,) = tracker.find_runs("training", "tags.`dagster.asset_key` = 'checkpoint_evals'", max_results=1)
     metrics = evals.data.metrics
     assert "base_checkpoint/passkey/chance" in metrics

@@ -95,15 +95,58 @@ def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_p
     from training.trainer import TrainerConfig
 
     config = ContextExtensionConfig()
-    names = {}
+    recall = {n: [f"recall-{n}.tokens.npy"] for n in (96, 160, 256)}
+    names, specs = {}, {}
     for stage in ("ctx_512", "ctx_768"):
-        specs = midtrain_job_specs(
-            tmp_path, ModelConfig(), TrainerConfig(), config, stage, ["rows.tokens.npy"], tmp_path / stage
+        specs[stage] = midtrain_job_specs(
+            tmp_path,
+            ModelConfig(),
+            TrainerConfig(),
+            config,
+            stage,
+            ["rows.tokens.npy"],
+            tmp_path / stage,
+            recall_shards=recall,
         )
-        names[stage] = [(Path(s.run_dir).name, s.trainer.dsa_mode) for s in specs]
-        assert specs[1].init_from == str(Path(specs[0].run_dir) / "hf")
-    assert names["ctx_512"] == [("main", "dense"), ("indexer_warmup", "indexer_warmup")]
+        names[stage] = [(Path(s.run_dir).name, s.trainer.dsa_mode) for s in specs[stage]]
+        for parent, child in zip(specs[stage], specs[stage][1:], strict=False):
+            assert child.init_from == str(Path(parent.run_dir) / "hf")
+    # ctx_512 opens with the recall curriculum: dense, short to long, each on its own rows.
+    assert names["ctx_512"] == [
+        ("recall_96", "dense"),
+        ("recall_160", "dense"),
+        ("recall_256", "dense"),
+        ("main", "dense"),
+        ("indexer_warmup", "indexer_warmup"),
+    ]
+    first = specs["ctx_512"][0]
+    assert first.init_from == str(tmp_path)
+    assert first.data.kwargs["shard_paths"] == ["recall-96.tokens.npy"]
+    assert (first.data.kwargs["seq_len"], first.trainer.steps) == (96, 400)
+    assert specs["ctx_512"][3].data.kwargs["shard_paths"] == ["rows.tokens.npy"]
     assert names["ctx_768"] == [("indexer_warmup", "indexer_warmup"), ("main", "sparse")]
+    with pytest.raises(ValueError, match=r"no recall-curriculum rows for seq_len \[160\]"):
+        midtrain_job_specs(
+            tmp_path,
+            ModelConfig(),
+            TrainerConfig(),
+            config,
+            "ctx_512",
+            ["r"],
+            tmp_path,
+            recall_shards={96: ["a"], 256: ["b"]},
+        )
+
+
+def test_recall_curriculum_must_fit_the_stage():
+    with pytest.raises(ValidationError, match=r"recall_curriculum seq_len \[600\] exceeds"):
+        ContextStage(name="a", seq_len=512, recall_curriculum=[{"seq_len": 600, "steps": 1}])
+    with pytest.raises(ValidationError, match="recall_curriculum seq_len must increase"):
+        ContextStage(
+            name="a",
+            seq_len=512,
+            recall_curriculum=[{"seq_len": 160, "steps": 1}, {"seq_len": 96, "steps": 1}],
+        )
 
 
 def test_filler_comes_from_the_largest_source():

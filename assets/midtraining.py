@@ -157,11 +157,27 @@ def _local_shard(store: ObjectStore, key: str) -> Path:
 midtrain_assets = [_midtrain_asset(i) for i in range(1, STAGES + 1)]
 
 
+def _gate(cfg: EvalConfig, result: StageResult) -> list[tuple[str, bool, dict]]:
+    return evals.context_extension_checks(cfg, result.extra["final_vs_base"])
+
+
 @dg.asset(
     group_name="training",
     deps=[*CHECKPOINTS, "token_shards"],
     kinds={"python"},
     code_version=code_version(evals),
+    check_specs=[
+        dg.AssetCheckSpec(
+            "passkey_gain_at_longest",
+            asset="checkpoint_evals",
+            description="Passkey accuracy at the longest length: final checkpoint >= base + min_passkey_gain",
+        ),
+        dg.AssetCheckSpec(
+            "short_ppl_within_margin",
+            asset="checkpoint_evals",
+            description="Short-context perplexity: final / base <= max_short_ppl_ratio for every source",
+        ),
+    ],
 )
 def checkpoint_evals(
     context: dg.AssetExecutionContext,
@@ -214,6 +230,7 @@ def checkpoint_evals(
             report_md=report,
             artifacts=artifacts,
             data_version=",".join(r.data_version for r in per.values()),
+            extra={"final_vs_base": delta},
         )
 
     return run_stage(
@@ -223,4 +240,5 @@ def checkpoint_evals(
         config=config,
         fn=stage,
         upstream=[dg.AssetKey(a) for a in CHECKPOINTS],
+        checks=_gate,
     )

@@ -49,6 +49,15 @@ class EvalConfig(BaseModel):
     filler_source: str = Field("web", description="Held-out source whose text fills the passkey haystack")
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass")
     seed: int = Field(1234, description="Seed of the passkey set (same set for every checkpoint)")
+    min_passkey_gain: float = Field(
+        0.15, description="Check: final passkey accuracy at the longest length must beat the base by this"
+    )
+    max_short_ppl_ratio: float = Field(
+        1.10, gt=0, description="Check: final / base short-context perplexity may not exceed this per source"
+    )
+    checks_warn_only: bool = Field(
+        False, description="Report failed checks as warnings (profiles whose models are too small to learn)"
+    )
 
 
 @dataclass
@@ -315,3 +324,29 @@ def compare_to_parent(
     if ratios:
         out["short_ppl_ratio/max"] = max(ratios)
     return out
+
+
+def context_extension_checks(
+    config: EvalConfig, final_vs_base: Mapping[str, float]
+) -> list[tuple[str, bool, dict]]:
+    """The issue's bar for midtraining, from `compare_to_parent(base, final)`: (check name, passed, details).
+
+    passkey_gain_at_longest: retrieval at the longest passkey length (4x the pretraining context in tiny)
+    rose by at least `min_passkey_gain`; short_ppl_within_margin: short-context perplexity of every source
+    grew by at most `max_short_ppl_ratio`."""
+    longest = max(config.passkey_lengths)
+    gain = final_vs_base.get(f"passkey_gain/{longest}")
+    ratio = final_vs_base.get("short_ppl_ratio/max")
+    warn = {"warn_only": config.checks_warn_only}
+    return [
+        (
+            "passkey_gain_at_longest",
+            gain is not None and gain >= config.min_passkey_gain,
+            {"length": longest, "gain": gain, "min_gain": config.min_passkey_gain, **warn},
+        ),
+        (
+            "short_ppl_within_margin",
+            ratio is not None and ratio <= config.max_short_ppl_ratio,
+            {"ratio": ratio, "max_ratio": config.max_short_ppl_ratio, **warn},
+        ),
+    ]

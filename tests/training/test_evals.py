@@ -211,3 +211,23 @@ def test_compare_to_parent():
         {"short_ppl_ratio/web": 1.05, "short_ppl_ratio/code": 0.95, "short_ppl_ratio/max": 1.05,
          "passkey_gain/1024": 0.5}
     )  # fmt: skip
+
+
+def test_context_extension_checks_gate_passkey_gain_and_short_ppl():
+    from training.evals import EvalConfig, context_extension_checks
+
+    cfg = EvalConfig(passkey_lengths=[256, 1024], min_passkey_gain=0.15, max_short_ppl_ratio=1.1)
+
+    def outcome(delta):
+        return {name: passed for name, passed, _ in context_extension_checks(cfg, delta)}
+
+    good = {"passkey_gain/1024": 0.3, "passkey_gain/256": -0.1, "short_ppl_ratio/max": 1.04}
+    assert outcome(good) == {"passkey_gain_at_longest": True, "short_ppl_within_margin": True}
+    # The gain that counts is at the longest length, not at a shorter one.
+    weak = {**good, "passkey_gain/1024": 0.1, "passkey_gain/256": 0.6}
+    assert outcome(weak)["passkey_gain_at_longest"] is False
+    assert outcome({**good, "short_ppl_ratio/max": 1.2})["short_ppl_within_margin"] is False
+    # Missing numbers fail rather than pass.
+    assert outcome({}) == {"passkey_gain_at_longest": False, "short_ppl_within_margin": False}
+    (_, _, meta), _ = context_extension_checks(EvalConfig(checks_warn_only=True), good)
+    assert meta["warn_only"] is True and meta["length"] == 1024

@@ -6,6 +6,7 @@ Content features: a code-aware tokenisation that keeps operators and punctuation
 (licences, banners) shrink to their comment markers and prose comment lines to `marker PROSE`; tokens seen in
 few training packages become their case shape; fastText then adds word bigrams over these tokens. The reader
 sees at most `MAX_CHARS` (head + middle window) and `MAX_TOKENS`: the model is trained under these values.
+A few content markers that fix a language outright (`<!DOCTYPE html` -> HTML) outrank the model's probabilities.
 Speed: per-line regex and a memoised token->feature map; an unquantized model predicts ~3x faster.
 """
 
@@ -22,6 +23,7 @@ from classifiers.code_language_rules import (
     FILENAMES,
     Prior,
     extension_of,
+    language_from_content_marker,
     language_from_shebang,
     language_prior,
     resolve_ambiguous,
@@ -263,8 +265,13 @@ class CodeLanguageClassifier:
             with ProcessPoolExecutor(
                 workers, initializer=_load_worker_model, initargs=(str(self.path),)
             ) as pool:
-                return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
-        return predict_proba(self.model, [self.features.line(t) for t in texts], k=k)
+                probs = [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
+        else:
+            probs = predict_proba(self.model, [self.features.line(t) for t in texts], k=k)
+        for i, text in enumerate(texts):  # a content marker (`<!DOCTYPE html`) outranks the model
+            if (lang := language_from_content_marker(text)) is not None:
+                probs[i] = {lang: 1.0}
+        return probs
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:
         """Combine priors and content probabilities into the final language of one file."""

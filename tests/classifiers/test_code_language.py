@@ -14,6 +14,7 @@ from classifiers.code_language import (
 )
 from classifiers.code_language_rules import (
     declared_language,
+    language_from_content_marker,
     language_from_modeline,
     language_from_shebang,
     language_prior,
@@ -187,6 +188,13 @@ def test_content_overrides_a_wrong_extension_only_when_confident(classifier):
         "prior_content_disagrees",
         "Lua",
     )
+
+
+def test_html_doctype_outranks_the_content_model(classifier):
+    page = '<!-- generated -->\n<!DOCTYPE HTML PUBLIC "-//W3C//DTD HTML 4.01//EN">\n<HTML\n><HEAD\n>'
+    assert language_from_content_marker(page) == "HTML"
+    assert language_from_content_marker('<?xml version="1.0"?>\n<xsl:stylesheet/>') is None
+    assert classifier.predict_content([page, "local x = 1\n"], k=1)[0] == {"HTML": 1.0}
 
 
 def test_classification_report_numbers():

@@ -34,14 +34,17 @@ class RecallPhase(BaseModel):
     seq_len: int = Field(ge=16, description="Row length (tokens); at most the stage's seq_len")
     steps: int = Field(ge=1, description="Optimizer steps (every row is new: steps x batch_size rows)")
     batch_size: int = Field(8, ge=1, description="Rows per step")
+    learning_rate: float | None = Field(None, gt=0, description="Peak LR; None = the stage's")
 
 
 # Short to long: a tiny model learns to retrieve a key from 96-token rows and then keeps the skill at longer
 # lengths; trained on 256-token rows from the start, it never finds the key (loss stays at ln 10 per digit).
+# 300 more steps at 256 took passkey@256 from 0.42 to 0.58 (50 items); the stage's main phase then runs at a
+# lower LR (1e-3 kept 0.44 of it, 3e-3 fell to 0.22).
 TINY_RECALL_CURRICULUM = [
-    RecallPhase(seq_len=96, steps=400),
-    RecallPhase(seq_len=160, steps=300),
-    RecallPhase(seq_len=256, steps=300),
+    RecallPhase(seq_len=96, steps=400, learning_rate=3e-3),
+    RecallPhase(seq_len=160, steps=300, learning_rate=3e-3),
+    RecallPhase(seq_len=256, steps=600, learning_rate=3e-3),
 ]
 
 
@@ -103,7 +106,7 @@ class ContextExtensionConfig(BaseModel):
                 seq_len=512,
                 rope_theta=20_000.0,
                 steps=200,
-                learning_rate=3e-3,
+                learning_rate=1e-3,
                 dsa_mode="dense",
                 indexer_warmup_steps=30,
                 recall_curriculum=TINY_RECALL_CURRICULUM,
@@ -581,7 +584,7 @@ def midtrain_job_specs(
         extra = {n: str(Path(tokenizer_dir) / n) for n in ("tokenizer.json", "tokenizer_config.json")}
     model = stage_model_config(model_cfg, stage, config.rope_method, config.base_seq_len)
     main = rows(rows_shards, stage.seq_len, stage.batch_size)
-    # (name, DSA mode, steps, data, eval data)
+    # (name, DSA mode, steps, data, eval data), then the LR
     phases = [("main", stage.dsa_mode, stage.steps, main, eval_data)]
     if stage.indexer_warmup_steps:
         # Sparse: warm the indexer up before the main phase (its top-k decides what the model sees). Dense:
@@ -596,12 +599,14 @@ def midtrain_job_specs(
             p.steps,
             rows(recall_shards[p.seq_len], p.seq_len, p.batch_size),
             None,
+            p.learning_rate or stage.learning_rate,
         )
         for p in stage.recall_curriculum
     ]
+    phases = [(*p, stage.learning_rate) for p in phases]
     specs, init_from = [], str(parent_dir)
-    for name, mode, steps, data, evals in [*curriculum, *phases]:
-        optim = trainer_cfg.optim.model_copy(update={"lr": stage.learning_rate})
+    for name, mode, steps, data, evals, lr in [*curriculum, *phases]:
+        optim = trainer_cfg.optim.model_copy(update={"lr": lr})
         if mode == "indexer_warmup":  # GLM-5 warms the indexer up at a high LR (RECIPE.md: 5e-3)
             optim = optim.model_copy(update={"lr": max(stage.learning_rate, 5e-3), "optimizer": "adamw"})
         trainer = trainer_cfg.model_copy(update={"steps": steps, "dsa_mode": mode, "optim": optim})

@@ -39,12 +39,13 @@ class RecallPhase(BaseModel):
 
 # Short to long: a tiny model learns to retrieve a key from 96-token rows and then keeps the skill at longer
 # lengths; trained on 256-token rows from the start, it never finds the key (loss stays at ln 10 per digit).
-# 300 more steps at 256 took passkey@256 from 0.42 to 0.58 (50 items); the stage's main phase then runs at a
-# lower LR (1e-3 kept 0.44 of it, 3e-3 fell to 0.22).
+# Passkey at 4x the pretraining context needs a strong skill at 256: on the tiny base, 300 steps at 256 gave
+# 0.42@256 and 0.24@1024 (50 items), ~1,900 steps 0.82@256 and 0.36@1024 (base 0.15). The main phases run
+# at a lower LR, which erodes less of it (after the curriculum, 1e-3 kept 0.44@256 of 0.58, 3e-3 kept 0.22).
 TINY_RECALL_CURRICULUM = [
     RecallPhase(seq_len=96, steps=400, learning_rate=3e-3),
     RecallPhase(seq_len=160, steps=300, learning_rate=3e-3),
-    RecallPhase(seq_len=256, steps=600, learning_rate=3e-3),
+    RecallPhase(seq_len=256, steps=1900, learning_rate=2e-3),
 ]
 
 
@@ -106,16 +107,26 @@ class ContextExtensionConfig(BaseModel):
                 seq_len=512,
                 rope_theta=20_000.0,
                 steps=200,
-                learning_rate=1e-3,
+                learning_rate=5e-4,
                 dsa_mode="dense",
                 indexer_warmup_steps=30,
                 recall_curriculum=TINY_RECALL_CURRICULUM,
             ),
             ContextStage(
-                name="ctx_768", seq_len=768, rope_theta=30_000.0, steps=100, indexer_warmup_steps=20
+                name="ctx_768",
+                seq_len=768,
+                rope_theta=30_000.0,
+                steps=100,
+                learning_rate=5e-4,
+                indexer_warmup_steps=20,
             ),
             ContextStage(
-                name="ctx_1024", seq_len=1024, rope_theta=40_000.0, steps=100, indexer_warmup_steps=20
+                name="ctx_1024",
+                seq_len=1024,
+                rope_theta=40_000.0,
+                steps=100,
+                learning_rate=5e-4,
+                indexer_warmup_steps=20,
             ),
         ],
         description="Stages in order; each starts from the previous stage's checkpoint",

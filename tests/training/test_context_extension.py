@@ -124,7 +124,10 @@ def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_p
     assert first.data.kwargs["shard_paths"] == ["recall-96.tokens.npy"]
     assert (first.data.kwargs["seq_len"], first.trainer.steps) == (96, 400)
     # The curriculum has its own LR; the main phase runs at the stage's (lower, to keep what it learned).
-    assert [s.trainer.optim.lr for s in specs["ctx_512"][:4]] == [3e-3, 3e-3, 3e-3, 1e-3]
+    stage = config.stage("ctx_512")
+    expected = [p.learning_rate for p in stage.recall_curriculum] + [stage.learning_rate]
+    assert [s.trainer.optim.lr for s in specs["ctx_512"][:4]] == expected
+    assert expected[2] != expected[3]
     assert specs["ctx_512"][3].data.kwargs["shard_paths"] == ["rows.tokens.npy"]
     assert names["ctx_768"] == [("indexer_warmup", "indexer_warmup"), ("main", "sparse")]
     with pytest.raises(ValueError, match=r"no recall-curriculum rows for seq_len \[160\]"):

@@ -6,7 +6,8 @@ Content features: a code-aware tokenisation that keeps operators and punctuation
 (licences, banners) shrink to their comment markers and prose comment lines to `marker PROSE`; tokens seen in
 few training packages become their case shape; fastText then adds word bigrams over these tokens. The reader
 sees at most `MAX_CHARS` (head + middle window) and `MAX_TOKENS`: the model is trained under these values.
-A few content markers that fix a language outright (`<!DOCTYPE html` -> HTML) outrank the model's probabilities.
+Content markers that fix a language outright (an HTML doctype, an XML declaration, a parsing JSON document,
+literate Haskell) outrank the model's probabilities; a C prediction with C++-only constructs becomes C++.
 Speed: per-line regex and a memoised token->feature map; an unquantized model predicts ~3x faster.
 """
 
@@ -22,6 +23,7 @@ from classifiers.code_language_rules import (
     EXTENSIONS,
     FILENAMES,
     Prior,
+    correct_content_prediction,
     extension_of,
     language_from_content_marker,
     language_from_shebang,
@@ -271,6 +273,10 @@ class CodeLanguageClassifier:
         for i, text in enumerate(texts):  # a content marker (`<!DOCTYPE html`) outranks the model
             if (lang := language_from_content_marker(text)) is not None:
                 probs[i] = {lang: 1.0}
+            elif probs[i]:
+                top = max(probs[i], key=probs[i].get)
+                if (fixed := correct_content_prediction(text, top)) != top:  # the top language's score moves
+                    probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
         return probs
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:

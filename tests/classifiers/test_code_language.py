@@ -13,6 +13,7 @@ from classifiers.code_language import (
     training_label,
 )
 from classifiers.code_language_rules import (
+    correct_content_prediction,
     declared_language,
     language_from_content_marker,
     language_from_modeline,
@@ -193,8 +194,65 @@ def test_content_overrides_a_wrong_extension_only_when_confident(classifier):
 def test_html_doctype_outranks_the_content_model(classifier):
     page = '<!-- generated -->\n<!DOCTYPE HTML PUBLIC "-//W3C//DTD HTML 4.01//EN">\n<HTML\n><HEAD\n>'
     assert language_from_content_marker(page) == "HTML"
-    assert language_from_content_marker('<?xml version="1.0"?>\n<xsl:stylesheet/>') is None
+    xhtml = '<?xml version="1.0"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.1//EN"\n "x.dtd">\n<html>'
+    assert language_from_content_marker(xhtml) == "HTML"
     assert classifier.predict_content([page, "local x = 1\n"], k=1)[0] == {"HTML": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "language"),
+    [
+        ('<?xml version="1.0"?>\n<xsl:stylesheet version="1.0"/>', "XML"),
+        ('<?xml version="1.0"?>\n<svg xmlns="http://www.w3.org/2000/svg"/>', "XML"),
+        # an XML declaration before an html element is XHTML: the model decides
+        ('<?xml version="1.0"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><body/></html>', None),
+        (
+            '<!-- t -->\n<xsl:stylesheet version="1.0" xmlns:xsl="http://www.w3.org/1999/XSL/Transform">',
+            "XML",
+        ),
+        ('<html xmlns="http://www.w3.org/1999/xhtml">', None),
+        ("\\begin{code}\nmodule Main where\n\\end{code}\n", "Haskell"),
+        ('{\n  "name": "x",\n  "version": [1, 2]\n}\n', "JSON"),
+        ('[1, 2, {"a": null}]', "JSON"),
+        ("{ name: 'x' }\n", None),  # a JavaScript object literal does not parse as JSON
+        ('{"a": 1}\nconsole.log(1)\n', None),
+        ("int main(void) { return 0; }\n", None),
+    ],
+)
+def test_content_markers(text, language):
+    assert language_from_content_marker(text) == language
+
+
+@pytest.mark.parametrize(
+    ("text", "predicted", "corrected"),
+    [
+        ('#include <stdio.h>\nint main() { std::printf("x"); }\n', "C", "C++"),
+        ('#include "fmt/core.h"\nint main() { fmt::print("{}", 1); }\n', "C", "C++"),
+        ("/* see foo::bar */\nint main(void) { return 0; }\n", "C", "C"),  # `::` in a comment only
+        ('-- banner\n-- more\nrequire("strict")\nlocal M = {}\n', "Haskell", "Lua"),
+        ("-- | doc\nmodule Main where\nmain = pure ()\n", "Haskell", "Haskell"),
+        ("object Main {\n  fun main() {}\n}\n", "Scala", "Kotlin"),
+        ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
+        ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),
+        ("class A : B() {\n  override fun f() = 1\n}\nclass C extends D\n", "Kotlin", "Kotlin"),  # veto
+        ("(in-package :foo)\n(defun f () 1)\n", "Emacs Lisp", "Common Lisp"),
+        (";;; x.el --- y\n(provide 'x)\n", "Common Lisp", "Emacs Lisp"),
+        ("(defpackage :x)\n(require 'asdf)\n", "Common Lisp", "Common Lisp"),  # veto
+        ("std::vector<int> v;\n", "Rust", "Rust"),  # only the listed pairs are corrected
+    ],
+)
+def test_pair_corrections(text, predicted, corrected):
+    assert correct_content_prediction(text, predicted) == corrected
+
+
+def test_predict_content_moves_the_top_score_to_the_correction(classifier, monkeypatch):
+    import classifiers.code_language as code_language
+
+    text = "object Main {\n  fun main() {}\n}\n"
+    monkeypatch.setattr(
+        code_language, "predict_proba", lambda model, lines, k: [{"Scala": 0.9, "Kotlin": 0.1}]
+    )
+    assert classifier.predict_content([text])[0] == {"Kotlin": 0.9, "Scala": 0.1}
 
 
 def test_classification_report_numbers():

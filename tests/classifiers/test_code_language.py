@@ -228,9 +228,14 @@ def test_content_markers(text, language):
     [
         ('#include <stdio.h>\nint main() { std::printf("x"); }\n', "C", "C++"),
         ('#include "fmt/core.h"\nint main() { fmt::print("{}", 1); }\n', "C", "C++"),
+        ('/* (c) x */\n#import "Compat.h"\n@interface A : NSObject\n@end\n', "TypeScript", "Objective-C"),
+        ("#import <Foundation/Foundation.h>\nint f(void);\n", "C", "Objective-C"),
         ("/* see foo::bar */\nint main(void) { return 0; }\n", "C", "C"),  # `::` in a comment only
         ('-- banner\n-- more\nrequire("strict")\nlocal M = {}\n', "Haskell", "Lua"),
         ("-- | doc\nmodule Main where\nmain = pure ()\n", "Haskell", "Haskell"),
+        ("local s = require('say')\ns:set('a', 'b')\n", "YAML", "Lua"),
+        ("f() {\n  local x=1\n  echo $x\n}\n", "R", "R"),  # a shell `local x=1` is not Lua
+        ("Use it:\n\n    local x = 1\n", "Markdown", "Markdown"),  # Lua snippets in docs stay docs
         ("object Main {\n  fun main() {}\n}\n", "Scala", "Kotlin"),
         ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
         ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),

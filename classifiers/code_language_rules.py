@@ -235,6 +235,16 @@ _COMMON_LISP_ONLY = re.compile(r"\(in-package\b|\(defpackage\b|\(asdf:|\(defsyst
 # Objective-C's `#import "x"`, `@interface`, `@implementation`, `@end` (99% of Objective-C, 3 of 2,780 C++ and
 # no C, JavaScript or TypeScript files); licence-headed headers otherwise read as C or TypeScript
 _OBJC_ONLY = re.compile(r"^\s*#import\s*[\"<]|^\s*@(interface|implementation|protocol)\b|^\s*@end\b", re.M)
+# TypeScript's `interface A {`, `type A =`, `import type`, `(x: number`, `): void {` outside comments (86% of
+# TypeScript files, 6 of 3,707 JavaScript files); Flow-typed JavaScript has them too, hence the `@flow` veto
+_TYPESCRIPT_ONLY = re.compile(
+    r"^\s*(export\s+)?(declare\s+)?interface\s+[A-Z]\w*(<[^>\n]*>)?\s*(extends\s+[\w.<>, ]+)?\{"
+    r"|^\s*(export\s+)?type\s+[A-Z]\w*(<[^>\n]*>)?\s*=|^\s*import\s+type\s"
+    r"|^(?!\s*(\*|//|/\*))[^\n{]*?[(,][ \t]*\w+\??[ \t]*:[ \t]*(number|string|boolean|any|unknown)(\[\])?[ \t]*[,)=]"
+    r"|^(?!\s*(\*|//|/\*))[^\n]*\)[ \t]*:[ \t]*(Promise<[\w<>\[\]]+>|void|number|string|boolean)[ \t]*(\{|=>)",
+    re.M,
+)
+_FLOW = re.compile(r"@flow\b")
 _JSON_MAX_CHARS = 2_000_000
 
 
@@ -277,6 +287,7 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, re.Pattern, re.Pattern | None
         _LUA_LOCAL,
         None,
     ),
+    (frozenset({"JavaScript"}), "TypeScript", _TYPESCRIPT_ONLY, _FLOW),
     (frozenset({"Scala"}), "Kotlin", _KOTLIN_ONLY, None),
     (frozenset({"Kotlin"}), "Scala", _SCALA_ONLY, _KOTLIN_ONLY),
     (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP_ONLY, None),

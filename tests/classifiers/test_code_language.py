@@ -236,6 +236,11 @@ def test_content_markers(text, language):
         ("local s = require('say')\ns:set('a', 'b')\n", "YAML", "Lua"),
         ("f() {\n  local x=1\n  echo $x\n}\n", "R", "R"),  # a shell `local x=1` is not Lua
         ("Use it:\n\n    local x = 1\n", "Markdown", "Markdown"),  # Lua snippets in docs stay docs
+        ("export const f = (value: number) => value / 255;\n", "JavaScript", "TypeScript"),
+        ("interface Props {\n  name: string;\n}\n", "JavaScript", "TypeScript"),
+        ("/**\n * @param (x: number) the x\n */\nfunction f(x) {}\n", "JavaScript", "JavaScript"),
+        ("/* @flow */\nimport type {A} from './a';\n", "JavaScript", "JavaScript"),  # Flow: veto
+        ("const o = {\n  number: number,\n};\n", "JavaScript", "JavaScript"),
         ("object Main {\n  fun main() {}\n}\n", "Scala", "Kotlin"),
         ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
         ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),

@@ -245,6 +245,14 @@ _TYPESCRIPT_ONLY = re.compile(
     re.M,
 )
 _FLOW = re.compile(r"@flow\b")
+_PHP_TAG = re.compile(r"<\?php\b")
+# JavaScript declarations and modules: `const x = `, `import a from "b"`, `exports.x =`, `"use strict";` (92% of
+# JavaScript files; 1 of 453 YAML, 2 of 825 PHP, 3 of 1,003 Ruby, 0 of 701 Shell files)
+_JAVASCRIPT_DECL = re.compile(
+    r"^\s*(const|let|var)\s+[\w$]+\s*=\s|^\s*import\s.*\sfrom\s+[\"']|^\s*(module\.)?exports(\.[\w$]+)?\s*="
+    r"|^\s*[\"']use strict[\"'];",
+    re.M,
+)
 _JSON_MAX_CHARS = 2_000_000
 
 
@@ -288,6 +296,8 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, re.Pattern, re.Pattern | None
         None,
     ),
     (frozenset({"JavaScript"}), "TypeScript", _TYPESCRIPT_ONLY, _FLOW),
+    (frozenset({"YAML", "Ruby", "Shell"}), "JavaScript", _JAVASCRIPT_DECL, _TYPESCRIPT_ONLY),
+    (frozenset({"PHP"}), "JavaScript", _JAVASCRIPT_DECL, _PHP_TAG),
     (frozenset({"Scala"}), "Kotlin", _KOTLIN_ONLY, None),
     (frozenset({"Kotlin"}), "Scala", _SCALA_ONLY, _KOTLIN_ONLY),
     (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP_ONLY, None),

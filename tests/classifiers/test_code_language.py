@@ -241,6 +241,9 @@ def test_content_markers(text, language):
         ("/**\n * @param (x: number) the x\n */\nfunction f(x) {}\n", "JavaScript", "JavaScript"),
         ("/* @flow */\nimport type {A} from './a';\n", "JavaScript", "JavaScript"),  # Flow: veto
         ("const o = {\n  number: number,\n};\n", "JavaScript", "JavaScript"),
+        ("const eraValues = {\n  narrow: ['B', 'A'],\n};\n", "YAML", "JavaScript"),
+        ("'use strict';\nconst x = require('y');\n", "PHP", "JavaScript"),
+        ("<?php\nclass A {\n  const B = 1;\n}\n", "PHP", "PHP"),
         ("object Main {\n  fun main() {}\n}\n", "Scala", "Kotlin"),
         ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
         ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),

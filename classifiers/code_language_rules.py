@@ -188,18 +188,18 @@ _VERILOG = re.compile(
 # language whatever the model says. Counts are over the labelled files of the tiny crawl (code-0001).
 # An HTML doctype, after an optional XML declaration (XHTML) and SGML comments: 1,052 of 1,055 are HTML;
 # generated docs (AsciiDoc, Sphinx, DocBook) otherwise read as C++, JavaScript, XML or Shell.
-_HTML_DOCTYPE = re.compile(r"\s*(?:<\?xml[^>]*\?>\s*)?(?:<!--.*?-->\s*)*<!doctype\s+html", re.I | re.S)
+_HTML_DOCTYPE = re.compile(r"<!doctype\s+html", re.I)
 _QT_TS = re.compile(r"\A\s*(<\?xml[^>]*>\s*)?(<!DOCTYPE\s+TS>|<TS\b)", re.S)
 _XML = re.compile(r"\A\s*<\?xml\b")
 # an XML declaration with no html element near the top: 984 of 984 are XML (with one: a quarter are XHTML)
 _HTML_ELEMENT = re.compile(r"<html\b|<!doctype\s+html", re.I)
 # a root element with a namespace (XSLT, SVG, WordML), not <html>: 127 of 127 are XML
-_XMLNS_ROOT = re.compile(r"\s*(?:<!--.*?-->\s*)*<(?!html\b)[\w:.-]+\s[^>]*\bxmlns(?::\w+)?=", re.I | re.S)
+_XMLNS_ROOT = re.compile(r"<(?!html\b)[\w:.-]+\s[^>]*?\bxmlns(?::\w+)?=", re.I)
 _LITERATE_HASKELL = re.compile(r"\A\s*\\begin\{code\}")  # .lhs in LaTeX style: 30 of 30 are Haskell
 # Decisive constructs for pairs of languages the model confuses, with how often they fire on the crawl's
 # files of the other language. C++: `template <`, `std::`, `a::b` outside a comment line (2 of 2,232 C files).
 _CPP_ONLY = re.compile(
-    r"^\s*(template\s*<|namespace\s+\w*\s*\{|using\s+namespace\b)|\bstd::|^[^/*\n]*\b[A-Za-z_]\w*::[A-Za-z_~]"
+    r"^\s*(template\s*<|namespace\s+\w*\s*\{|using\s+namespace\b)|\bstd::|^[^/*\n:]*\w::[A-Za-z_~]"
     r"|#include\s*<(iostream|string|vector|memory|map|algorithm|utility|type_traits|cstddef|cstdint)>"
     r"|\b(nullptr|static_cast|reinterpret_cast)\b",
     re.M,
@@ -253,12 +253,12 @@ _JAVASCRIPT_DECL = re.compile(
     r"|^\s*[\"']use strict[\"'];",
     re.M,
 )
-_JSON_MAX_CHARS = 2_000_000
+_JSON_MAX_CHARS = 200_000  # larger files are left to the model: parsing them would cost more than it fixes
 
 
 def _is_json_document(text: str) -> bool:
     """A JSON object or array that parses (720 of 722 such files are JSON; 2 YAML files are valid JSON)."""
-    head = text.lstrip()[:1]
+    head = text[:256].lstrip()[:1]
     if head not in ("{", "[") or len(text) > _JSON_MAX_CHARS:
         return False
     try:
@@ -268,51 +268,116 @@ def _is_json_document(text: str) -> bool:
     return True
 
 
+def _markup_start(text: str, skip_xml_declaration: bool = False, limit: int = 3000) -> int:
+    """Where a markup file's first element starts: after blanks, SGML comments and, optionally, the XML
+    declaration (found with str.find: a regex over nested comments backtracks badly)."""
+    head = text[:limit]
+    pos = len(head) - len(head.lstrip())
+    if skip_xml_declaration and text.startswith("<?xml", pos):
+        end = text.find("?>", pos, limit)
+        pos = end + 2 if end >= 0 else pos
+    while pos < limit:
+        while pos < limit and text[pos : pos + 1].isspace():
+            pos += 1
+        if not text.startswith("<!--", pos):
+            break
+        end = text.find("-->", pos + 4, limit)
+        if end < 0:
+            break
+        pos = end + 3
+    return pos
+
+
 def language_from_content_marker(text: str) -> str | None:
     """A language that a file's content fixes whatever the model says, else None: an HTML doctype -> HTML, an
     XML declaration without an html element -> XML, literate Haskell, a parsing JSON object/array -> JSON."""
-    if _HTML_DOCTYPE.match(text, 0, 3000):
-        return "HTML"
-    if _XML.match(text):
-        return None if _HTML_ELEMENT.search(text, 0, 5000) else "XML"
-    if _XMLNS_ROOT.match(text, 0, 5000):
-        return "XML"
-    if _LITERATE_HASKELL.match(text):
+    first = text[:256].lstrip()[:1]  # one cheap look decides which checks can fire
+    if first == "<":
+        if _HTML_DOCTYPE.match(text, _markup_start(text, skip_xml_declaration=True)):
+            return "HTML"
+        if _XML.match(text):
+            return None if _HTML_ELEMENT.search(text, 0, 5000) else "XML"
+        if _XMLNS_ROOT.match(text, _markup_start(text), 5000):
+            return "XML"
+        return None
+    if first == "\\" and _LITERATE_HASKELL.match(text):
         return "Haskell"
     if _is_json_document(text):
         return "JSON"
     return None
 
 
+@dataclass(frozen=True)
+class Construct:
+    """A regex with the literal strings one of which any match contains: a substring test (C speed) skips the
+    regex on the many files that cannot match, which keeps the corrections cheap next to the model."""
+
+    pattern: re.Pattern
+    needles: tuple[str, ...]
+
+    def search(self, text: str) -> bool:
+        window = text[:_CORRECTION_SCAN_CHARS]
+        return any(n in window for n in self.needles) and self.pattern.search(window) is not None
+
+
+_CORRECTION_SCAN_CHARS = 8000
+_OBJC = Construct(_OBJC_ONLY, ("#import", "@interface", "@implementation", "@protocol", "@end"))
+_CPP_HEADERS = (
+    "<iostream>",
+    "<string>",
+    "<vector>",
+    "<memory>",
+    "<map>",
+    "<algorithm>",
+    "<utility>",
+    "<type_tr",
+    "<cstd",
+)
+_CPP_CONSTRUCT = Construct(_CPP_ONLY, ("::", "template", "namespace", "nullptr", "_cast", *_CPP_HEADERS))
+_LUA_REQUIRE = Construct(_LUA_ONLY, ("local", "require"))
+_LUA_LOCAL_DECL = Construct(_LUA_LOCAL, ("local",))
+_TS = Construct(
+    _TYPESCRIPT_ONLY, ("interface", "type", "number", "string", "boolean", "any", "unknown", "void")
+)
+_JS = Construct(_JAVASCRIPT_DECL, ("const", "let", "var", "import", "exports", "use strict"))
+_KOTLIN = Construct(_KOTLIN_ONLY, ("fun", "const val", "import kotlin", "data class"))
+_SCALA = Construct(_SCALA_ONLY, ("import", "def", "case class", "implicit", "extends"))
+_ELISP = Construct(
+    _ELISP_ONLY, ("(provide", "(defcustom", "(interactive", "lexical-binding", ";;; ", "(require")
+)
+_COMMON_LISP = Construct(_COMMON_LISP_ONLY, ("(in-package", "(defpackage", "(asdf:", "(defsystem", "(uiop:"))
+_FLOW_MARK = Construct(_FLOW, ("@flow",))
+_PHP = Construct(_PHP_TAG, ("<?php",))
+
 # (languages the model said, the correction, a construct decisive for the correction, a construct that vetoes it)
-_PAIR_CORRECTIONS: list[tuple[frozenset[str], str, re.Pattern, re.Pattern | None]] = [
-    (frozenset({"C", "TypeScript", "JavaScript"}), "Objective-C", _OBJC_ONLY, None),
-    (frozenset({"C"}), "C++", _CPP_ONLY, None),
-    (frozenset({"Haskell"}), "Lua", _LUA_ONLY, None),
+_PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct, Construct | None]] = [
+    (frozenset({"C", "TypeScript", "JavaScript"}), "Objective-C", _OBJC, None),
+    (frozenset({"C"}), "C++", _CPP_CONSTRUCT, None),
+    (frozenset({"Haskell"}), "Lua", _LUA_REQUIRE, None),
     (
         frozenset({"R", "Ruby", "YAML", "HTML", "Python", "JavaScript", "Erlang", "Rust", "Go"}),
         "Lua",
-        _LUA_LOCAL,
+        _LUA_LOCAL_DECL,
         None,
     ),
-    (frozenset({"JavaScript"}), "TypeScript", _TYPESCRIPT_ONLY, _FLOW),
-    (frozenset({"YAML", "Ruby", "Shell"}), "JavaScript", _JAVASCRIPT_DECL, _TYPESCRIPT_ONLY),
-    (frozenset({"PHP"}), "JavaScript", _JAVASCRIPT_DECL, _PHP_TAG),
-    (frozenset({"Scala"}), "Kotlin", _KOTLIN_ONLY, None),
-    (frozenset({"Kotlin"}), "Scala", _SCALA_ONLY, _KOTLIN_ONLY),
-    (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP_ONLY, None),
-    (frozenset({"Common Lisp"}), "Emacs Lisp", _ELISP_ONLY, _COMMON_LISP_ONLY),
+    (frozenset({"JavaScript"}), "TypeScript", _TS, _FLOW_MARK),
+    (frozenset({"YAML", "Ruby", "Shell"}), "JavaScript", _JS, _TS),
+    (frozenset({"PHP"}), "JavaScript", _JS, _PHP),
+    (frozenset({"Scala"}), "Kotlin", _KOTLIN, None),
+    (frozenset({"Kotlin"}), "Scala", _SCALA, _KOTLIN),
+    (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP, None),
+    (frozenset({"Common Lisp"}), "Emacs Lisp", _ELISP, _COMMON_LISP),
 ]
-_CORRECTION_SCAN_CHARS = 20000
+_CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 
 
 def correct_content_prediction(text: str, language: str) -> str:
     """The model's top language, corrected where the file has a construct decisive for the language the model
     confuses it with (C with `std::` is C++, "Haskell" with `local x =` is Lua)."""
+    if language not in _CORRECTED_LANGUAGES:
+        return language
     for predicted, corrected, decisive, veto in _PAIR_CORRECTIONS:
-        if language not in predicted or not decisive.search(text, 0, _CORRECTION_SCAN_CHARS):
-            continue
-        if veto is None or not veto.search(text, 0, _CORRECTION_SCAN_CHARS):
+        if language in predicted and decisive.search(text) and (veto is None or not veto.search(text)):
             return corrected
     return language
 

@@ -266,6 +266,10 @@ def test_predict_content_moves_the_top_score_to_the_correction(classifier, monke
         code_language, "predict_proba", lambda model, lines, k: [{"Scala": 0.9, "Kotlin": 0.1}]
     )
     assert classifier.predict_content([text])[0] == {"Kotlin": 0.9, "Scala": 0.1}
+    # a model this sure of itself is left alone
+    sure = {"Scala": 0.995, "Kotlin": 0.005}
+    monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k: [dict(sure)])
+    assert classifier.predict_content([text])[0] == sure
 
 
 def test_classification_report_numbers():

@@ -19,6 +19,7 @@ from training import context_extension, evals
 from training import data as token_data
 from training.context_extension import ContextExtensionConfig
 from training.evals import EvalConfig
+from training.job import job_key, tree_digest
 from training.pretrain import PretrainConfig
 from training.tokenizer import load_tokenizer
 
@@ -91,9 +92,13 @@ def _midtrain_asset(index: int):
             )
             shard_path = _local_shard(s, rows.outputs["shard"])
             recall = {n: [_local_shard(s, k)] for n, k in rows.extra["manifest"]["recall_shards"].items()}
-            run_dir = PROFILE.state_path / "runs" / name / (rows.data_version[:16] or "unversioned")
+            parent_dir = local_checkpoint(s, parent)
+            # the run dir names the whole job (rows, parent weights, settings): a rerun resumes only the same job
+            key = job_key(rows.data_version, tree_digest(parent_dir), cfg.model_dump(mode="json"),
+                          pre.model_dump(mode="json"), model_cfg.model_dump(mode="json"))  # fmt: skip
+            run_dir = PROFILE.state_path / "runs" / name / key
             hf_dir = context_extension.midtrain_stage(
-                local_checkpoint(s, parent),
+                parent_dir,
                 model_cfg,
                 pre.sparse,
                 cfg,

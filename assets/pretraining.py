@@ -14,7 +14,7 @@ from infra.store import ObjectStore
 from training import data as token_data
 from training import pretrain, tokenizer
 from training.data import MixtureConfig
-from training.job import DataSpec
+from training.job import DataSpec, job_key
 from training.pretrain import PretrainConfig
 from training.tokenizer import TokenizerConfig
 
@@ -167,7 +167,8 @@ def base_checkpoint(
             }
         )
         data, eval_data, version = shard_specs(s, seed=cfg.dense.seed, repeat_share=cfg.repeat_share)
-        run_root = PROFILE.state_path / "runs" / "pretrain" / (version[:16] or "unversioned")
+        # named by data and settings both: a rerun with other settings must not resume this run's checkpoints
+        run_root = PROFILE.state_path / "runs" / "pretrain" / job_key(version, cfg.model_dump(mode="json"))
         result = pretrain.run_pretraining(
             cfg,
             run_root,

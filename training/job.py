@@ -8,6 +8,7 @@ and `<run_dir>/result.json`. Rerunning the same spec resumes from the newest che
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 from collections.abc import Callable
@@ -64,10 +65,49 @@ def import_object(path: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
+def job_key(*parts: Any) -> str:
+    """16 hex characters naming a job by everything that decides its result (configs, data versions, the
+    parent checkpoint's digest): the run directory of a job, so a rerun resumes only the same job."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over a directory's file names and bytes (a checkpoint's identity, whatever path it sits at)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+# fields that may differ between a run and its resumption (how it reports, not what it computes)
+_RESUME_FREE_FIELDS = {"callbacks"}
+
+
+def _resumable_view(spec: dict) -> dict:
+    view = {k: v for k, v in spec.items() if k not in _RESUME_FREE_FIELDS}
+    view["trainer"] = {k: v for k, v in (view.get("trainer") or {}).items() if k != "progress"}
+    return view
+
+
 def write_spec(spec: TrainJobSpec) -> Path:
+    """Write `<run_dir>/spec.json`. A run dir that already holds another job's spec is refused: resuming its
+    checkpoints would hand back a model trained on different settings as if it were this job's."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "spec.json"
+    if path.exists() and (run_dir / "checkpoints").exists():
+        old = _resumable_view(json.loads(path.read_text()))
+        new = _resumable_view(json.loads(spec.model_dump_json()))
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        if changed:
+            raise RuntimeError(
+                f"{run_dir} holds checkpoints of a different training job (spec fields differ: {', '.join(changed)}); "
+                "refusing to resume it. Give this job its own run dir (see training.job.job_key) or delete that one."
+            )
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(spec.model_dump_json(indent=1))
     tmp.replace(path)

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from training.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
-from training.job import TrainJobSpec, read_metrics, run_training_job, training_command
+from training.job import (
+    TrainJobSpec,
+    job_key,
+    read_metrics,
+    run_training_job,
+    training_command,
+    tree_digest,
+    write_spec,
+)
 from training.launch_entry import run
 from training.model import ModelConfig, build_model
 from training.optim import OptimConfig
@@ -95,3 +103,32 @@ def test_sigkill_and_rerun_reaches_bit_identical_weights(tmp_path, reference):
     rows = read_metrics(spec.run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # re-run steps replaced, none duplicated
     assert [r["loss"] for r in rows] == [r["loss"] for r in read_metrics(reference_dir)]
+
+
+def test_a_run_dir_resumes_only_the_job_it_was_made_for(tmp_path):
+    spec = make_spec(tmp_path / "run")
+    write_spec(spec)
+    (tmp_path / "run" / "checkpoints").mkdir()
+    # the same job (how it reports may change) resumes
+    write_spec(spec.model_copy(update={"callbacks": ["x:y"]}))
+    with_bar = spec.trainer.model_copy(update={"progress": True})
+    write_spec(spec.model_copy(update={"trainer": with_bar}))
+    # another job's checkpoints are never handed back as this one's
+    longer = spec.trainer.model_copy(update={"steps": STEPS + 10})
+    with pytest.raises(RuntimeError, match=r"different training job \(spec fields differ: trainer\)"):
+        write_spec(spec.model_copy(update={"trainer": longer}))
+    with pytest.raises(RuntimeError, match="init_from"):
+        write_spec(spec.model_copy(update={"init_from": str(tmp_path / "parent")}))
+
+
+def test_job_key_follows_every_part_and_parent_weights(tmp_path):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / "model.safetensors").write_bytes(b"weights-1")
+    first = job_key("rows-v1", tree_digest(parent), {"lr": 1e-3})
+    assert first == job_key("rows-v1", tree_digest(parent), {"lr": 1e-3})
+    assert len(first) == 16
+    assert job_key("rows-v1", tree_digest(parent), {"lr": 5e-4}) != first
+    assert job_key("rows-v2", tree_digest(parent), {"lr": 1e-3}) != first
+    (parent / "model.safetensors").write_bytes(b"weights-2")  # same path, new parent weights
+    assert job_key("rows-v1", tree_digest(parent), {"lr": 1e-3}) != first

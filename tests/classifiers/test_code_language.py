@@ -217,6 +217,9 @@ def test_html_doctype_outranks_the_content_model(classifier):
         ("{ name: 'x' }\n", None),  # a JavaScript object literal does not parse as JSON
         ('{"a": 1}\nconsole.log(1)\n', None),
         ("int main(void) { return 0; }\n", None),
+        ("---\ntriple: 'x86_64'\nrelocations:\n  - { offset: 0x1, size: 0x2 }\n", "YAML"),
+        ("---\ntitle: Intro\n---\n# Heading\n", None),  # Markdown front matter: two documents
+        ("------------\n-- Lmod\n------------\nlocal x = 1\n", None),
     ],
 )
 def test_content_markers(text, language):

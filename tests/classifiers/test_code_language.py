@@ -248,6 +248,9 @@ def test_content_markers(text, language):
         ("'use strict';\nconst x = require('y');\n", "PHP", "JavaScript"),
         ("<?php\nclass A {\n  const B = 1;\n}\n", "PHP", "PHP"),
         ("object Main {\n  fun main() {}\n}\n", "Scala", "Kotlin"),
+        ("package org.json4s\nobject Spec extends StrictModeSpec\n", "C++", "Scala"),
+        ("import click\ndef test_cli(runner):\n    pass\n", "Scala", "Python"),
+        ("def f(x: Int): Int = x + 1\n", "Scala", "Scala"),
         ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
         ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),
         ("class A : B() {\n  override fun f() = 1\n}\nclass C extends D\n", "Kotlin", "Kotlin"),  # veto

@@ -234,6 +234,11 @@ _SCALA_DECL = re.compile(
 )
 # a Python `def f(...):` line (69% of Python files, 1 of 1,632 Scala, none in Kotlin, Swift or Ruby)
 _PYTHON_DEF = re.compile(r"^\s*(async\s+)?def\s+\w+\s*\([^)]*\)\s*(->\s*[^:\n]+)?:\s*$", re.M)
+# Haskell: a type signature `f :: T`, `module A where`, a `{-# PRAGMA`, `import qualified` (99% of Haskell files,
+# none of Python, Erlang, Lua, Go, Rust or C; Ruby's bare `module A` lines match, so Ruby is not corrected)
+_HASKELL_DECL = re.compile(
+    r"^[a-z]\w*\s*::\s|^module\s+[A-Z][\w.]*\s*(\(|where\b|$)|\{-#\s*[A-Z]|^import\s+qualified\s", re.M
+)
 # Emacs Lisp's `(provide '`, `(defcustom`, `(interactive`, `lexical-binding` (94% of Emacs Lisp, 4 of 542
 # Common Lisp files); Common Lisp's `(in-package`, `(defpackage`, `(asdf:` (98% of Common Lisp, 0 Emacs Lisp)
 _ELISP_ONLY = re.compile(
@@ -255,7 +260,7 @@ _TYPESCRIPT_ONLY = re.compile(
 _FLOW = re.compile(r"@flow\b")
 _PHP_TAG = re.compile(r"<\?php\b")
 # JavaScript declarations and modules: `const x = `, `import a from "b"`, `exports.x =`, `"use strict";` (92% of
-# JavaScript files; 1 of 453 YAML, 2 of 825 PHP, 3 of 1,003 Ruby, 0 of 701 Shell files)
+# JavaScript files; 1 of 453 YAML, 2 of 825 PHP, 3 of 1,003 Ruby, 3 of 1,097 Python, no Shell, C, C++ or Java)
 _JAVASCRIPT_DECL = re.compile(
     r"^\s*(const|let|var)\s+[\w$]+\s*=\s|^\s*import\s.*\sfrom\s+[\"']|^\s*(module\.)?exports(\.[\w$]+)?\s*="
     r"|^\s*[\"']use strict[\"'];",
@@ -370,6 +375,7 @@ _KOTLIN = Construct(_KOTLIN_ONLY, ("fun", "const val", "import kotlin", "data cl
 _SCALA = Construct(_SCALA_ONLY, ("import", "def", "case class", "implicit", "extends"))
 _SCALA_DECLARATION = Construct(_SCALA_DECL, ("object", "trait", "import", "case class", "package"))
 _PYTHON = Construct(_PYTHON_DEF, ("def",))
+_HASKELL = Construct(_HASKELL_DECL, ("::", "module", "{-#", "import qualified"))
 _ELISP = Construct(
     _ELISP_ONLY, ("(provide", "(defcustom", "(interactive", "lexical-binding", ";;; ", "(require")
 )
@@ -382,6 +388,7 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct, Construct | None]]
     (frozenset({"C", "C++", "TypeScript", "JavaScript"}), "Objective-C", _OBJC, None),
     (frozenset({"C"}), "C++", _CPP_CONSTRUCT, None),
     (frozenset({"Haskell"}), "Lua", _LUA_REQUIRE, None),
+    (frozenset({"Python", "Erlang", "Lua", "Go", "Rust", "C"}), "Haskell", _HASKELL, None),
     (
         frozenset({"R", "Ruby", "YAML", "HTML", "Python", "JavaScript", "Erlang", "Rust", "Go"}),
         "Lua",
@@ -389,7 +396,7 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct, Construct | None]]
         None,
     ),
     (frozenset({"JavaScript"}), "TypeScript", _TS, _FLOW_MARK),
-    (frozenset({"YAML", "Ruby", "Shell"}), "JavaScript", _JS, _TS),
+    (frozenset({"YAML", "Ruby", "Shell", "Python", "C", "C++", "Java"}), "JavaScript", _JS, _TS),
     (frozenset({"PHP"}), "JavaScript", _JS, _PHP),
     (frozenset({"Scala"}), "Kotlin", _KOTLIN, None),
     (frozenset({"Kotlin"}), "Scala", _SCALA, _KOTLIN),

@@ -236,6 +236,9 @@ def test_content_markers(text, language):
         ("/* see foo::bar */\nint main(void) { return 0; }\n", "C", "C"),  # `::` in a comment only
         ('-- banner\n-- more\nrequire("strict")\nlocal M = {}\n', "Haskell", "Lua"),
         ("-- | doc\nmodule Main where\nmain = pure ()\n", "Haskell", "Haskell"),
+        ('module BSD\n{-# DEPRECATED "moved" #-}\n(module Network.BSD) where\n', "Python", "Haskell"),
+        ("main :: IO ()\nmain = pure ()\n", "Erlang", "Haskell"),
+        ("module Foo\n  def bar; end\nend\n", "Ruby", "Ruby"),  # Ruby's bare module line is not Haskell
         ("local s = require('say')\ns:set('a', 'b')\n", "YAML", "Lua"),
         ("f() {\n  local x=1\n  echo $x\n}\n", "R", "R"),  # a shell `local x=1` is not Lua
         ("Use it:\n\n    local x = 1\n", "Markdown", "Markdown"),  # Lua snippets in docs stay docs

@@ -171,8 +171,11 @@ class TokenFeatures:
         return out
 
     def line(self, text: str, max_tokens: int | None = None, max_chars: int | None = None) -> str:
-        memo, feature = self.memo, self.feature
-        return " ".join([memo.get(t) or feature(t) for t in _raw_tokens(text, max_tokens, max_chars)])
+        toks = _raw_tokens(text, max_tokens, max_chars)
+        feats = list(map(self.memo.get, toks))  # C-speed lookups; only unseen tokens take the Python path
+        if None in feats:
+            feats = [f or self.feature(t) for f, t in zip(feats, toks, strict=True)]
+        return " ".join(feats)
 
 
 def content_line(text: str, vocabulary: set[str] | frozenset[str] | None = None) -> str:

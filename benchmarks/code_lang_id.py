@@ -2,6 +2,11 @@
 (no file names), on the same held-out package files of a crawled snapshot.
 
     .venv/bin/python benchmarks/code_lang_id.py --snapshot 2026-11 [--max-files 3000]
+    .venv/bin/python benchmarks/code_lang_id.py --snapshot code-0001 --eval-snapshot code-fresh-0001
+
+`--eval-snapshot` scores the model of `--snapshot` on another crawl (e.g. `manifests/fresh.yaml`: projects
+that share nothing with the training manifest), labelled the way training labels files: a test set that no
+model setting or correction rule was tuned on.
 
 Needs the outputs of `crawl_code` (code/raw/<snapshot>) and `train_code_language_classifier`
 (code/language_id/<snapshot>: model + heldout.jsonl.gz) in the profile's store.
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from classifiers.code_language import CodeLanguageClassifier
@@ -30,6 +36,7 @@ from classifiers.fasttext_train import classification_report
 from infra.settings import load_profile
 from infra.stage import markdown_table
 from infra.store import open_store
+from pipelines.code.language_id import CodeLanguageIdConfig, group_of, labelled_files
 from pipelines.code.records import read_shards
 
 log = logging.getLogger("code_lang_id")
@@ -144,6 +151,35 @@ def load_heldout(
     return [texts[i] for i in ids], labels, how, Path(prefix)
 
 
+def load_other_snapshot(
+    store, model_snapshot: str, snapshot: str, max_files: int, seed: int
+) -> tuple[list[str], list[str], list[str], Path]:
+    """Texts, labels and label sources of `snapshot`'s labelled files in the languages the model of
+    `model_snapshot` was scored on, minus any package (or file content) the model's snapshot contains."""
+    prefix = f"code/language_id/{model_snapshot}"
+    languages = set(json.loads(store.get_bytes(f"{prefix}/eval.json"))["labels"])
+    seen_groups, seen_sha = set(), set()
+    for rec in read_shards(store, f"code/raw/{model_snapshot}"):
+        seen_groups.add(group_of(rec["metadata"]))
+        seen_sha.add(rec["metadata"]["sha256"])
+    stats: Counter = Counter()
+    files = []
+    for rec in read_shards(store, f"code/raw/{snapshot}"):
+        if group_of(rec["metadata"]) in seen_groups or rec["metadata"]["sha256"] in seen_sha:
+            stats["dropped/in_model_snapshot"] += 1
+            continue
+        files.extend(labelled_files([rec], CodeLanguageIdConfig(), stats))
+    files = [f for f in files if f["label"] in languages]
+    if not files:
+        raise SystemExit(f"no labelled files of the model's languages in code/raw/{snapshot}: crawl it first")
+    files.sort(key=lambda f: f["id"])
+    if max_files and len(files) > max_files:
+        files = sorted(random.Random(seed).sample(files, max_files), key=lambda f: f["id"])
+    log.info("%s: %d labelled files in %d packages (%s)", snapshot, len(files),
+             len({f["group"] for f in files}), dict(stats))  # fmt: skip
+    return [f["text"] for f in files], [f["label"] for f in files], [f["how"] for f in files], Path(prefix)
+
+
 def score(name: str, y_true: list[str], y_pred: list[str], files_per_s: float, labels: list[str]) -> dict:
     rep = classification_report(y_true, y_pred, labels)
     return {"method": name, "files": len(y_true), "languages": len(labels), "accuracy": round(rep.accuracy, 4),
@@ -153,6 +189,9 @@ def score(name: str, y_true: list[str], y_pred: list[str], files_per_s: float, l
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--snapshot", default="2026-11")
+    ap.add_argument(
+        "--eval-snapshot", default=None, help="score on this crawl's files instead of the held-out packages"
+    )
     ap.add_argument("--max-files", type=int, default=3000, help="seeded sample of held-out files (0 = all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bench-venv", type=Path, default=None, help="default: <state dir>/bench-venv")
@@ -165,9 +204,16 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     profile = load_profile()
     store = open_store(profile.store, profile.state_path)
-    texts, y_true, how, prefix = load_heldout(store, args.snapshot, args.max_files, args.seed)
+    if args.eval_snapshot:
+        texts, y_true, how, prefix = load_other_snapshot(
+            store, args.snapshot, args.eval_snapshot, args.max_files, args.seed
+        )
+        what = f"files of {args.eval_snapshot} (projects absent from {args.snapshot})"
+    else:
+        texts, y_true, how, prefix = load_heldout(store, args.snapshot, args.max_files, args.seed)
+        what = "held-out files (whole packages/components never seen in training)"
     labels = sorted(set(y_true))
-    print(f"{len(texts)} held-out files (whole packages/components never seen in training), {len(labels)} "
+    print(f"{len(texts)} {what}, {len(labels)} "
           f"languages; every method reads the file content only (no names, no extensions); "
           f"{args.workers} process(es) for ours, guesslang one file per call as its API does")  # fmt: skip
 
@@ -212,7 +258,13 @@ def main(argv: list[str] | None = None) -> dict:
         "languages guesslang supports, labels from unambiguous extensions only (no heuristic/shebang labels)":
             ext_only,
     }  # fmt: skip
-    result: dict = {"snapshot": args.snapshot, "files": len(texts), "languages": len(labels), "sections": {}}
+    result: dict = {
+        "snapshot": args.snapshot,
+        "eval_snapshot": args.eval_snapshot,
+        "files": len(texts),
+        "languages": len(labels),
+        "sections": {},
+    }
     for title, idx in sections.items():
         rows = table(idx)
         result["sections"][title] = rows

@@ -213,7 +213,7 @@ def checkpoint_evals(
                     **{
                         k: round(v, 3)
                         for k, v in result.metrics.items()
-                        if k.startswith(("passkey/acc/", "ppl/"))
+                        if k.startswith(("passkey/acc/", "ppl/", "dsa/"))
                     },
                 }
             )

@@ -195,6 +195,14 @@ def set_dsa_mode(model: nn.Module, mode: str) -> None:
             module.dsa_stats = None
 
 
+def current_dsa_mode(model: nn.Module) -> str:
+    """The DSA mode of `model`'s attention modules (`native` until `set_dsa_mode` switched them)."""
+    for module in model.modules():
+        if isinstance(module, GlmMoeDsaAttention):
+            return getattr(module, "dsa_mode", "native")
+    return "native"
+
+
 def collect_dsa_stats(model: nn.Module) -> dict[str, torch.Tensor] | None:
     """Pop the last forward's indexer stats: mean `indexer_loss` (with grad) over layers; `topk_mass_sum`,
     `oracle_mass_sum` (the mass of the best possible top-k) and `long_queries` summed over layers

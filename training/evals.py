@@ -46,6 +46,11 @@ class EvalConfig(BaseModel):
     passkey_per_cell: int = Field(8, ge=1, description="Items per (length, depth) cell")
     passkey_choices: int = Field(4, ge=2, description="Candidate keys per item (chance = 1/choices)")
     passkey_digits: int = Field(5, ge=1, description="Digits per key")
+    indexer_rows: int = Field(
+        8,
+        ge=0,
+        description="Held-out rows (longest context) for the DSA indexer's top-k mass, trained vs fresh",
+    )
     filler_source: str = Field("web", description="Held-out source whose text fills the passkey haystack")
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass")
     seed: int = Field(1234, description="Seed of the passkey set (same set for every checkpoint)")
@@ -148,6 +153,48 @@ def passkey_accuracy(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> dict
     return metrics
 
 
+# ---------------------------------------------------------------------------------------------- DSA indexer
+
+
+@torch.no_grad()
+def indexer_topk_mass(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4, seed: int = 0) -> dict:
+    """Share of the dense main attention mass that falls inside the indexer's top-k (queries with more than
+    `index_topk` keys), for the model's own indexer and for a freshly initialised copy of it (what
+    `transformers` leaves untrained), plus the best any top-k could hold. Dense forward, so both indexers see
+    the same hidden states; the model's DSA mode is restored afterwards."""
+    import copy
+
+    from training.dsa_indexer import collect_dsa_stats, current_dsa_mode, set_dsa_mode
+
+    def mass(m: torch.nn.Module) -> tuple[float, float]:
+        totals = np.zeros(3)
+        for i in range(0, len(rows), batch_size):
+            m(input_ids=rows[i : i + batch_size], use_cache=False)
+            stats = collect_dsa_stats(m)
+            totals += [float(stats[k]) for k in ("topk_mass_sum", "oracle_mass_sum", "long_queries")]
+        return totals[0] / max(totals[2], 1), totals[1] / max(totals[2], 1)
+
+    mode = current_dsa_mode(model)
+    fresh = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in fresh.named_parameters():
+        if ".indexer." in name:  # transformers' init: normal(0, initializer_range) weights, unit norms
+            if param.dim() > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) * model.config.initializer_range)
+            else:
+                param.fill_(1.0 if "norm.weight" in name else 0.0)
+    set_dsa_mode(model, "indexer_warmup")
+    set_dsa_mode(fresh, "indexer_warmup")
+    trained, oracle = mass(model)
+    untrained, _ = mass(fresh)
+    set_dsa_mode(model, mode)
+    return {
+        "dsa/topk_mass": float(trained),
+        "dsa/topk_mass_untrained_indexer": float(untrained),
+        "dsa/topk_mass_oracle": float(oracle),
+    }
+
+
 # ---------------------------------------------------------------------------------------------- plots
 
 
@@ -235,6 +282,10 @@ def evaluate_checkpoint(
                 {"source": source, "context": ctx, "tokens": int(data.numel()), "perplexity": round(ppl, 3)}
             )
     report.tables["perplexity"] = rows
+    if config.indexer_rows and getattr(getattr(model, "config", None), "index_topk", None):
+        per_source = -(-config.indexer_rows // len(heldout))
+        long_rows = torch.cat([heldout_rows(p, long_len, per_source * long_len) for p in heldout.values()])
+        report.metrics.update(indexer_topk_mass(model, long_rows, config.batch_size))
     report.plots["evals/perplexity.png"] = _plot_perplexity(report.metrics, out_dir / "perplexity.png", label)
 
     filler_paths = heldout.get(config.filler_source) or next(iter(heldout.values()))

@@ -176,6 +176,9 @@ def test_evaluate_checkpoint_metrics_and_plots(tok, heldout, tmp_path):
             assert 0.8 * 400 < m[f"ppl/ctx_{ctx}/{source}"] < 1.2 * 400
     assert m["passkey/chance"] == 0.25
     assert {"passkey/acc/96", "passkey/acc/192", "passkey/acc"} <= set(m)
+    # the indexer's top-k mass at the longest context, own vs fresh indexer (both random here), and its ceiling
+    assert 0 < m["dsa/topk_mass_untrained_indexer"] <= m["dsa/topk_mass_oracle"] <= 1
+    assert 0 < m["dsa/topk_mass"] <= m["dsa/topk_mass_oracle"]
     for path in report.plots.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(report.plots) == {"evals/perplexity.png", "evals/passkey.png"}

@@ -10,11 +10,13 @@ from infra.settings import load_profile, validate_stage
 from training.checkpoint import export_hf
 from training.dsa_indexer import (
     collect_dsa_stats,
+    current_dsa_mode,
     freeze_all_but_indexer,
     indexer_kl_loss,
     is_indexer_parameter,
     set_dsa_mode,
 )
+from training.evals import indexer_topk_mass
 from training.model import MODEL_SIZES, ModelConfig, build_model, hf_config, parameter_counts
 from training.moe_balance import RouterTaps, sequence_balance_loss, update_router_bias
 from training.pretrain import PretrainConfig
@@ -147,3 +149,33 @@ def test_hf_export_loads_with_automodel_and_gives_the_same_logits(micro_model, t
     with torch.no_grad():
         assert torch.equal(micro_model.eval()(input_ids=x).logits, loaded(input_ids=x).logits)
     assert not list(tmp_path.glob(".tmp_*"))
+
+
+def test_indexer_topk_mass_compares_the_trained_indexer_with_a_fresh_one(micro_model):
+    with torch.no_grad():  # peaked main attention: a good top-k holds much more than k/T of it
+        for name, p in micro_model.named_parameters():
+            if name.endswith(("q_b_proj.weight", "kv_a_proj_with_mqa.weight")):
+                p.mul_(6.0)
+    x = torch.randint(2, 512, (4, 64))
+    before = indexer_topk_mass(micro_model, x)
+    assert abs(before["dsa/topk_mass"] - before["dsa/topk_mass_untrained_indexer"]) < 0.03  # both random
+    freeze_all_but_indexer(micro_model)
+    set_dsa_mode(micro_model, "indexer_warmup")
+    opt = torch.optim.AdamW([p for p in micro_model.parameters() if p.requires_grad], lr=5e-3)
+    for _ in range(60):
+        micro_model(input_ids=x, use_cache=False)
+        collect_dsa_stats(micro_model)["indexer_loss"].backward()
+        opt.step()
+        opt.zero_grad()
+    set_dsa_mode(micro_model, "sparse")
+    weights = {n: p.clone() for n, p in micro_model.named_parameters()}
+    after = indexer_topk_mass(micro_model, x)
+    assert after["dsa/topk_mass"] > after["dsa/topk_mass_untrained_indexer"] + 0.04
+    assert after["dsa/topk_mass"] <= after["dsa/topk_mass_oracle"] + 1e-6
+    assert after["dsa/topk_mass_untrained_indexer"] == pytest.approx(
+        before["dsa/topk_mass_untrained_indexer"]
+    )
+    assert current_dsa_mode(micro_model) == "sparse"  # restored
+    assert all(
+        torch.equal(p, weights[n]) for n, p in micro_model.named_parameters()
+    )  # the copy was re-initialised

@@ -2,11 +2,12 @@
 (no file names), on the same held-out package files of a crawled snapshot.
 
     .venv/bin/python benchmarks/code_lang_id.py --snapshot 2026-11 [--max-files 3000]
-    .venv/bin/python benchmarks/code_lang_id.py --snapshot code-0001 --eval-snapshot code-fresh-0001
+    .venv/bin/python benchmarks/code_lang_id.py --snapshot code-0001 --eval-snapshot code-fresh2-0001 \
+        --eval-manifest pipelines/code/manifests/heldout.yaml --max-files 0
 
-`--eval-snapshot` scores the model of `--snapshot` on another crawl (e.g. `manifests/fresh.yaml`: projects
-that share nothing with the training manifest), labelled the way training labels files: a test set that no
-model setting or correction rule was tuned on.
+`--eval-snapshot` scores the model of `--snapshot` on another crawl (e.g. `manifests/heldout.yaml`, crawled as
+`code-fresh2-0001`: projects that share nothing with the training manifest), labelled the way training labels
+files: a test set that no model setting or correction rule was tuned on.
 
 Needs the outputs of `crawl_code` (code/raw/<snapshot>) and `train_code_language_classifier`
 (code/language_id/<snapshot>: model + heldout.jsonl.gz) in the profile's store.
@@ -36,6 +37,7 @@ from classifiers.fasttext_train import classification_report
 from infra.settings import load_profile
 from infra.stage import markdown_table
 from infra.store import open_store
+from pipelines.code.crawl import CodeCrawlConfig, crawl_code
 from pipelines.code.language_id import CodeLanguageIdConfig, group_of, labelled_files
 from pipelines.code.records import read_shards
 
@@ -192,6 +194,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--eval-snapshot", default=None, help="score on this crawl's files instead of the held-out packages"
     )
+    ap.add_argument(
+        "--eval-manifest",
+        type=Path,
+        default=None,
+        help="crawl --eval-snapshot from this manifest first if the store does not have it yet",
+    )
     ap.add_argument("--max-files", type=int, default=3000, help="seeded sample of held-out files (0 = all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bench-venv", type=Path, default=None, help="default: <state dir>/bench-venv")
@@ -204,6 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     profile = load_profile()
     store = open_store(profile.store, profile.state_path)
+    if args.eval_manifest and not args.eval_snapshot:
+        ap.error("--eval-manifest needs --eval-snapshot (the snapshot name to crawl it as)")
+    if args.eval_manifest and not store.list(f"code/raw/{args.eval_snapshot}/"):
+        crawl_code(CodeCrawlConfig(manifest=str(args.eval_manifest)), store, args.eval_snapshot)
     if args.eval_snapshot:
         texts, y_true, how, prefix = load_other_snapshot(
             store, args.snapshot, args.eval_snapshot, args.max_files, args.seed

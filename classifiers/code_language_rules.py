@@ -383,8 +383,8 @@ _COMMON_LISP = Construct(_COMMON_LISP_ONLY, ("(in-package", "(defpackage", "(asd
 _FLOW_MARK = Construct(_FLOW, ("@flow",))
 _PHP = Construct(_PHP_TAG, ("<?php",))
 
-# (languages the model said, the correction, a construct decisive for the correction, a construct that vetoes it)
-_PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct, Construct | None]] = [
+# (languages the model said, the correction, a construct decisive for it (None: none needed), one that vetoes it)
+_PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct | None, Construct | None]] = [
     (frozenset({"C", "C++", "TypeScript", "JavaScript"}), "Objective-C", _OBJC, None),
     (frozenset({"C"}), "C++", _CPP_CONSTRUCT, None),
     (frozenset({"Haskell"}), "Lua", _LUA_REQUIRE, None),
@@ -404,6 +404,8 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct, Construct | None]]
     (frozenset({"Scala", "Kotlin", "Swift", "Ruby"}), "Python", _PYTHON, None),
     (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP, None),
     (frozenset({"Common Lisp"}), "Emacs Lisp", _ELISP, _COMMON_LISP),
+    # "C++" with no C++-only construct is C (C with C++-ish style: gnulib, libuv); last, after the C++ -> X rules
+    (frozenset({"C++"}), "C", None, _CPP_CONSTRUCT),
 ]
 _CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 
@@ -414,7 +416,11 @@ def correct_content_prediction(text: str, language: str) -> str:
     if language not in _CORRECTED_LANGUAGES:
         return language
     for predicted, corrected, decisive, veto in _PAIR_CORRECTIONS:
-        if language in predicted and decisive.search(text) and (veto is None or not veto.search(text)):
+        if (
+            language in predicted
+            and (decisive is None or decisive.search(text))
+            and (veto is None or not veto.search(text))
+        ):
             return corrected
     return language
 

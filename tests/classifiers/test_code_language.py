@@ -260,6 +260,18 @@ def test_content_markers(text, language):
         ("(in-package :foo)\n(defun f () 1)\n", "Emacs Lisp", "Common Lisp"),
         (";;; x.el --- y\n(provide 'x)\n", "Common Lisp", "Emacs Lisp"),
         ("(defpackage :x)\n(require 'asdf)\n", "Common Lisp", "Common Lisp"),  # veto
+        (
+            "#define MAX(a, b) ((a) > (b) ? (a) : (b))\nstatic int f(int x) { return MAX(x, 0); }\n",
+            "C++",
+            "C",
+        ),
+        ("template <class T> T id(T x) { return x; }\n", "C++", "C++"),  # veto: a C++-only construct
+        ("#include <vector>\nint n(void);\n", "C++", "C++"),
+        (
+            "#import <Foundation/Foundation.h>\n@interface A\n@end\n",
+            "C++",
+            "Objective-C",
+        ),  # earlier rule wins
         ("std::vector<int> v;\n", "Rust", "Rust"),  # only the listed pairs are corrected
     ],
 )

@@ -51,8 +51,9 @@ class CodeLanguageIdConfig(BaseModel):
         description="Leave `@flow` files out (typed JS, between JS and TS: as JS labels they teach 'typed = JS')",
     )
     lr: float = Field(0.5, gt=0, description="fastText learning rate")
-    epoch: int = Field(80, ge=1, description="fastText epochs")
-    dim: int = Field(64, ge=2, description="fastText vector size")
+    # 160 x 100 vs 80 x 64 on tiny's held-out packages: 0.9675 vs 0.9604 accuracy, ~3x the training time
+    epoch: int = Field(160, ge=1, description="fastText epochs")
+    dim: int = Field(100, ge=2, description="fastText vector size")
     word_ngrams: int = Field(
         2, ge=1, description="fastText word n-gram length over code tokens (3 overfits packages)"
     )

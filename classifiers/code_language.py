@@ -7,7 +7,8 @@ Content features: a code-aware tokenisation that keeps operators and punctuation
 few training packages become their case shape; fastText then adds word bigrams over these tokens. The reader
 sees at most `MAX_CHARS` (head + middle window) and `MAX_TOKENS`: the model is trained under these values.
 Content markers that fix a language outright (an HTML doctype, an XML declaration, a parsing JSON document,
-literate Haskell) outrank the model's probabilities; a C prediction with C++-only constructs becomes C++.
+literate Haskell) outrank the model's probabilities; a C prediction with C++-only constructs becomes C++, a C++ one
+without any becomes C.
 Speed: per-line regex and a memoised token->feature map; an unquantized model predicts ~3x faster.
 """
 

@@ -4,6 +4,7 @@ passkey retrieval at several lengths and depths, scored as multiple choice by lo
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from tqdm import tqdm
 
 from infra.stage import StageResult
 from training.data import TokenStream, iter_shard_documents
+from training.dsa_indexer import collect_dsa_stats, current_dsa_mode, set_dsa_mode
 from training.recall_tasks import FillerText, PasskeyItem, passkey_items
 
 log = logging.getLogger(__name__)
@@ -162,9 +164,6 @@ def indexer_topk_mass(model: torch.nn.Module, rows: torch.Tensor, batch_size: in
     `index_topk` keys), for the model's own indexer and for a freshly initialised copy of it (what
     `transformers` leaves untrained), plus the best any top-k could hold. Dense forward, so both indexers see
     the same hidden states; the model's DSA mode is restored afterwards."""
-    import copy
-
-    from training.dsa_indexer import collect_dsa_stats, current_dsa_mode, set_dsa_mode
 
     def mass(m: torch.nn.Module) -> tuple[float, float]:
         totals = np.zeros(3)
@@ -183,11 +182,13 @@ def indexer_topk_mass(model: torch.nn.Module, rows: torch.Tensor, batch_size: in
                 param.copy_(torch.randn(param.shape, generator=generator) * model.config.initializer_range)
             else:
                 param.fill_(1.0 if "norm.weight" in name else 0.0)
-    set_dsa_mode(model, "indexer_warmup")
     set_dsa_mode(fresh, "indexer_warmup")
-    trained, oracle = mass(model)
     untrained, _ = mass(fresh)
-    set_dsa_mode(model, mode)
+    set_dsa_mode(model, "indexer_warmup")
+    try:
+        trained, oracle = mass(model)
+    finally:
+        set_dsa_mode(model, mode)
     return {
         "dsa/topk_mass": float(trained),
         "dsa/topk_mass_untrained_indexer": float(untrained),

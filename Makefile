@@ -22,8 +22,9 @@ MLFLOW_PORT ?= 5000
 
 setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 
-# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml
+# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. The editable install also compiles
+# the one C extension (setup.py: the code-language tokenizer) in place, with the machine's gcc.
+$(VENV)/.installed: pyproject.toml setup.py classifiers/_codetok.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
 	$(BIN)/pip install --quiet torch==2.13.0

@@ -7,8 +7,9 @@ Content features: a code-aware tokenisation that keeps operators and punctuation
 few training packages become their case shape; fastText then adds word bigrams over these tokens. The reader
 sees at most `MAX_CHARS` (head + middle window) and `MAX_TOKENS`: the model is trained under these values.
 Content markers that fix a language outright (an HTML doctype, an XML declaration, a parsing JSON document,
-literate Haskell) outrank the model's probabilities; a C prediction with C++-only constructs becomes C++, a C++ one
-without any becomes C.
+literate Haskell, a root element HTML does not have) outrank the model's probabilities; a C prediction with
+C++-only constructs becomes C++, a C++ one without any becomes C, a TypeScript one without TypeScript syntax
+becomes JavaScript.
 Speed: the per-line loop runs in C (`_codetok.c`, ~4x the Python reference's speed, same tokens), features go
 through a memoised token->feature map; an unquantized model predicts ~3x faster.
 """

@@ -220,10 +220,27 @@ def test_html_doctype_outranks_the_content_model(classifier):
         ("---\ntriple: 'x86_64'\nrelocations:\n  - { offset: 0x1, size: 0x2 }\n", "YAML"),
         ("---\ntitle: Intro\n---\n# Heading\n", None),  # Markdown front matter: two documents
         ("------------\n-- Lmod\n------------\nlocal x = 1\n", None),
+        # a root element HTML does not have is XML; HTML elements and custom elements (with a hyphen) are not
+        ('<documentation title="x">\n  <code>a <em>b</em></code>\n</documentation>\n', "XML"),
+        ('<!-- c -->\n<!DOCTYPE book PUBLIC "-//OASIS//DTD DocBook XML V4.5//EN" "x.dtd">\n<book/>', "XML"),
+        ("<div class='x'>\n  <p>hi</p>\n</div>\n", None),
+        ("<template>\n  <my-widget/>\n</template>\n", None),
+        ("<my-widget>\n  <p>hi</p>\n</my-widget>\n", None),
+        ("<?php echo 1; ?>\n<p>x</p>\n", None),
     ],
 )
 def test_content_markers(text, language):
     assert language_from_content_marker(text) == language
+
+
+def test_long_yaml_is_judged_by_its_head():
+    entries = "".join(f"key_{i}:\n  name: 'entry {i}'\n  values: [1, 2, 3]\n" for i in range(8000))
+    assert len(entries) > 250_000
+    assert language_from_content_marker("---\n" + entries) == "YAML"
+    # front matter, then Markdown, inside the parsed head: still two documents, no marker
+    assert language_from_content_marker("---\ntitle: x\n---\n# Notes\n" + entries) is None
+    # a head cut before any mapping is complete is no mapping: the model decides
+    assert language_from_content_marker("---\n{" + entries.replace("\n", " ")) is None
 
 
 @pytest.mark.parametrize(
@@ -273,6 +290,22 @@ def test_content_markers(text, language):
             "Objective-C",
         ),  # earlier rule wins
         ("std::vector<int> v;\n", "Rust", "Rust"),  # only the listed pairs are corrected
+        # "TypeScript" with no TypeScript syntax is ES-module JavaScript; any annotation, declaration or cast vetoes
+        (
+            "import moment from '../moment';\nexport default moment.defineLocale('ky', {\n  months: 'a_b'.split('_'),\n});\n",
+            "TypeScript",
+            "JavaScript",
+        ),
+        ("export function f(x: number): string {\n  return `${x}`;\n}\n", "TypeScript", "TypeScript"),
+        ("export interface A {\n  b: B;\n}\n", "TypeScript", "TypeScript"),
+        ("class A {\n  private readonly b = 1;\n}\n", "TypeScript", "TypeScript"),
+        ("const el = document.getElementById('x') as HTMLElement;\n", "TypeScript", "TypeScript"),
+        ("const v = useState<Props>(null);\nv!.x = 1;\n", "TypeScript", "TypeScript"),
+        (
+            "// f(x: number)\nconst y = cond ? f(x) : g;\n",
+            "TypeScript",
+            "JavaScript",
+        ),  # comment + ternary: no types
     ],
 )
 def test_pair_corrections(text, predicted, corrected):

@@ -1,6 +1,8 @@
-/* The per-line loop of classifiers.code_language._line_tokens_py, in C: the same tokens, markers and prose
- * collapsing, about 10x faster. That loop is most of the content classifier's time per file; the Python version
- * stays as the reference (tests compare the two) and as the fallback where this module was not built. */
+/* Two hot loops of the code-language classifier in C, each with a Python reference in
+ * classifiers/code_language.py that tests compare it with and that serves where this module was not built:
+ *   line_tokens: the per-line tokenizer (_line_tokens_py): tokens, line-start markers, prose collapsing;
+ *   feature_line: tokens -> model features (TokenFeatures.line_py): vocabulary tokens stay, others become
+ *   their shape (token_shape), through a memo dict; joined by spaces. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -155,9 +157,101 @@ error:
     return NULL;
 }
 
+/* str.isupper() of s[start:] */
+static int str_isupper(PyObject *s, Py_ssize_t start) {
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int cased = 0;
+    for (Py_ssize_t i = start; i < n; i++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+        if (Py_UNICODE_ISLOWER(ch) || Py_UNICODE_ISTITLE(ch)) return 0;
+        if (Py_UNICODE_ISUPPER(ch)) cased = 1;
+    }
+    return cased;
+}
+
+/* code_language.token_shape, for a non-empty token (a new reference) */
+static PyObject *token_shape(PyObject *tok) {
+    int kind = PyUnicode_KIND(tok);
+    const void *data = PyUnicode_DATA(tok);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(tok);
+    Py_UCS4 c0 = PyUnicode_READ(kind, data, 0);
+    if (n >= 2 && c0 == 'N' && PyUnicode_READ(kind, data, 1) == 'L') return Py_NewRef(tok);
+    if (Py_UNICODE_ISDIGIT(c0)) return PyUnicode_FromString("0");
+    Py_ssize_t start = (is_sigil(c0) && n > 1) ? 1 : 0; /* core = tok[start:] */
+    Py_UCS4 first = PyUnicode_READ(kind, data, start);
+    if (!(Py_UNICODE_ISALPHA(first) || first == '_')) return PyUnicode_FromString("P");
+    Py_ssize_t lo = start, hi = n; /* core.strip("_") */
+    while (lo < hi && PyUnicode_READ(kind, data, lo) == '_') lo++;
+    while (hi > lo && PyUnicode_READ(kind, data, hi - 1) == '_') hi--;
+    int inner_underscore = 0, any_upper = 0;
+    for (Py_ssize_t i = lo; i < hi; i++) inner_underscore |= PyUnicode_READ(kind, data, i) == '_';
+    for (Py_ssize_t i = start; i < n; i++) any_upper |= Py_UNICODE_ISUPPER(PyUnicode_READ(kind, data, i)) != 0;
+    const char *shape;
+    if (inner_underscore) shape = str_isupper(tok, start) ? "A_A" : "a_a";
+    else if (n - start > 1 && str_isupper(tok, start)) shape = "AA";
+    else if (Py_UNICODE_ISUPPER(first)) shape = "Aa";
+    else if (any_upper) shape = "aA";
+    else shape = "a";
+    if (start == 0) return PyUnicode_FromFormat("~%s", shape);
+    return PyUnicode_FromFormat("%c~%s", (int)c0, shape);
+}
+
+/* TokenFeatures.feature for a token the memo does not hold */
+static PyObject *feature_of(PyObject *tok, PyObject *vocabulary) {
+    if (PyUnicode_GET_LENGTH(tok) == 0) return Py_NewRef(tok);
+    int in_vocab = PySet_Contains(vocabulary, tok);
+    if (in_vocab < 0) return NULL;
+    if (in_vocab && !Py_UNICODE_ISDIGIT(PyUnicode_READ_CHAR(tok, 0))) return Py_NewRef(tok);
+    return token_shape(tok);
+}
+
+static PyObject *feature_line(PyObject *self, PyObject *args) {
+    PyObject *tokens, *vocabulary, *memo;
+    Py_ssize_t max_memo;
+    if (!PyArg_ParseTuple(args, "O!OO!n", &PyList_Type, &tokens, &vocabulary, &PyDict_Type, &memo, &max_memo))
+        return NULL;
+    if (!PyAnySet_Check(vocabulary)) {
+        PyErr_SetString(PyExc_TypeError, "vocabulary must be a set or frozenset");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(tokens);
+    PyObject *feats = PyList_New(n), *sep = NULL, *line = NULL;
+    if (feats == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *tok = PyList_GET_ITEM(tokens, i);
+        if (!PyUnicode_Check(tok)) {
+            PyErr_SetString(PyExc_TypeError, "tokens must be str");
+            goto done;
+        }
+        PyObject *feat = PyDict_GetItemWithError(memo, tok); /* borrowed */
+        if (feat != NULL) {
+            Py_INCREF(feat);
+        } else {
+            if (PyErr_Occurred()) goto done;
+            feat = feature_of(tok, vocabulary);
+            if (feat == NULL) goto done;
+            if (PyDict_GET_SIZE(memo) < max_memo && PyDict_SetItem(memo, tok, feat) < 0) {
+                Py_DECREF(feat);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(feats, i, feat);
+    }
+    sep = PyUnicode_FromString(" ");
+    if (sep != NULL) line = PyUnicode_Join(sep, feats);
+done:
+    Py_XDECREF(sep);
+    Py_DECREF(feats);
+    return line;
+}
+
 static PyMethodDef methods[] = {
     {"line_tokens", line_tokens, METH_VARARGS,
      "line_tokens(text, max_tokens, stopwords) -> list[str]: see code_language._line_tokens_py"},
+    {"feature_line", feature_line, METH_VARARGS,
+     "feature_line(tokens, vocabulary, memo, max_memo) -> str: see code_language.TokenFeatures.line_py"},
     {NULL, NULL, 0, NULL},
 };
 

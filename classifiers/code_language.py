@@ -10,8 +10,8 @@ Content markers that fix a language outright (an HTML doctype, an XML declaratio
 literate Haskell, a root element HTML does not have) outrank the model's probabilities; a C prediction with
 C++-only constructs becomes C++, a C++ one without any becomes C, a TypeScript one without TypeScript syntax
 becomes JavaScript.
-Speed: the per-line loop runs in C (`_codetok.c`, ~4x the Python reference's speed, same tokens), features go
-through a memoised token->feature map; an unquantized model predicts ~3x faster.
+Speed: the per-line tokenizer and the token->feature map (memoised) run in C (`_codetok.c`, the same output as
+their Python references, which tests check); an unquantized model predicts ~3x faster.
 """
 
 from __future__ import annotations
@@ -136,10 +136,11 @@ def _line_tokens_py(text: str, max_tokens: int, stopwords: frozenset[str]) -> li
     return out[:max_tokens]
 
 
-try:  # built by `pip install -e .` (pyproject's ext-modules); without a compiler the Python loop serves
+try:  # built by `pip install -e .` (setup.py); without a compiler the Python versions serve
+    from classifiers._codetok import feature_line as _feature_line
     from classifiers._codetok import line_tokens as _line_tokens
 except ImportError:  # pragma: no cover - exercised only where the extension failed to build
-    _line_tokens = _line_tokens_py
+    _line_tokens, _feature_line = _line_tokens_py, None
 
 
 def code_tokens(text: str, max_tokens: int | None = None, max_chars: int | None = None) -> list[str]:
@@ -190,6 +191,12 @@ class TokenFeatures:
 
     def line(self, text: str, max_tokens: int | None = None, max_chars: int | None = None) -> str:
         toks = _raw_tokens(text, max_tokens, max_chars)
+        if _feature_line is not None and self.vocabulary is not None:
+            return _feature_line(toks, self.vocabulary, self.memo, _MAX_MEMO)
+        return self.line_py(toks)
+
+    def line_py(self, toks: list[str]) -> str:
+        """The features of `toks`, space-joined: the reference for `_codetok.feature_line`."""
         feats = list(map(self.memo.get, toks))  # C-speed lookups; only unseen tokens take the Python path
         if None in feats:
             feats = [f or self.feature(t) for f, t in zip(feats, toks, strict=True)]

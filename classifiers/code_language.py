@@ -29,6 +29,7 @@ from classifiers.code_language_rules import (
     correct_content_prediction,
     extension_of,
     language_from_content_marker,
+    language_from_script_header,
     language_from_shebang,
     language_prior,
     resolve_ambiguous,
@@ -305,8 +306,9 @@ class CodeLanguageClassifier:
                 probs = [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
         else:
             probs = predict_proba(self.model, [self.features.line(t) for t in texts], k=k)
-        for i, text in enumerate(texts):  # a content marker (`<!DOCTYPE html`) outranks the model
-            if (lang := language_from_content_marker(text)) is not None:
+        # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model
+        for i, text in enumerate(texts):
+            if (lang := language_from_content_marker(text) or language_from_script_header(text)) is not None:
                 probs[i] = {lang: 1.0}
             elif probs[i]:
                 top = max(probs[i], key=probs[i].get)

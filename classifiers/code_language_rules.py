@@ -103,6 +103,8 @@ MODELINE_NAMES: dict[str, str] = {
 }  # fmt: skip
 
 _SHEBANG = re.compile(r"^#!\s*(\S+)(?:\s+(.*))?")
+# the polyglot trick `#!/bin/sh` + `exec tclsh "$0" "$@"`: the script is the exec'd interpreter's (Linguist's rule)
+_SHELL_REEXEC = re.compile(r"^\s*exec\s+(\S+)\s.*\$0\b", re.M)
 _EMACS_MODE = re.compile(r"-\*-.*?(?:mode:\s*)?([\w+#-]+)\s*(?:;.*)?-\*-", re.I)
 _EMACS_MODE_KEY = re.compile(r"-\*-.*?\bmode:\s*([\w+#-]+)", re.I)
 _VIM_FT = re.compile(r"\b(?:vim?|ex):.*?\b(?:ft|filetype|syntax)=([\w+#-]+)", re.I)
@@ -130,6 +132,8 @@ def declared_language(path: str) -> str | None:
 
 
 def language_from_shebang(text: str) -> str | None:
+    """The interpreter named on the `#!` line; a shell script that re-executes itself under another
+    interpreter within its first five lines is that interpreter's (None when that one is unknown)."""
     first = text[:200].split("\n", 1)[0]
     m = _SHEBANG.match(first)
     if not m:
@@ -138,21 +142,32 @@ def language_from_shebang(text: str) -> str | None:
     if prog == "env" and m.group(2):
         args = [a for a in m.group(2).split() if not a.startswith("-") and "=" not in a]
         prog = args[0] if args else prog
+    lang = _interpreter_language(prog)
+    if lang == "Shell" and (exe := _SHELL_REEXEC.search("\n".join(text[:1000].split("\n", 5)[:5]))):
+        return _interpreter_language(PurePosixPath(exe.group(1).strip("'\"")).name)
+    return lang
+
+
+def _interpreter_language(prog: str) -> str | None:
     prog = prog.lower()
     if prog in INTERPRETERS:
         return INTERPRETERS[prog]
-    base = re.sub(r"[\d.]+$", "", prog)
-    return INTERPRETERS.get(base)
+    return INTERPRETERS.get(re.sub(r"[\d.]+$", "", prog))
 
 
 def language_from_modeline(text: str) -> str | None:
     """Emacs modeline in the first two lines or a Vim modeline in the first/last five lines."""
-    lines = text.split("\n")
-    for line in lines[:2]:
+    head = text[:2000].split("\n", 5)[:5]  # bounded windows: the check runs on every file
+    for line in head[:2]:
+        if "-*-" not in line:
+            continue
         m = _EMACS_MODE_KEY.search(line) or _EMACS_MODE.search(line)
         if m and m.group(1).lower() in MODELINE_NAMES:
             return MODELINE_NAMES[m.group(1).lower()]
-    for line in lines[:5] + lines[-5:]:
+    tail = text[-2000:].rsplit("\n", 5)[-5:] if len(head) == 5 else []
+    for line in head + tail:
+        if ":" not in line:
+            continue
         m = _VIM_FT.search(line)
         if m and m.group(1).lower() in MODELINE_NAMES:
             return MODELINE_NAMES[m.group(1).lower()]
@@ -363,6 +378,12 @@ def _root_is_not_html(text: str, limit: int = 3000) -> bool:
         pos = _markup_start(text, limit=limit, pos=end + 1)
     m = _ROOT_ELEMENT.match(text, pos, limit)
     return m is not None and "-" not in m.group(1) and m.group(1).lower() not in _HTML_ELEMENT_NAMES
+
+
+def language_from_script_header(text: str) -> str | None:
+    """A script's own declaration of its language: its `#!` line, else an editor modeline."""
+    lang = language_from_shebang(text) if text.startswith("#!") else None
+    return lang or language_from_modeline(text)
 
 
 def language_from_content_marker(text: str) -> str | None:

@@ -62,8 +62,14 @@ def decode_text(data: bytes) -> str | None:
         return None
 
 
+# compiler output that points at its source map (Babel, tsc, bundlers); Linguist counts such files as generated
+COMPILED_SUFFIXES = (".js", ".mjs", ".cjs", ".ts", ".mts", ".cts")
+SOURCE_MAP_COMMENT = re.compile(r"^\s*//[#@] sourceMappingURL=\S+\s*$")
+
+
 def skip_reason_for_content(path: str, text: str) -> str | None:
-    """A reason from the content: minified (very long lines) or marked as generated near the top."""
+    """A reason from the content: minified (very long lines), compiled with a source map, or marked as
+    generated near the top."""
     lines = text.split("\n")
     longest = max(len(line) for line in lines)
     mean = len(text) / max(1, len(lines))
@@ -73,6 +79,8 @@ def skip_reason_for_content(path: str, text: str) -> str | None:
         and not path.lower().endswith((".json", ".md", ".svg"))
     ):
         return "generated/minified"
+    if path.lower().endswith(COMPILED_SUFFIXES) and any(SOURCE_MAP_COMMENT.match(x) for x in lines[-3:]):
+        return "generated/compiled"
     if GENERATED_MARKER.search(text[:1500]):
         return "generated/marker"
     return None

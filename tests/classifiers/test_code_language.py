@@ -17,6 +17,7 @@ from classifiers.code_language_rules import (
     declared_language,
     language_from_content_marker,
     language_from_modeline,
+    language_from_script_header,
     language_from_shebang,
     language_prior,
     resolve_ambiguous,
@@ -81,6 +82,22 @@ def test_shebang_and_modeline_priors():
     assert language_from_shebang("#!/usr/bin/unknown-thing\n") is None
     assert language_from_modeline("# -*- mode: ruby -*-\nfoo\n") == "Ruby"
     assert language_from_modeline("x = 1\n-- vim: set ft=lua:\n") == "Lua"
+    assert language_from_modeline("x = 1\n" * 20 + "-- vim: set ft=lua:\n") == "Lua"  # in the last five lines
+    assert language_from_modeline("x = 1\n" * 6 + "-- vim: set ft=lua:\n" + "y\n" * 10) is None  # mid-file
+
+
+@pytest.mark.parametrize(
+    "script, language",
+    [
+        ('#!/bin/sh\n# restart with tclsh \\\nexec tclsh "$0" ${1+"$@"}\nputs hi\n', "Tcl"),
+        ('#!/bin/sh\n\nexec /usr/bin/python3 -u "$0" "$@"\n"""doc"""\n', "Python"),
+        ('#!/bin/sh\n_=[[\n\texec runlua "$0" "$@"\n]]\nlocal x = 1\n', None),  # unknown interpreter
+        ("#!/bin/sh\nset -e\nexec make all\n", "Shell"),  # exec of another program, not of itself
+        ("#!/bin/sh\n" + "echo\n" * 6 + 'exec tclsh "$0"\n', "Shell"),  # past the first five lines
+    ],
+)
+def test_shell_script_that_reexecutes_itself_is_the_interpreters(script, language):
+    assert language_from_shebang(script) == language
     prior = language_prior("bin/tool", "#!/usr/bin/env ruby\nputs 1\n")
     assert (prior.language, prior.source) == ("Ruby", "shebang")
     prior = language_prior("x.pl", PROLOG_PL)
@@ -197,6 +214,18 @@ def test_html_doctype_outranks_the_content_model(classifier):
     xhtml = '<?xml version="1.0"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.1//EN"\n "x.dtd">\n<html>'
     assert language_from_content_marker(xhtml) == "HTML"
     assert classifier.predict_content([page, "local x = 1\n"], k=1)[0] == {"HTML": 1.0}
+
+
+def test_script_header_outranks_the_content_model(classifier):
+    lua_body = "local t = {}\nfor i = 1, 10 do\n  t[i] = i\nend\nreturn t\n"
+    (plain,) = classifier.predict_content([lua_body], k=1)
+    assert max(plain, key=plain.get) == "Lua"  # the body alone reads as Lua ...
+    scripts = ["#!/usr/bin/env node\n" + lua_body, "# -*- mode: ruby -*-\n" + lua_body]
+    # ... but its header wins
+    assert classifier.predict_content(scripts, k=1) == [{"JavaScript": 1.0}, {"Ruby": 1.0}]
+    assert language_from_script_header("#!/usr/bin/unknown\n# -*- mode: perl -*-\n") == "Perl"
+    emacs_line_4 = "print(1)\n" * 3 + "# -*- mode: perl -*-\n"  # Emacs reads lines 1-2 only
+    assert language_from_script_header(emacs_line_4) is None
 
 
 @pytest.mark.parametrize(

@@ -485,14 +485,16 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct | None, Construct |
 _CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 
 
-def correct_content_prediction(text: str, language: str) -> str:
+def correct_content_prediction(text: str, language: str, sure: bool = False) -> str:
     """The model's top language, corrected where the file has a construct decisive for the language the model
-    confuses it with (C with `std::` is C++, "Haskell" with `local x =` is Lua)."""
+    confuses it with (C with `std::` is C++, "Haskell" with `local x =` is Lua). When the model is `sure`, only
+    such positive evidence counts, not the mere absence of a construct ("C++" without C++-only syntax is C)."""
     if language not in _CORRECTED_LANGUAGES:
         return language
     for predicted, corrected, decisive, veto in _PAIR_CORRECTIONS:
         if (
             language in predicted
+            and (decisive is not None or not sure)
             and (decisive is None or decisive.search(text))
             and (veto is None or not veto.search(text))
         ):

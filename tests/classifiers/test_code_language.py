@@ -339,6 +339,12 @@ def test_long_yaml_is_judged_by_its_head():
 )
 def test_pair_corrections(text, predicted, corrected):
     assert correct_content_prediction(text, predicted) == corrected
+    # a sure model keeps its answer unless the file has a construct decisive for the correction
+    when_sure = correct_content_prediction(text, predicted, sure=True)
+    if (predicted, corrected) in {("C++", "C"), ("TypeScript", "JavaScript")}:  # rules on a missing construct
+        assert when_sure == predicted
+    else:
+        assert when_sure == corrected
 
 
 def test_predict_content_moves_the_top_score_to_the_correction(classifier, monkeypatch):
@@ -349,10 +355,16 @@ def test_predict_content_moves_the_top_score_to_the_correction(classifier, monke
         code_language, "predict_proba", lambda model, lines, k: [{"Scala": 0.9, "Kotlin": 0.1}]
     )
     assert classifier.predict_content([text])[0] == {"Kotlin": 0.9, "Scala": 0.1}
-    # a model this sure of itself is left alone
+    # a model this sure of itself yields to a construct decisive for the other language ...
     sure = {"Scala": 0.995, "Kotlin": 0.005}
     monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k: [dict(sure)])
-    assert classifier.predict_content([text])[0] == sure
+    assert classifier.predict_content([text])[0] == {"Kotlin": 0.995, "Scala": 0.005}
+    # ... but not to the mere absence of one ("C++" with no C++-only construct is C only when unsure)
+    c_text = "static int f(int x) { return x; }\n"
+    for probs, expected in [({"C++": 0.995, "C": 0.005}, "C++"), ({"C++": 0.9, "C": 0.1}, "C")]:
+        monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k, p=probs: [dict(p)])
+        (got,) = classifier.predict_content([c_text])
+        assert max(got, key=got.get) == expected
 
 
 def test_classification_report_numbers():

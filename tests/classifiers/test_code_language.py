@@ -300,6 +300,7 @@ def test_long_yaml_is_judged_by_its_head():
         ("package org.json4s\nobject Spec extends StrictModeSpec\n", "C++", "Scala"),
         ("import click\ndef test_cli(runner):\n    pass\n", "Scala", "Python"),
         ("def f(x: Int): Int = x + 1\n", "Scala", "Scala"),
+        ("object A {\n  def f(x: Int):\n    Int = x + 1\n}\n", "Scala", "Scala"),  # veto: a Scala object
         ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
         ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),
         ("class A : B() {\n  override fun f() = 1\n}\nclass C extends D\n", "Kotlin", "Kotlin"),  # veto

@@ -39,9 +39,9 @@ from classifiers.fasttext_train import FastTextParams, predict_proba, train_fast
 # 4000 chars x 800 tokens vs 3200 x 640 on a seed-1 package split: 0.9569 vs 0.9564 accuracy, ~15% slower
 MAX_CHARS = 3200
 MAX_TOKENS = 640
-# Above this, a pair correction needs a construct decisive for the other language (JavaScript with `import type`
-# is TypeScript): on a dev split of package-held-out files, where the model was this sure, those rules fixed 24
-# files and broke 2, the rules on a missing construct ("C++" without C++ syntax is C) fixed 12 and broke 60
+# Above this, only corrections on a construct decisive for the other language apply (JavaScript with `import type`
+# is TypeScript): on a dev split of package-held-out files, where the model was this sure, those fixed 24 files
+# and broke 2, the rules on a missing construct ("C++" without C++ syntax is C) fixed 12 and broke 60
 CORRECT_BELOW_PROB = 0.99
 
 # identifiers (with sigils: #include, @end, $var, %hash; ruby ?/!), numbers, and runs of up to three

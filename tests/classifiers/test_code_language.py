@@ -340,12 +340,12 @@ def test_long_yaml_is_judged_by_its_head():
 )
 def test_pair_corrections(text, predicted, corrected):
     assert correct_content_prediction(text, predicted) == corrected
-    # a sure model keeps its answer unless the file has a construct decisive for the correction
+    # a sure model yields only to a construct decisive for Objective-C, C++ or TypeScript
     when_sure = correct_content_prediction(text, predicted, sure=True)
-    if (predicted, corrected) in {("C++", "C"), ("TypeScript", "JavaScript")}:  # rules on a missing construct
-        assert when_sure == predicted
-    else:
+    if corrected in {"Objective-C", "TypeScript"} or (predicted, corrected) == ("C", "C++"):
         assert when_sure == corrected
+    else:
+        assert when_sure == predicted
 
 
 def test_predict_content_moves_the_top_score_to_the_correction(classifier, monkeypatch):
@@ -356,16 +356,21 @@ def test_predict_content_moves_the_top_score_to_the_correction(classifier, monke
         code_language, "predict_proba", lambda model, lines, k: [{"Scala": 0.9, "Kotlin": 0.1}]
     )
     assert classifier.predict_content([text])[0] == {"Kotlin": 0.9, "Scala": 0.1}
-    # a model this sure of itself yields to a construct decisive for the other language ...
-    sure = {"Scala": 0.995, "Kotlin": 0.005}
-    monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k: [dict(sure)])
-    assert classifier.predict_content([text])[0] == {"Kotlin": 0.995, "Scala": 0.005}
-    # ... but not to the mere absence of one ("C++" with no C++-only construct is C only when unsure)
+    # a model this sure of itself is left alone, except for Objective-C / C++ / TypeScript-only syntax;
+    # a missing construct ("C++" without C++ syntax) moves only an unsure model
+    ts_text = "import type { A } from './a'\nexport const b = 1\n"
     c_text = "static int f(int x) { return x; }\n"
-    for probs, expected in [({"C++": 0.995, "C": 0.005}, "C++"), ({"C++": 0.9, "C": 0.1}, "C")]:
+    cases = [
+        (text, {"Scala": 0.995, "Kotlin": 0.005}, "Scala"),
+        (ts_text, {"JavaScript": 0.995}, "TypeScript"),
+        ("@interface A : NSObject\n@end\n", {"C": 0.999, "C++": 0.001}, "Objective-C"),
+        (c_text, {"C++": 0.995, "C": 0.005}, "C++"),
+        (c_text, {"C++": 0.9, "C": 0.1}, "C"),
+    ]
+    for case_text, probs, expected in cases:
         monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k, p=probs: [dict(p)])
-        (got,) = classifier.predict_content([c_text])
-        assert max(got, key=got.get) == expected
+        (got,) = classifier.predict_content([case_text])
+        assert max(got, key=got.get) == expected, (case_text, got)
 
 
 def test_classification_report_numbers():

@@ -313,10 +313,8 @@ class CodeLanguageClassifier:
                 probs[i] = {lang: 1.0}
             elif probs[i]:
                 top = max(probs[i], key=probs[i].get)
-                sure = probs[i][top] >= CORRECT_BELOW_PROB
-                if (
-                    fixed := correct_content_prediction(text, top, sure)
-                ) != top:  # the top language's score moves
+                fixed = correct_content_prediction(text, top, sure=probs[i][top] >= CORRECT_BELOW_PROB)
+                if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
         return probs
 

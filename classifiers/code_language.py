@@ -9,7 +9,7 @@ sees at most `MAX_CHARS` (head + middle window) and `MAX_TOKENS`: the model is t
 Content markers that fix a language outright (an HTML doctype, an XML declaration, a parsing JSON document,
 literate Haskell, a root element HTML does not have) outrank the model's probabilities; a C prediction with
 C++-only constructs becomes C++, a C++ one without any becomes C, a TypeScript one without TypeScript syntax
-becomes JavaScript.
+becomes JavaScript; a file opening with YAML front matter is what the rest of it is.
 Speed: the per-line tokenizer and the token->feature map (memoised) run in C (`_codetok.c`, the same output as
 their Python references, which tests check); an unquantized model predicts ~3x faster.
 """
@@ -28,6 +28,7 @@ from classifiers.code_language_rules import (
     Prior,
     correct_content_prediction,
     extension_of,
+    front_matter_body,
     language_from_content_marker,
     language_from_script_header,
     language_from_shebang,
@@ -49,10 +50,11 @@ CORRECT_BELOW_PROB = 0.99
 _TOKEN = re.compile(
     r"[#@$%]?[A-Za-z_]\w*[?!]?|\d[\w.]*|[^\w\s]{1,3}", re.ASCII
 )  # ASCII classes: ~1.4x faster
-# one leading comment block: C-style, ML, Haskell (not a `{-#` pragma), SGML, Python docstring, or a line
-# comment (`#` but not a shebang or a `#include`-like directive)
+# one leading comment block: C-style, ML, Haskell (not a `{-#` pragma), SGML, Lua (`--[[ ]]`, `--[==[ ]==]`),
+# Python docstring, or a line comment (`#` but not a shebang or a `#include`-like directive)
 _HEADER_BLOCK = re.compile(
-    r"""\s*(/\*.*?\*/|\(\*.*?\*\)|\{-(?!#).*?-\}|<!--.*?-->|\"\"\".*?\"\"\"|(?:#(?![!a-z])|//|--|%|;)[^\n]*)""",
+    r"""\s*(/\*.*?\*/|\(\*.*?\*\)|\{-(?!#).*?-\}|<!--.*?-->|--\[(?P<eq>=*)\[.*?\](?P=eq)\]|\"\"\".*?\"\"\""""
+    r"""|(?:#(?![!a-z])|//|--|%|;)[^\n]*)""",
     re.S,
 )
 _PUNCT_RUN = re.compile(r"[^\w\s]{1,3}")
@@ -313,6 +315,12 @@ class CodeLanguageClassifier:
                 probs[i] = {lang: 1.0}
             elif probs[i]:
                 top = max(probs[i], key=probs[i].get)
+                if top == "YAML" and (body := front_matter_body(text)) is not None:
+                    # Markdown's front matter is YAML: the rest of the file says what it is
+                    body_probs = predict_proba(self.model, [self.features.line(body)], k=k)[0]
+                    if body_probs and max(body_probs, key=body_probs.get) != "YAML":
+                        probs[i] = body_probs
+                        top = max(body_probs, key=body_probs.get)
                 fixed = correct_content_prediction(text, top, sure=probs[i][top] >= CORRECT_BELOW_PROB)
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)

@@ -225,12 +225,22 @@ _HTML_ELEMENT_NAMES = frozenset(
 )
 _LITERATE_HASKELL = re.compile(r"\A\s*\\begin\{code\}")  # .lhs in LaTeX style: 30 of 30 are Haskell
 # Decisive constructs for pairs of languages the model confuses, with how often they fire on the crawl's
-# files of the other language. C++: `template <`, `std::`, `a::b` outside a comment line (2 of 2,232 C files).
+# files of the other language. C++: `template <`, `std::`, `a::b` outside a comment line (2 of 2,232 C files); an
+# include of a standard header without `.h` (`<vector>`, `<cstdio>`) or of a `.hpp`/`.hh` header (0 C files)
 _CPP_ONLY = re.compile(
     r"^\s*(template\s*<|namespace\s+\w*\s*\{|using\s+namespace\b)|\bstd::|^[^/*\n:]*\w::[A-Za-z_~]"
-    r"|#include\s*<(iostream|string|vector|memory|map|algorithm|utility|type_traits|cstddef|cstdint)>"
     r"|\b(nullptr|static_cast|reinterpret_cast)\b",
     re.M,
+)
+_CPP_INCLUDE = re.compile(
+    r"^[ \t]*#[ \t]*include[ \t]*(<[A-Za-z_]\w*>|[\"<][^\">\n]*\.(hpp|hh|hxx|h\+\+|ipp|tcc|tpp)[\">])", re.M
+)
+# MATLAB/Octave: `function [a, b] = name(` (1,477 of 1,531 MATLAB files; 4 of 1,606 HTML files, Octave's docs)
+_MATLAB_FUNCTION = re.compile(r"^\s*function\s+(\[[\w\s,~]*\]|\w+)\s*=\s*[\w.]+\s*(\(|$)", re.M)
+# Ruby: a `module X` / `class X < Y` line and later a bare `end` (1,245 of 1,394 Ruby files; 5 Markdown files with
+# Ruby snippets, 1 YAML file, no others)
+_RUBY_BLOCK = re.compile(
+    r"^[ \t]*(module|class)[ \t]+[A-Z][\w:]*([ \t]*<[ \t]*[A-Z][\w:]*)?[ \t]*\n(.*\n)*?[ \t]*end[ \t]*$", re.M
 )
 # Lua: `local x =`, `local function`, `require "x"` (95% of Lua files, 0 of 778 Haskell files); Haskell's `--`
 # comments otherwise pull comment-heavy Lua (Lmod) to Haskell
@@ -326,15 +336,37 @@ def _is_yaml_mapping_document(text: str) -> bool:
     Only the head (`_YAML_PARSE_CHARS`, cut at a line end) is parsed: parsing long YAML files whole (up to 160 ms
     each) took more time than all the other marker checks together, and on tiny's held-out files the head decides
     the same as the whole file, besides 4 YAML files over the old 200,000-char cap now found."""
-    if not _YAML_DOC_START.match(text):
-        return False
+    return _YAML_DOC_START.match(text) is not None and _parses_as_yaml_mapping(text)
+
+
+def _parses_as_yaml_mapping(text: str, min_keys: int = 1) -> bool:
+    """The file's head (`_YAML_PARSE_CHARS`, cut at a line end) parses as one YAML mapping of `min_keys`+ keys."""
     import yaml
 
     head = text if len(text) <= _YAML_PARSE_CHARS else text[: text.rfind("\n", 0, _YAML_PARSE_CHARS) + 1]
     try:
-        return isinstance(yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)), dict)
+        doc = yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         return False
+    return isinstance(doc, dict) and len(doc) >= min_keys and all(_YAML_KEY.match(str(k)) for k in doc)
+
+
+# a key as YAML files write them; code read as YAML gives keys like `const y = cond ? f(x)`
+_YAML_KEY = re.compile(r"[\w$:.\-/ ]+\Z")
+
+
+_FRONT_MATTER_END = re.compile(r"^(?:---|\.\.\.)[ \t]*\r?$", re.M)
+
+
+def front_matter_body(text: str) -> str | None:
+    """What follows a leading YAML front matter block (`---` ... `---`, as Jekyll, Hugo and pandoc Markdown
+    open), if it is not blank: the block says nothing of the language of the rest."""
+    start = _YAML_DOC_START.match(text)
+    end = start and _FRONT_MATTER_END.search(text, start.end(), _YAML_PARSE_CHARS)
+    if not end:
+        return None
+    body = text[end.end() :].removeprefix("\n")
+    return body if body.strip() else None
 
 
 def _is_json_document(text: str) -> bool:
@@ -381,9 +413,16 @@ def _root_is_not_html(text: str, limit: int = 3000) -> bool:
     return m is not None and "-" not in m.group(1) and m.group(1).lower() not in _HTML_ELEMENT_NAMES
 
 
+# Ruby's magic comment in a file's first lines: 910 of 1,394 crawled Ruby files, no other file
+_RUBY_MAGIC_COMMENT = re.compile(r"(#.*\n){0,3}#\s*(-\*-.*)?frozen_string_literal:\s*(true|false)")
+
+
 def language_from_script_header(text: str) -> str | None:
-    """A script's own declaration of its language: its `#!` line, else an editor modeline."""
+    """A script's own declaration of its language: its `#!` line, else an editor modeline or Ruby's
+    `# frozen_string_literal:` magic comment."""
     lang = language_from_shebang(text) if text.startswith("#!") else None
+    if lang is None and text.startswith("#") and _RUBY_MAGIC_COMMENT.match(text):
+        return "Ruby"
     return lang or language_from_modeline(text)
 
 
@@ -422,20 +461,33 @@ class Construct:
         return any(n in window for n in self.needles) and self.pattern.search(window) is not None
 
 
+class AnyOf:
+    """Constructs of which any one is decisive: each keeps its own needles, so one whose needle is in every file of
+    a language (`include` in C) does not make the others' slower regexes run on all of them."""
+
+    def __init__(self, *constructs: Construct):
+        self.constructs = constructs
+
+    def search(self, text: str) -> bool:
+        return any(c.search(text) for c in self.constructs)
+
+
+class YamlMapping:
+    """A head that parses as a YAML mapping of 2+ keys written as YAML keys: 262 YAML files of the crawl, 2 Markdown
+    ones, no others (JSON, which parses too, is decided before the model)."""
+
+    def search(self, text: str) -> bool:
+        return ":" in text[:_YAML_PARSE_CHARS] and _parses_as_yaml_mapping(text, min_keys=2)
+
+
 _CORRECTION_SCAN_CHARS = 8000
 _OBJC = Construct(_OBJC_ONLY, ("#import", "@interface", "@implementation", "@protocol", "@end"))
-_CPP_HEADERS = (
-    "<iostream>",
-    "<string>",
-    "<vector>",
-    "<memory>",
-    "<map>",
-    "<algorithm>",
-    "<utility>",
-    "<type_tr",
-    "<cstd",
+_CPP_CONSTRUCT = AnyOf(
+    Construct(_CPP_ONLY, ("::", "template", "namespace", "nullptr", "_cast")),
+    Construct(_CPP_INCLUDE, ("include",)),
 )
-_CPP_CONSTRUCT = Construct(_CPP_ONLY, ("::", "template", "namespace", "nullptr", "_cast", *_CPP_HEADERS))
+_MATLAB_DECL = Construct(_MATLAB_FUNCTION, ("function",))
+_RUBY = Construct(_RUBY_BLOCK, ("end",))
 _LUA_REQUIRE = Construct(_LUA_ONLY, ("local", "require"))
 _LUA_LOCAL_DECL = Construct(_LUA_LOCAL, ("local",))
 _TS = Construct(
@@ -457,16 +509,34 @@ _TS_SYNTAX = Construct(_TYPESCRIPT_SYNTAX, (":", "as", "!.", "type", "interface"
                                             "readonly", "<"))  # fmt: skip
 _PHP = Construct(_PHP_TAG, ("<?php",))
 
+# what the model took MATLAB for (HTML is left out: Octave's HTML docs carry MATLAB functions)
+_NOT_MATLAB = frozenset(
+    "Verilog C C++ Markdown R Python Ruby Lua Perl Coq Prolog Shell Objective-C Scala Rust Go".split()
+)
 # (languages the model said, the correction, a construct decisive for it (None: none needed), one that vetoes it)
-_PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct | None, Construct | None]] = [
+_PAIR_CORRECTIONS: list[
+    tuple[frozenset[str], str, Construct | AnyOf | YamlMapping | None, Construct | AnyOf | None]
+] = [
+    (_NOT_MATLAB, "MATLAB", _MATLAB_DECL, None),
     (frozenset({"C", "C++", "TypeScript", "JavaScript"}), "Objective-C", _OBJC, None),
     (frozenset({"C"}), "C++", _CPP_CONSTRUCT, None),
     (frozenset({"Haskell"}), "Lua", _LUA_REQUIRE, None),
-    (frozenset({"Python", "Erlang", "Lua", "Go", "Rust", "C"}), "Haskell", _HASKELL, None),
+    (
+        frozenset({"Python", "Erlang", "Lua", "Go", "Rust", "C", "Emacs Lisp", "Common Lisp"}),
+        "Haskell",
+        _HASKELL,
+        None,
+    ),
     (
         frozenset({"R", "Ruby", "YAML", "HTML", "Python", "JavaScript", "Erlang", "Rust", "Go"}),
         "Lua",
         _LUA_LOCAL_DECL,
+        None,
+    ),
+    (
+        frozenset({"YAML", "Python", "C++", "Shell", "Perl", "Lua", "Scala", "Kotlin", "Swift"}),
+        "Ruby",
+        _RUBY,
         None,
     ),
     (frozenset({"JavaScript"}), "TypeScript", _TS, _FLOW_MARK),
@@ -483,6 +553,8 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Construct | None, Construct |
     (frozenset({"C++"}), "C", None, _CPP_CONSTRUCT),
     # "TypeScript" with no TypeScript syntax at all is JavaScript (ES-module JavaScript: moment's locales)
     (frozenset({"TypeScript"}), "JavaScript", None, _TS_SYNTAX),
+    # last: any construct above is more specific than "it parses as YAML"
+    (frozenset(EXTENSIONS.values()) - {"YAML", "JSON"}, "YAML", YamlMapping(), None),
 ]
 _CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 # the corrections that still apply where the model is sure: on a dev split of package-held-out files they were the

@@ -15,6 +15,7 @@ from classifiers.code_language import (
 from classifiers.code_language_rules import (
     correct_content_prediction,
     declared_language,
+    front_matter_body,
     language_from_content_marker,
     language_from_modeline,
     language_from_script_header,
@@ -126,6 +127,13 @@ def test_leading_comment_blocks_leave_only_their_markers():
     assert split_header(licence) == ("\nint x;\n", ["/*"])
     assert split_header("%% header\n% more\nfoo(X) :- bar(X).\n") == ("\nfoo(X) :- bar(X).\n", ["%%", "%"])
     assert split_header(";;; x.el --- y\n(defun f ())") == ("\n(defun f ())", [";;;"])
+    # Lua's block comments, with or without `=` levels, are one block however many lines they span
+    lua = "--[[\nCopyright (C) Draios\nLicensed under the Apache License\n--]]\n\nview_info = {\n"
+    assert split_header(lua) == ("\n\nview_info = {\n", ["--["])
+    assert split_header("--[==[\n]] inside\n]==]\n-- more\nlocal x = 1\n") == (
+        "\nlocal x = 1\n",
+        ["--[", "--"],
+    )
     for code in ("#!/bin/sh\n# x\necho", "#include <a.h>\nint x;", "{-# LANGUAGE GADTs #-}\nmodule A"):
         assert split_header(code) == (code, [])  # a shebang, directive or pragma is code: no header
     toks = code_tokens(licence + "   This file is free software: you can redistribute it\n")
@@ -226,6 +234,10 @@ def test_script_header_outranks_the_content_model(classifier):
     assert language_from_script_header("#!/usr/bin/unknown\n# -*- mode: perl -*-\n") == "Perl"
     emacs_line_4 = "print(1)\n" * 3 + "# -*- mode: perl -*-\n"  # Emacs reads lines 1-2 only
     assert language_from_script_header(emacs_line_4) is None
+    ruby = "# frozen_string_literal: true\n\nsource 'https://rubygems.org'\n"
+    assert language_from_script_header(ruby) == "Ruby"  # Ruby's magic comment
+    assert language_from_script_header("#\n# Copyright\n# -*- frozen_string_literal: true -*-\nx") == "Ruby"
+    assert language_from_script_header("x = 1\n# frozen_string_literal: true\n") is None  # not a header
 
 
 @pytest.mark.parametrize(
@@ -320,6 +332,22 @@ def test_long_yaml_is_judged_by_its_head():
             "Objective-C",
         ),  # earlier rule wins
         ("std::vector<int> v;\n", "Rust", "Rust"),  # only the listed pairs are corrected
+        # C never includes a standard header without `.h` or a `.hpp`/`.hh` header
+        ("#include <cstdio>\nint main(void) { return 0; }\n", "C", "C++"),
+        ('#include "evolution.hpp"\nint f(int x) { return x; }\n', "C", "C++"),
+        ('#include <stdio.h>\n#include "util.h"\nint main(void) { return 0; }\n', "C", "C"),
+        ("function [a, b] = swap(b, a)\n% SWAP the two\nend\n", "Verilog", "MATLAB"),
+        ("function r = f(x)\n  r = x;\nend\n", "HTML", "HTML"),  # Octave's HTML docs carry such lines
+        ("{-# LANGUAGE GADTs #-}\nmodule A.B where\n", "Emacs Lisp", "Haskell"),
+        ('require "log4r"\nmodule Vagrant\n  autoload :Command, "x"\nend\n', "YAML", "Ruby"),
+        ("class Foo < Bar\n  def x; end\nend\n", "Python", "Ruby"),
+        ("# Use it\n\n    class Foo\n    end\n", "Markdown", "Markdown"),  # Ruby snippets in docs stay docs
+        # a head that parses as a YAML mapping with YAML-style keys is YAML, whatever the model said ...
+        ("environment: production\nchdir: /usr/share/redmine/\nport: 3000\n", "Markdown", "YAML"),
+        ("headline: jq\nbody1: |\n  jq is like `sed` for JSON data\n", "Shell", "YAML"),
+        # ... code that happens to parse (keys `// f(x`, `x = cond ? f(y)`) is not, nor is one key
+        ("x = cond ? f(y) : g;\nz = a ? b : c;\n", "Shell", "Shell"),
+        ("Note: this is prose\n", "Markdown", "Markdown"),
         # "TypeScript" with no TypeScript syntax is ES-module JavaScript; any annotation, declaration or cast vetoes
         (
             "import moment from '../moment';\nexport default moment.defineLocale('ky', {\n  months: 'a_b'.split('_'),\n});\n",
@@ -371,6 +399,28 @@ def test_predict_content_moves_the_top_score_to_the_correction(classifier, monke
         monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k, p=probs: [dict(p)])
         (got,) = classifier.predict_content([case_text])
         assert max(got, key=got.get) == expected, (case_text, got)
+
+
+def test_front_matter_is_not_what_decides_a_file(classifier, monkeypatch):
+    import classifiers.code_language as code_language
+
+    page = "---\ntitle: Variables\nweight: 10\n---\n\nHugo's templates are *context aware*.\n"
+    assert front_matter_body(page) == "\nHugo's templates are *context aware*.\n"
+    assert front_matter_body("---\ntitle: x\n---\n\n") is None  # nothing after it
+    assert front_matter_body("---\na: 1\nb: 2\n") is None  # one YAML document, no closing line
+    assert front_matter_body("title: x\n---\nbody\n") is None  # not at the start
+
+    def fake(model, lines, k):  # the whole file reads as YAML, its body as Markdown
+        return [
+            {"YAML": 0.9, "Markdown": 0.1} if "title" in line else {"Markdown": 0.8, "YAML": 0.2}
+            for line in lines
+        ]
+
+    monkeypatch.setattr(code_language, "predict_proba", fake)
+    assert classifier.predict_content([page]) == [{"Markdown": 0.8, "YAML": 0.2}]
+    # YAML documents after a first one stay YAML: the body is YAML too
+    monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k: [{"YAML": 0.9}] * len(lines))
+    assert classifier.predict_content(["---\na: 1\n---\nb: 2\n"]) == [{"YAML": 0.9}]
 
 
 def test_classification_report_numbers():

@@ -242,6 +242,10 @@ _MATLAB_FUNCTION = re.compile(r"^\s*function\s+(\[[\w\s,~]*\]|\w+)\s*=\s*[\w.]+\
 _RUBY_BLOCK = re.compile(
     r"^[ \t]*(module|class)[ \t]+[A-Z][\w:]*([ \t]*<[ \t]*[A-Z][\w:]*)?[ \t]*\n(.*\n)*?[ \t]*end[ \t]*$", re.M
 )
+# make's special targets, or a recipe running make (144 of 372 Makefiles; 3 of 921 Shell files, 2 of 31 others)
+_MAKE_SPECIAL_TARGET = re.compile(
+    r"^\.(POSIX|PHONY|DEFAULT|SUFFIXES)\s*:|^\t[@+-]?(\$\(MAKE\)|g?make\b)", re.M
+)
 # Lua: `local x =`, `local function`, `require "x"` (95% of Lua files, 0 of 778 Haskell files); Haskell's `--`
 # comments otherwise pull comment-heavy Lua (Lmod) to Haskell
 _LUA_ONLY = re.compile(r"^\s*local\s+(function\s+)?[A-Za-z_][\w,\s]*(=|$)|^\s*require\s*\(?\s*[\"']", re.M)
@@ -477,7 +481,11 @@ class YamlMapping:
     ones, no others (JSON, which parses too, is decided before the model)."""
 
     def search(self, text: str) -> bool:
-        return ":" in text[:_YAML_PARSE_CHARS] and _parses_as_yaml_mapping(text, min_keys=2)
+        return _YAML_FIRST_KEY.match(text) is not None and _parses_as_yaml_mapping(text, min_keys=2)
+
+
+# a mapping's first key, after blank and comment lines: rules out most code before the (slower) parse
+_YAML_FIRST_KEY = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\r?\n)*(?:---[ \t]*\r?\n)?[\w$:.\-/ ]+:(?:[ \t]|\r?\n)")
 
 
 _CORRECTION_SCAN_CHARS = 8000
@@ -488,6 +496,7 @@ _CPP_CONSTRUCT = AnyOf(
 )
 _MATLAB_DECL = Construct(_MATLAB_FUNCTION, ("function",))
 _RUBY = Construct(_RUBY_BLOCK, ("end",))
+_MAKEFILE = Construct(_MAKE_SPECIAL_TARGET, (".PHONY", ".POSIX", ".DEFAULT", ".SUFFIXES", "make", "MAKE"))
 _LUA_REQUIRE = Construct(_LUA_ONLY, ("local", "require"))
 _LUA_LOCAL_DECL = Construct(_LUA_LOCAL, ("local",))
 _TS = Construct(
@@ -509,6 +518,7 @@ _TS_SYNTAX = Construct(_TYPESCRIPT_SYNTAX, (":", "as", "!.", "type", "interface"
                                             "readonly", "<"))  # fmt: skip
 _PHP = Construct(_PHP_TAG, ("<?php",))
 
+_LANGUAGES = frozenset(EXTENSIONS.values()).union(FILENAMES.values(), *AMBIGUOUS.values())
 # what the model took MATLAB for (HTML is left out: Octave's HTML docs carry MATLAB functions)
 _NOT_MATLAB = frozenset(
     "Verilog C C++ Markdown R Python Ruby Lua Perl Coq Prolog Shell Objective-C Scala Rust Go".split()
@@ -527,12 +537,8 @@ _PAIR_CORRECTIONS: list[
         _HASKELL,
         None,
     ),
-    (
-        frozenset({"R", "Ruby", "YAML", "HTML", "Python", "JavaScript", "Erlang", "Rust", "Go"}),
-        "Lua",
-        _LUA_LOCAL_DECL,
-        None,
-    ),
+    (_LANGUAGES - {"Lua", "Markdown", "C++", "Shell"}, "Lua", _LUA_LOCAL_DECL, None),
+    (_LANGUAGES - {"Makefile", "Shell"}, "Makefile", _MAKEFILE, None),
     (
         frozenset({"YAML", "Python", "C++", "Shell", "Perl", "Lua", "Scala", "Kotlin", "Swift"}),
         "Ruby",
@@ -554,7 +560,7 @@ _PAIR_CORRECTIONS: list[
     # "TypeScript" with no TypeScript syntax at all is JavaScript (ES-module JavaScript: moment's locales)
     (frozenset({"TypeScript"}), "JavaScript", None, _TS_SYNTAX),
     # last: any construct above is more specific than "it parses as YAML"
-    (frozenset(EXTENSIONS.values()) - {"YAML", "JSON"}, "YAML", YamlMapping(), None),
+    (_LANGUAGES - {"YAML", "JSON"}, "YAML", YamlMapping(), None),
 ]
 _CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 # the corrections that still apply where the model is sure: on a dev split of package-held-out files they were the

@@ -341,6 +341,10 @@ def test_long_yaml_is_judged_by_its_head():
         ("{-# LANGUAGE GADTs #-}\nmodule A.B where\n", "Emacs Lisp", "Haskell"),
         ('require "log4r"\nmodule Vagrant\n  autoload :Command, "x"\nend\n', "YAML", "Ruby"),
         ("class Foo < Bar\n  def x; end\nend\n", "Python", "Ruby"),
+        ('local a = Equation(parse("2^x"), parse("1"))\n', "Scala", "Lua"),
+        (".POSIX:\n\nall:\n\t+gmake -f GNUmakefile all\n", "YAML", "Makefile"),
+        ("all:\n\t$(MAKE) -C sub\n", "Coq", "Makefile"),
+        ("all:\n\tmake -C sub\n", "Shell", "Shell"),  # a shell script may run make too
         ("# Use it\n\n    class Foo\n    end\n", "Markdown", "Markdown"),  # Ruby snippets in docs stay docs
         # a head that parses as a YAML mapping with YAML-style keys is YAML, whatever the model said ...
         ("environment: production\nchdir: /usr/share/redmine/\nport: 3000\n", "Markdown", "YAML"),

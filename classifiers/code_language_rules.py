@@ -242,6 +242,13 @@ _MATLAB_FUNCTION = re.compile(r"^\s*function\s+(\[[\w\s,~]*\]|\w+)\s*=\s*[\w.]+\
 _RUBY_BLOCK = re.compile(
     r"^[ \t]*(module|class)[ \t]+[A-Z][\w:]*([ \t]*<[ \t]*[A-Z][\w:]*)?[ \t]*\n(.*\n)*?[ \t]*end[ \t]*$", re.M
 )
+# an ES module import (TypeScript 2,810 of 3,458 files, JavaScript 1,011 of 3,641, Markdown 34, no others)
+_ES_IMPORT = re.compile(
+    r"^import\s+(type\s+)?(\*\s+as\s+\w+|\{[^}]*\}|\w+)(\s*,\s*(\{[^}]*\}|\*\s+as\s+\w+))?\s+from\s+[\"']",
+    re.M,
+)
+# Java's `package a.b;` (2,219 of 2,264 Java files; Kotlin 1 of 2,251, but Scala 44 and Perl 77)
+_JAVA_PACKAGE = re.compile(r"^package\s+[\w.]+\s*;", re.M)
 # make's special targets, or a recipe running make (144 of 372 Makefiles; 3 of 921 Shell files, 2 of 31 others)
 _MAKE_SPECIAL_TARGET = re.compile(
     r"^\.(POSIX|PHONY|DEFAULT|SUFFIXES)\s*:|^\t[@+-]?(\$\(MAKE\)|g?make\b)", re.M
@@ -476,6 +483,13 @@ class AnyOf:
         return any(c.search(text) for c in self.constructs)
 
 
+class AllOf(AnyOf):
+    """Constructs that must all be there."""
+
+    def search(self, text: str) -> bool:
+        return all(c.search(text) for c in self.constructs)
+
+
 class YamlMapping:
     """A head that parses as a YAML mapping of 2+ keys written as YAML keys: 262 YAML files of the crawl, 2 Markdown
     ones, no others (JSON, which parses too, is decided before the model)."""
@@ -497,6 +511,8 @@ _CPP_CONSTRUCT = AnyOf(
 _MATLAB_DECL = Construct(_MATLAB_FUNCTION, ("function",))
 _RUBY = Construct(_RUBY_BLOCK, ("end",))
 _MAKEFILE = Construct(_MAKE_SPECIAL_TARGET, (".PHONY", ".POSIX", ".DEFAULT", ".SUFFIXES", "make", "MAKE"))
+_ES_MODULE = Construct(_ES_IMPORT, ("import",))
+_JAVA = Construct(_JAVA_PACKAGE, ("package",))
 _LUA_REQUIRE = Construct(_LUA_ONLY, ("local", "require"))
 _LUA_LOCAL_DECL = Construct(_LUA_LOCAL, ("local",))
 _TS = Construct(
@@ -519,6 +535,7 @@ _TS_SYNTAX = Construct(_TYPESCRIPT_SYNTAX, (":", "as", "!.", "type", "interface"
 _PHP = Construct(_PHP_TAG, ("<?php",))
 
 _LANGUAGES = frozenset(EXTENSIONS.values()).union(FILENAMES.values(), *AMBIGUOUS.values())
+_NOT_ES_MODULE = _LANGUAGES - {"JavaScript", "TypeScript", "Markdown", "HTML"}
 # what the model took MATLAB for (HTML is left out: Octave's HTML docs carry MATLAB functions)
 _NOT_MATLAB = frozenset(
     "Verilog C C++ Markdown R Python Ruby Lua Perl Coq Prolog Shell Objective-C Scala Rust Go".split()
@@ -546,6 +563,10 @@ _PAIR_CORRECTIONS: list[
         None,
     ),
     (frozenset({"JavaScript"}), "TypeScript", _TS, _FLOW_MARK),
+    # an ES module the model took for another language: TypeScript with TypeScript-only syntax, else JavaScript
+    (_NOT_ES_MODULE, "TypeScript", AllOf(_ES_MODULE, _TS), _FLOW_MARK),
+    (_NOT_ES_MODULE, "JavaScript", _ES_MODULE, None),
+    (frozenset({"Kotlin"}), "Java", _JAVA, None),
     (frozenset({"YAML", "Ruby", "Shell", "Python", "C", "C++", "Java"}), "JavaScript", _JS, _TS),
     (frozenset({"PHP"}), "JavaScript", _JS, _PHP),
     (frozenset({"Scala"}), "Kotlin", _KOTLIN, None),

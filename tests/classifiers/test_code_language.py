@@ -342,6 +342,15 @@ def test_long_yaml_is_judged_by_its_head():
         ('require "log4r"\nmodule Vagrant\n  autoload :Command, "x"\nend\n', "YAML", "Ruby"),
         ("class Foo < Bar\n  def x; end\nend\n", "Python", "Ruby"),
         ('local a = Equation(parse("2^x"), parse("1"))\n', "Scala", "Lua"),
+        (
+            'import type * as Layer from "./Layer.js"\nimport { pipe } from "./Function.js"\n',
+            "Kotlin",
+            "TypeScript",
+        ),
+        ('import { pipe } from "./Function.js"\nexport const f = pipe\n', "Kotlin", "JavaScript"),
+        ("import kotlinx.coroutines.flow\nfun main() {}\n", "Kotlin", "Kotlin"),
+        ("package com.getcapacitor.util;\n\npublic class WebColor {}\n", "Kotlin", "Java"),
+        ("package com.example\n\nclass A\n", "Kotlin", "Kotlin"),
         (".POSIX:\n\nall:\n\t+gmake -f GNUmakefile all\n", "YAML", "Makefile"),
         ("all:\n\t$(MAKE) -C sub\n", "Coq", "Makefile"),
         ("all:\n\tmake -C sub\n", "Shell", "Shell"),  # a shell script may run make too

@@ -50,11 +50,12 @@ CORRECT_BELOW_PROB = 0.99
 _TOKEN = re.compile(
     r"[#@$%]?[A-Za-z_]\w*[?!]?|\d[\w.]*|[^\w\s]{1,3}", re.ASCII
 )  # ASCII classes: ~1.4x faster
-# one leading comment block: C-style, ML, Haskell (not a `{-#` pragma), SGML, Lua (`--[[ ]]`, `--[==[ ]==]`),
-# Python docstring, or a line comment (`#` but not a shebang or a `#include`-like directive)
+# one leading comment block: C-style, ML, Haskell (not a `{-#` pragma), SGML, Lua's and CMake's bracket comments
+# (`--[[ ]]`, `#[==[ ]==]`), Python docstring, or a line comment (`#` but not a shebang, a `#include`-like directive
+# or a Rust `#[attribute]`)
 _HEADER_BLOCK = re.compile(
-    r"""\s*(/\*.*?\*/|\(\*.*?\*\)|\{-(?!#).*?-\}|<!--.*?-->|--\[(?P<eq>=*)\[.*?\](?P=eq)\]|\"\"\".*?\"\"\""""
-    r"""|(?:#(?![!a-z])|//|--|%|;)[^\n]*)""",
+    r"""\s*(/\*.*?\*/|\(\*.*?\*\)|\{-(?!#).*?-\}|<!--.*?-->|(?:--|\#)\[(?P<eq>=*)\[.*?\](?P=eq)\]|\"\"\".*?\"\"\""""
+    r"""|(?:#(?![!a-z]|\[[A-Za-z_])|//|--|%|;)[^\n]*)""",
     re.S,
 )
 _PUNCT_RUN = re.compile(r"[^\w\s]{1,3}")
@@ -88,6 +89,8 @@ def split_header(text: str, max_blocks: int = 400) -> tuple[str, list[str]]:
         if m is None or m.end() == pos:
             break
         marker = _PUNCT_RUN.match(m.group(1)).group()
+        if m.group("eq") is not None:  # a bracket comment, whatever its level: `--[`, `#[`
+            marker = marker[: marker.index("[") + 1]
         if not markers or markers[-1] != marker:
             markers.append(marker)
         pos = m.end()

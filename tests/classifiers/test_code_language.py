@@ -130,6 +130,9 @@ def test_leading_comment_blocks_leave_only_their_markers():
     # Lua's block comments, with or without `=` levels, are one block however many lines they span
     lua = "--[[\nCopyright (C) Draios\nLicensed under the Apache License\n--]]\n\nview_info = {\n"
     assert split_header(lua) == ("\n\nview_info = {\n", ["--["])
+    cmake = "#[==[.md\n# `vtkModuleTesting`\n\nVTK uses ExternalData.\n#]==]\nfunction(vtk_module_test)\n"
+    assert split_header(cmake) == ("\nfunction(vtk_module_test)\n", ["#["])
+    assert split_header("#[derive(Debug)]\nstruct A;\n") == ("#[derive(Debug)]\nstruct A;\n", [])  # Rust
     assert split_header("--[==[\n]] inside\n]==]\n-- more\nlocal x = 1\n") == (
         "\nlocal x = 1\n",
         ["--[", "--"],
@@ -351,6 +354,12 @@ def test_long_yaml_is_judged_by_its_head():
         ("import kotlinx.coroutines.flow\nfun main() {}\n", "Kotlin", "Kotlin"),
         ("package com.getcapacitor.util;\n\npublic class WebColor {}\n", "Kotlin", "Java"),
         ("package com.example\n\nclass A\n", "Kotlin", "Kotlin"),
+        (
+            '.onUnload <- function (libpath) {\n  library.dynam.unload("digest", libpath)\n}\n',
+            "Markdown",
+            "R",
+        ),
+        ("Use it:\n\n```r\nf <- function(x) x + 1\n```\n", "Markdown", "Markdown"),  # a snippet in docs
         (".POSIX:\n\nall:\n\t+gmake -f GNUmakefile all\n", "YAML", "Makefile"),
         ("all:\n\t$(MAKE) -C sub\n", "Coq", "Makefile"),
         ("all:\n\tmake -C sub\n", "Shell", "Shell"),  # a shell script may run make too

@@ -500,8 +500,9 @@ class YamlMapping:
         return _YAML_FIRST_KEY.match(text) is not None and _parses_as_yaml_mapping(text, min_keys=2)
 
 
-# a mapping's first key, after blank and comment lines: rules out most code before the (slower) parse
-_YAML_FIRST_KEY = re.compile(r"(?:[ \t]*(?:#[^\n]*)?\r?\n)*(?:---[ \t]*\r?\n)?[\w$:.\-/ ]+:(?:[ \t]|\r?\n)")
+# a mapping's first key, after blank and comment lines: rules out most code before the (slower) parse. A comment
+# stops before `\r`: if it could end either side of it, CRLF comment lines would backtrack exponentially
+_YAML_FIRST_KEY = re.compile(r"(?:[ \t]*(?:#[^\r\n]*)?\r?\n)*(?:---[ \t]*\r?\n)?[\w$:.\-/ ]+:(?:[ \t]|\r?\n)")
 
 
 _CORRECTION_SCAN_CHARS = 8000

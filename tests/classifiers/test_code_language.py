@@ -13,6 +13,7 @@ from classifiers.code_language import (
     training_label,
 )
 from classifiers.code_language_rules import (
+    YamlMapping,
     correct_content_prediction,
     declared_language,
     front_matter_body,
@@ -421,6 +422,14 @@ def test_predict_content_moves_the_top_score_to_the_correction(classifier, monke
         monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k, p=probs: [dict(p)])
         (got,) = classifier.predict_content([case_text])
         assert max(got, key=got.get) == expected, (case_text, got)
+
+
+def test_yaml_check_reads_crlf_comment_headers_in_linear_time():
+    # 60 CRLF comment lines (an Octave licence header): a regex that could end a comment before or after `\r`
+    # tried 2**60 ways here and hung the pipeline's eval
+    header = "## Copyright (C) 2005 J. Smith\r\n" * 60
+    assert YamlMapping().search(header + "name: x\r\nversion: 1\r\n")
+    assert not YamlMapping().search(header + "function y = f(x)\r\n  y = x;\r\nend\r\n")
 
 
 def test_front_matter_is_not_what_decides_a_file(classifier, monkeypatch):

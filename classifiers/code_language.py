@@ -321,9 +321,9 @@ class CodeLanguageClassifier:
                 if top == "YAML" and (body := front_matter_body(text)) is not None:
                     # Markdown's front matter is YAML: the rest of the file says what it is
                     body_probs = predict_proba(self.model, [self.features.line(body)], k=k)[0]
-                    if body_probs and max(body_probs, key=body_probs.get) != "YAML":
-                        probs[i] = body_probs
-                        top = max(body_probs, key=body_probs.get)
+                    body_top = max(body_probs, key=body_probs.get) if body_probs else "YAML"
+                    if body_top != "YAML":
+                        probs[i], top = body_probs, body_top
                 fixed = correct_content_prediction(text, top, sure=probs[i][top] >= CORRECT_BELOW_PROB)
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)

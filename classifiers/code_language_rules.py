@@ -546,9 +546,8 @@ _NOT_MATLAB = frozenset(
     "Verilog C C++ Markdown R Python Ruby Lua Perl Coq Prolog Shell Objective-C Scala Rust Go".split()
 )
 # (languages the model said, the correction, a construct decisive for it (None: none needed), one that vetoes it)
-_PAIR_CORRECTIONS: list[
-    tuple[frozenset[str], str, Construct | AnyOf | YamlMapping | None, Construct | AnyOf | None]
-] = [
+Evidence = Construct | AnyOf | YamlMapping  # anything with .search(text) -> bool
+_PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Evidence | None, Evidence | None]] = [
     (_NOT_MATLAB, "MATLAB", _MATLAB_DECL, None),
     (frozenset({"C", "C++", "TypeScript", "JavaScript"}), "Objective-C", _OBJC, None),
     (frozenset({"C"}), "C++", _CPP_CONSTRUCT, None),

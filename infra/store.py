@@ -31,7 +31,17 @@ class StoreError(RuntimeError):
 
 
 class ObjectStore(ABC):
-    """Keys are '/'-separated relative paths, e.g. `web/warc/2026-11/part-00000.warc.gz`."""
+    """Keys are '/'-separated relative paths, e.g. `web/warc/2026-11/part-00000.warc.gz`.
+
+    A handle also carries its stage's lineage (infra/committed.py): `producer` is stamped on every version the
+    stage commits, and `reads` collects every committed version it read, by prefix."""
+
+    producer: Any = None
+    reads: dict[str, Any] | None = None
+
+    def begin_stage(self, producer: Any) -> None:
+        """Start recording one stage run's lineage on this handle."""
+        self.producer, self.reads = producer, {}
 
     @abstractmethod
     def uri(self, key: str = "") -> str: ...
@@ -51,6 +61,10 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, or None if there is no such object."""
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[str]:
@@ -193,6 +207,10 @@ class LocalStore(ObjectStore):
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def size(self, key: str) -> int | None:
+        path = self._path(key)
+        return path.stat().st_size if path.is_file() else None
+
     def list(self, prefix: str = "") -> list[str]:
         base = self.root / prefix if prefix else self.root
         scan = base if base.is_dir() else base.parent
@@ -318,6 +336,15 @@ class S3Store(ObjectStore):
             if "no object" in str(exc):
                 return False
             raise
+
+    def size(self, key: str) -> int | None:
+        try:
+            head = self._call("head", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
+        except StoreError as exc:
+            if "no object" in str(exc):
+                return None
+            raise
+        return int(head["ContentLength"])
 
     def list(self, prefix: str = "") -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")

@@ -1,0 +1,217 @@
+"""Committed outputs: how every stage publishes its data so that a reader sees a whole version or nothing.
+
+A stage writes a new version under `<prefix>/v-<version>/` (the version is the content hash of its files),
+then switches the small pointer `<prefix>/_committed.json` last. Readers resolve the pointer, check that every
+listed file exists with its size (and its sha256 when they download it), and fail with a clear error
+otherwise. A kill at any moment leaves the previous pointer, and so the previous version, readable; older
+versions are deleted only after the switch (the one before the new version is kept for readers mid-read).
+
+Every pointer names its producer (asset, partition, MLflow run) and every read is recorded on the store
+handle (`store.reads`), so a stage's lineage is what it actually read, not what Dagster saw last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from infra.packaged import file_sha256
+from infra.store import ObjectStore, StoreError
+
+log = logging.getLogger(__name__)
+
+POINTER = "_committed.json"
+VERSION_DIR = "v-"
+
+
+class CommitError(StoreError):
+    """A committed output is missing, unreadable or does not match its manifest."""
+
+
+class CommittedFile(BaseModel):
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Producer(BaseModel):
+    """Who wrote a version: lets a reader record the exact upstream run it consumed."""
+
+    asset: str = ""
+    partition: str = ""
+    mlflow_run_id: str = ""
+    dagster_run_id: str = ""
+
+
+class CommittedOutput(BaseModel):
+    """The pointer object: one version of one output prefix, with every file's size and hash."""
+
+    schema_version: Literal[1] = 1
+    prefix: str
+    version: str = Field(pattern=r"^[0-9a-f]{16,64}$")
+    files: dict[str, CommittedFile]
+    producer: Producer = Field(default_factory=Producer)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    committed_at: float = 0.0
+
+    @property
+    def version_prefix(self) -> str:
+        return f"{self.prefix}/{VERSION_DIR}{self.version}"
+
+    def key(self, name: str) -> str:
+        """The store key of one listed file (KeyError for a name the version does not have)."""
+        if name not in self.files:
+            raise KeyError(f"{name!r} is not part of {self.prefix} version {self.version}")
+        return f"{self.version_prefix}/{name}"
+
+    def names(self, suffix: str | tuple[str, ...] = "", under: str = "") -> list[str]:
+        """Listed file names (relative to the version), sorted, optionally filtered."""
+        under = under.rstrip("/") + "/" if under else ""
+        return sorted(n for n in self.files if n.startswith(under) and n.endswith(suffix))
+
+    def keys(self, suffix: str | tuple[str, ...] = "", under: str = "") -> list[str]:
+        return [self.key(n) for n in self.names(suffix, under)]
+
+
+def content_version(files: Mapping[str, CommittedFile | dict]) -> str:
+    """Content hash of a set of files: sorted names with their sizes and hashes (the stage's data version)."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        entry = files[name]
+        size, sha = (
+            (entry.bytes, entry.sha256)
+            if isinstance(entry, CommittedFile)
+            else (entry["bytes"], entry["sha256"])
+        )
+        h.update(f"{name}\t{size}\t{sha}\n".encode())
+    return h.hexdigest()
+
+
+def _normalise_prefix(prefix: str) -> str:
+    prefix = prefix.strip("/")
+    if not prefix:
+        raise CommitError("a committed output needs a non-empty prefix")
+    return prefix
+
+
+def _local_files(local: Path | Mapping[str, Path]) -> dict[str, Path]:
+    if isinstance(local, Mapping):
+        return {str(name): Path(path) for name, path in local.items()}
+    root = Path(local)
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def commit(
+    store: ObjectStore,
+    prefix: str,
+    local: Path | Mapping[str, Path],
+    meta: dict[str, Any] | None = None,
+    allow_empty: bool = False,
+) -> CommittedOutput:
+    """Publish a directory (or {name: local path}) as a new version of `prefix`, then switch the pointer.
+
+    The producer is taken from `store.producer` (set by the asset layer for each stage run)."""
+    prefix = _normalise_prefix(prefix)
+    paths = _local_files(local)
+    if not paths and not allow_empty:
+        raise CommitError(f"refusing to commit an empty output to {store.uri(prefix)}")
+    files = {name: CommittedFile(bytes=p.stat().st_size, sha256=file_sha256(p)) for name, p in paths.items()}
+    out = CommittedOutput(
+        prefix=prefix,
+        version=content_version(files)[:32],
+        files=files,
+        producer=getattr(store, "producer", None) or Producer(),
+        meta=meta or {},
+        committed_at=time.time(),
+    )
+    previous = _read_pointer(store, prefix)
+    for name, path in paths.items():
+        store.put_file(out.key(name), path)
+    store.put_bytes(f"{prefix}/{POINTER}", out.model_dump_json(indent=1).encode())  # the commit point
+    _collect_garbage(store, prefix, keep={out.version, previous.version if previous else ""})
+    log.info("committed %s version %s (%d files)", store.uri(prefix), out.version, len(files))
+    return out
+
+
+def _collect_garbage(store: ObjectStore, prefix: str, keep: Iterable[str]) -> None:
+    keep_dirs = {f"{VERSION_DIR}{v}" for v in keep if v}
+    for child in store.list_prefixes(prefix):
+        if child.startswith(VERSION_DIR) and child not in keep_dirs:
+            store.delete_prefix(f"{prefix}/{child}/")
+
+
+def _read_pointer(store: ObjectStore, prefix: str) -> CommittedOutput | None:
+    key = f"{prefix}/{POINTER}"
+    try:
+        raw = store.get_bytes(key)
+    except StoreError:
+        if store.exists(key):
+            raise
+        return None
+    try:
+        out = CommittedOutput.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CommitError(f"{store.uri(key)} is not a valid commit pointer: {exc}") from None
+    if out.prefix != prefix:
+        raise CommitError(f"{store.uri(key)} names prefix {out.prefix!r}, expected {prefix!r}")
+    return out
+
+
+def is_committed(store: ObjectStore, prefix: str) -> bool:
+    return store.exists(f"{_normalise_prefix(prefix)}/{POINTER}")
+
+
+def read_committed(store: ObjectStore, prefix: str, verify: bool = True) -> CommittedOutput:
+    """The committed version of `prefix`; with `verify`, every listed file must exist with its size.
+
+    Records the read on the store handle for lineage. Raises CommitError naming the prefix and what to do."""
+    prefix = _normalise_prefix(prefix)
+    out = _read_pointer(store, prefix)
+    if out is None:
+        raise CommitError(
+            f"{store.uri(prefix)} has no committed output ({POINTER} missing): materialize its asset first"
+        )
+    if verify:
+        for name, entry in out.files.items():
+            size = store.size(out.key(name))
+            if size != entry.bytes:
+                found = "missing" if size is None else f"{size} bytes"
+                raise CommitError(
+                    f"{store.uri(out.key(name))}: {found}, the committed manifest says {entry.bytes} bytes; "
+                    f"the output of {prefix} is damaged: rematerialize its asset"
+                )
+    record_read(store, out)
+    return out
+
+
+def fetch_file(store: ObjectStore, out: CommittedOutput, name: str, dest: Path) -> Path:
+    """Download one listed file to `dest` and check its sha256 against the manifest."""
+    path = store.download(out.key(name), dest)
+    digest = file_sha256(path)
+    if digest != out.files[name].sha256:
+        path.unlink(missing_ok=True)
+        raise CommitError(
+            f"{store.uri(out.key(name))}: sha256 {digest[:12]} does not match the committed "
+            f"{out.files[name].sha256[:12]}: rematerialize the asset that writes {out.prefix}"
+        )
+    return path
+
+
+def fetch_committed(store: ObjectStore, prefix: str, local_dir: Path) -> tuple[CommittedOutput, Path]:
+    """Download a committed version into `local_dir` (hash-checked); returns (manifest, local_dir)."""
+    out = read_committed(store, prefix)
+    local_dir = Path(local_dir)
+    for name in out.names():
+        fetch_file(store, out, name, local_dir / name)
+    return out, local_dir
+
+
+def record_read(store: ObjectStore, out: CommittedOutput) -> None:
+    reads = getattr(store, "reads", None)
+    if reads is not None:
+        reads[out.prefix] = out

@@ -17,6 +17,11 @@ export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
 UI_HOST ?= 127.0.0.1
 DAGSTER_PORT ?= 3000
 MLFLOW_PORT ?= 5000
+# Which torch build pip picks depends on the machine's pip configuration: a stock PyPI index on Linux serves
+# the multi-GB CUDA build. TORCH_INDEX=<URL of PyTorch's CPU wheel index, or a mirror of it> adds that index so
+# pip can pick the CPU build; empty (the default) uses pip's configured index only, so set-up never waits on
+# an unreachable index.
+TORCH_INDEX ?=
 
 .PHONY: setup run test lint ui system-deps clean
 
@@ -27,7 +32,7 @@ setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 $(VENV)/.installed: pyproject.toml setup.py classifiers/_codetok.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip check
 	touch $@

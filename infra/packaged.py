@@ -57,10 +57,14 @@ def file_sha256(path: Path) -> str:
 
 
 def models_dir() -> Path:
+    """`CRUCIBLE_MODELS_DIR`, else `models/` in the state dir (so `make run STATE=dir` moves it too)."""
     from infra.settings import REPO_ROOT
 
     env = os.environ.get("CRUCIBLE_MODELS_DIR")
-    return Path(env) if env else REPO_ROOT / ".crucible" / "models"
+    if env:
+        return Path(env)
+    state = Path(os.environ.get("CRUCIBLE_STATE_DIR") or ".crucible")
+    return (state if state.is_absolute() else REPO_ROOT / state) / "models"
 
 
 def packaged_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path:

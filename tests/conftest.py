@@ -14,6 +14,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Each test gets its own state dir; the packaged model files are shared so they are fetched once per machine.
+_REPO_STATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".crucible")
+os.environ.setdefault(
+    "CRUCIBLE_MODELS_DIR", os.path.join(os.environ.get("CRUCIBLE_STATE_DIR", _REPO_STATE), "models")
+)
 
 
 def free_port() -> int:

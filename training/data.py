@@ -30,6 +30,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from infra.schemas import CodeSamplingWeights, parse_document
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
 
@@ -108,21 +109,12 @@ def iter_documents(store: ObjectStore, key: str) -> Iterator[dict]:
 
 
 def load_language_weights(store: ObjectStore, quality_root: str, partition: str) -> dict[str, float] | None:
-    """Per-language sampling weights written by the code quality stage, or None if absent.
-
-    Accepts {"python": 1.0, ...}, {"weights": {...}} or {"python": {"weight": 1.0}, ...}.
-    """
+    """{lower-cased language: weight} from the code quality stage's `sampling_weights.json`, None if absent.
+    A file of any other shape than `CodeSamplingWeights` raises ValueError naming the file and the keys."""
     key = f"{quality_root.strip('/')}/{partition}/sampling_weights.json"
     if not store.exists(key):
         return None
-    raw = store.get_json(key)
-    raw = raw.get("weights", raw) if isinstance(raw, dict) else raw
-    weights = {}
-    for lang, value in raw.items():
-        weight = value.get("weight") if isinstance(value, dict) else value
-        if isinstance(weight, int | float):
-            weights[str(lang).lower()] = float(weight)
-    return weights
+    return parse_document(CodeSamplingWeights, store.get_json(key), store.uri(key)).language_weights()
 
 
 def copies_for_weight(weight: float, doc_id: str, seed: int) -> int:

@@ -35,6 +35,7 @@ from classifiers.code_quality import (
     train_quality_model,
 )
 from classifiers.fasttext_train import FastTextParams, classification_report
+from infra.schemas import CodeSamplingWeights, LanguageSamplingWeight
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.language_id import refine_single_group_languages
@@ -197,7 +198,7 @@ def train_code_quality(
     for row in rows:
         chars[row["language"]] += row["chars"]
     lang_w = language_weights(dict(chars), config.temperature)
-    summary: dict[str, dict] = {}
+    summary: dict[str, LanguageSamplingWeight] = {}
     for lang, items in by_lang.items():
         mean_q = sum(r["quality"] for r in items) / len(items)
         raw = [math.exp(config.beta * (r["quality"] - mean_q)) for r in items]
@@ -207,14 +208,17 @@ def train_code_quality(
                 lang_w[lang] * min(config.max_file_weight, max(config.min_file_weight, w / norm)), 5
             )
         buckets = Counter(min(4, int(r["quality"] * 5)) for r in items)
-        summary[lang] = {
-            "files": len(items), "chars": chars[lang], "mean_quality": round(mean_q, 4),
-            "language_weight": round(lang_w[lang], 5), "classifier": lang in evals and "skipped" not in evals[lang],
-            "quality_histogram": {f"{b / 5:.1f}-{(b + 1) / 5:.1f}": buckets[b] for b in range(5)},
-        }  # fmt: skip
-    weights_doc = {"snapshot": snapshot, "temperature": config.temperature, "beta": config.beta,
-                   "method": "weight(file) = language_weight * clip(exp(beta*(q - mean_q)) / mean, min, max)",
-                   "languages": summary, "eval": evals}  # fmt: skip
+        summary[lang] = LanguageSamplingWeight(
+            files=len(items), chars=chars[lang], mean_quality=round(mean_q, 4),
+            language_weight=round(lang_w[lang], 5), classifier=lang in evals and "skipped" not in evals[lang],
+            quality_histogram={f"{b / 5:.1f}-{(b + 1) / 5:.1f}": buckets[b] for b in range(5)},
+        )  # fmt: skip
+    # the one schema the token-shard mixture parses (training/data.py)
+    weights_doc = CodeSamplingWeights(
+        snapshot=snapshot, temperature=config.temperature, beta=config.beta,
+        method="weight(file) = language_weight * clip(exp(beta*(q - mean_q)) / mean, min, max)",
+        languages=summary, eval=evals,
+    ).model_dump()  # fmt: skip
     store.put_json(f"{prefix}/sampling_weights.json", weights_doc)
     write_shards(store, f"{prefix}/scores", ({"id": r["id"], "language": r["language"], "quality": r["quality"],
                                               "heuristic": r["heuristic"], "weight": r["weight"]} for r in rows), 50_000)  # fmt: skip
@@ -226,9 +230,9 @@ def train_code_quality(
     metrics["files_scored"] = float(len(rows))
     table = [{"language": lang, "label_source": ev.get("label_source", "-"), "train": ev.get("train", 0),
               "heldout": ev.get("test", 0), "accuracy": f"{ev['accuracy']:.3f}" if "accuracy" in ev else "-",
-              "mean_quality": summary.get(lang, {}).get("mean_quality", "-"),
-              "language_weight": summary.get(lang, {}).get("language_weight", "-")} for lang, ev in evals.items()]  # fmt: skip
+              "mean_quality": summary[lang].mean_quality if lang in summary else "-",
+              "language_weight": summary[lang].language_weight if lang in summary else "-"} for lang, ev in evals.items()]  # fmt: skip
     md = [f"## Code quality `{snapshot}`", markdown_table(table)]
     return StageResult(metrics=metrics, outputs=outputs, report_md="\n".join(md), artifacts=artifacts,
                        sample=[{k: v for k, v in r.items() if k != "text"} for r in rows[:5]],
-                       extra={"eval": evals, "summary": summary})  # fmt: skip
+                       extra={"eval": evals, "summary": weights_doc["languages"]})  # fmt: skip

@@ -2,12 +2,16 @@
 
 import gzip
 import json
+import math
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from infra.store import LocalStore
+from pipelines.code.quality import CodeQualityConfig, train_code_quality
+from pipelines.code.records import make_record, sha256_hex, write_shards
 from training.data import (
     MixtureConfig,
     TokenBatches,
@@ -46,16 +50,16 @@ def corpus(tmp_path_factory):
         _write_shard(store, f"web/filtered/{snap}/kept/00000.jsonl.gz", docs[:60])
         _write_shard(store, f"web/filtered/{snap}/kept/00001.jsonl.gz", docs[60:])
         web[snap] = docs
-    code = []
-    for i, doc in enumerate(_docs("code", 200, 3, package="pkg")):
-        doc["metadata"]["language"] = ["python", "lua"][i % 2]
-        code.append(doc)
-    _write_shard(store, "code/files/pypi-1/00000.jsonl.gz", code)
-    store.put_json("code/quality/pypi-1/sampling_weights.json", {"python": 1.0, "lua": 2.5})
+    code = _code_records()
+    write_shards(store, "code/files/pypi-1", code, 1000)
+    # the real producer of the per-language weights (heuristic scores only: no classifier to train)
+    quality = train_code_quality(
+        CodeQualityConfig(languages=[]), store, "pypi-1", tmp_path_factory.mktemp("quality")
+    )
     math_docs = list(_docs("math", 80, 4))
     _write_shard(store, "math/kept/m1/00000.jsonl.gz", math_docs)
     tok_dir = train_tokenizer(
-        (d["text"] for d in web["2026-10"] + code), TokenizerConfig(vocab_size=512), root.parent / "tok"
+        (d["text"] for d in web["2026-10"] + code[::5]), TokenizerConfig(vocab_size=512), root.parent / "tok"
     )
     sources = {
         "web": ["web/filtered/2026-10/kept/", "web/filtered/2026-11/kept/"],
@@ -66,7 +70,21 @@ def corpus(tmp_path_factory):
         weights={"web": 0.5, "code": 0.3, "math": 0.2}, heldout_fraction=0.1, shard_tokens=2048
     )
     result = build_token_shards(config, store, sources, tok_dir, "tokens/v1")
-    return {"store": store, "tok_dir": tok_dir, "web": web, "code": code, "math": math_docs, "result": result}
+    return {"store": store, "tok_dir": tok_dir, "web": web, "code": code, "math": math_docs, "result": result,
+            "quality": quality}  # fmt: skip
+
+
+def _code_records(n_python: int = 400, n_lua: int = 100) -> list[dict]:
+    """Code files of equal length, 4:1 Python:Lua by characters (temperature 2 up-samples Lua)."""
+    rng = random.Random(3)
+    records = []
+    for i in range(n_python + n_lua):
+        lang, ext = ("Python", "py") if i < n_python else ("Lua", "lua")
+        text = " ".join(rng.choices(WORDS, k=40))
+        path = f"src/f{i}.{ext}"
+        records.append(make_record(text, "pypi", f"pkg{i % 7}", "1", path, len(text), sha256_hex(text.encode()),
+                                   "MIT", lang, lang, "extension", "pypi-1"))  # fmt: skip
+    return records
 
 
 def test_partition_of():
@@ -111,16 +129,39 @@ def test_manifest_records_inputs_and_versions(corpus):
     ]
     assert all(len(i["data_version"]) == 16 for i in web_inputs)
     assert manifest["data_version"] == corpus["result"].data_version
-    assert manifest["sources"]["code"]["inputs"][0]["language_weights"] == {"python": 1.0, "lua": 2.5}
+    produced = corpus["quality"].extra["summary"]
+    assert manifest["sources"]["code"]["inputs"][0]["language_weights"] == {
+        lang.lower(): entry["language_weight"] for lang, entry in produced.items()
+    }
 
 
-def test_code_language_weights_upsample(corpus):
-    result = corpus["result"]
-    python = result.metrics["code_language_copies/python"]
-    lua = result.metrics["code_language_copies/lua"]
-    n_lang = 100 - 10  # ~100 docs per language minus held-out
-    assert python == pytest.approx(n_lang, abs=12)
-    assert lua / python == pytest.approx(2.5, rel=0.12)
+def test_code_mixture_follows_the_quality_stage_weights(corpus):
+    """The producer's sampling_weights.json, read back by the mixture: each train doc of a language appears
+    `language_weight` times in expectation (floor + a seeded coin for the fraction)."""
+    store, manifest_key = corpus["store"], corpus["result"].outputs["manifest"]
+    weights = {lang.lower(): e["language_weight"] for lang, e in corpus["quality"].extra["summary"].items()}
+    # temperature 2 on a 4:1 character split: Lua up-sampled, Python down-sampled (~1/3 : 2/3 of copies)
+    assert weights == pytest.approx({"python": 0.833, "lua": 1.667}, rel=0.01)
+    language = {d["id"]: d["metadata"]["language"].lower() for d in corpus["code"]}
+    held = {m["id"] for p in shard_paths(store, manifest_key, "heldout")["code"] for m in load_shard_meta(p)}
+    sampled = Counter(language[m["id"]] for p in shard_paths(store, manifest_key, "train")["code"]
+                      for m in load_shard_meta(p))  # fmt: skip
+    for lang, weight in weights.items():
+        n = sum(1 for doc_id, lg in language.items() if lg == lang and doc_id not in held)
+        frac = weight - math.floor(weight)
+        # each doc's copies are floor(w) + Bernoulli(frac): 4 binomial standard errors of the total
+        tolerance = 4 * math.sqrt(n * frac * (1 - frac))
+        assert abs(sampled[lang] - weight * n) <= tolerance, (lang, sampled[lang], weight * n, tolerance)
+    assert sampled["lua"] / sampled["python"] > 0.4  # 0.25 of the docs, about half of the python copies
+
+
+def test_weights_of_another_shape_fail_naming_the_file_and_key(corpus, tmp_path):
+    store = corpus["store"]
+    write_shards(store, "code/files/flat-1", corpus["code"][:5], 1000)
+    store.put_json("code/quality/flat-1/sampling_weights.json", {"python": 1.0, "lua": 2.5})
+    with pytest.raises(ValueError, match=r"(?s)flat-1/sampling_weights.json.*key 'languages'.*key 'lua'"):
+        build_token_shards(MixtureConfig(weights={"code": 1.0}), store, {"code": ["code/files/flat-1/"]},
+                           corpus["tok_dir"], "tokens/flat")  # fmt: skip
 
 
 def test_mixture_proportions(corpus):

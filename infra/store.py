@@ -141,7 +141,9 @@ def _dir(prefix: str) -> str:
 
 
 def _check_key(key: str) -> str:
-    if not key or key.startswith("/") or ".." in key.split("/"):
+    # every segment must name one child: '', '.', '..', '\\' or NUL would alias or escape the root / prefix
+    bad_char = any(c == "\\" or ord(c) < 32 for c in key)
+    if not key or bad_char or any(seg in ("", ".", "..") for seg in key.split("/")):
         raise StoreError(f"invalid object key {key!r}: use a relative path like 'web/warc/part-0.warc.gz'")
     return key
 

@@ -1,0 +1,47 @@
+"""Per-call overhead of the code sandbox: `infra.sandbox.run_python` vs a plain `python -I -c` subprocess
+running the same trivial program, in one run (medians over N calls)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+from infra.sandbox import SandboxLimits, run_python, sandbox_available
+
+
+def _median_s(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=30)
+    args = parser.parse_args()
+    missing = sandbox_available()
+    if missing:
+        print(f"sandbox unavailable: {missing}")
+        return 1
+    code = "print(sum(range(1000)))"
+    limits = SandboxLimits()
+    sandboxed = _median_s(lambda: run_python(code, limits), args.calls)
+    plain = _median_s(
+        lambda: subprocess.run([sys.executable, "-I", "-B", "-c", code], capture_output=True, check=True),
+        args.calls,
+    )
+    print(f"calls: {args.calls}")
+    print(f"plain subprocess (baseline): {plain * 1000:.1f} ms/call")
+    print(f"sandbox:                     {sandboxed * 1000:.1f} ms/call")
+    print(f"overhead: +{(sandboxed - plain) * 1000:.1f} ms/call, ratio {sandboxed / plain:.2f}x the baseline")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

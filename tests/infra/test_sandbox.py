@@ -1,0 +1,124 @@
+"""Every escape a model's code might try is stopped and reported with its reason; normal code still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from infra.sandbox import SandboxLimits, run_python, sandbox_available
+from infra.settings import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+
+FAST = SandboxLimits(wall_s=8, cpu_s=2, memory_mb=256)
+
+
+def test_ordinary_code_runs_with_stdin_files_and_collected_output():
+    code = "import sys, json\nn = int(sys.stdin.read())\nopen('out.json','w').write(json.dumps(n * 2))\nprint(open('data/x.txt').read())"
+    result = run_python(code, FAST, files={"data/x.txt": "hello"}, stdin="21", collect=["out.json"])
+    assert result.status == "ok", result
+    assert result.stdout.strip() == "hello"
+    assert result.files == {"out.json": b"42"}
+
+
+def test_errors_are_failed_samples_with_the_exception():
+    result = run_python("raise ValueError('bad answer')", FAST)
+    assert result.status == "error" and result.reason == "ValueError: bad answer"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "10.0.0.1", "::1"])
+def test_no_network_even_to_loopback(host):
+    code = f"import socket\nsocket.create_connection(({host!r}, 80), timeout=2)"
+    result = run_python(code, FAST)
+    assert result.status == "error"
+    assert "Network is unreachable" in result.reason or "Cannot assign requested address" in result.reason
+
+
+def test_project_and_store_are_invisible(tmp_path):
+    store_file = tmp_path / "state" / "store" / "secret.txt"
+    store_file.parent.mkdir(parents=True)
+    store_file.write_text("s3cret")
+    for target in (REPO_ROOT / "README.md", store_file):
+        result = run_python(f"print(open({str(target)!r}).read())", FAST)
+        assert result.status == "error" and "No such file or directory" in result.reason, (target, result)
+        assert "s3cret" not in result.stdout
+
+
+@pytest.mark.parametrize("target", ["/etc/crucible-x", "/usr/crucible-x", "/tmp/crucible-x", "../escape"])
+def test_no_writes_outside_the_working_directory(target):
+    result = run_python(f"open({target!r}, 'w').write('x')", FAST)
+    assert result.status == "error"
+    assert "Permission denied" in result.reason or "Read-only file system" in result.reason
+    assert not os.path.exists(target) or target == "/tmp/crucible-x" and not os.path.getsize(target)
+
+
+def test_setuid_to_root_is_refused():
+    result = run_python("import os\nos.setuid(0)\nprint(os.getuid())", FAST)
+    assert result.status == "error" and "Operation not permitted" in result.reason
+
+
+def test_infinite_loop_is_stopped_by_cpu_or_wall_limit():
+    started = time.monotonic()
+    result = run_python("while True: pass", SandboxLimits(wall_s=4, cpu_s=1))
+    assert result.status in ("cpu_time", "timeout"), result
+    assert time.monotonic() - started < 4 + 3
+
+
+def test_sleeping_forever_is_stopped_at_the_wall_limit():
+    result = run_python("import time\ntime.sleep(60)", SandboxLimits(wall_s=1.5))
+    assert result.status == "timeout" and 1.5 <= result.wall_s < 4
+
+
+def test_a_gigabyte_of_output_is_cut_off():
+    result = run_python("import sys\nwhile True: sys.stdout.write('x' * 65536)", FAST)
+    assert result.status == "output_limit"
+    assert len(result.stdout) <= FAST.output_bytes
+
+
+def test_allocating_4_gb_fails_with_memory_status():
+    result = run_python("a = bytearray(4 * 1024**3)", FAST)
+    assert result.status == "memory", result
+
+
+def test_fork_bomb_is_contained():
+    started = time.monotonic()
+    result = run_python(
+        "import os\nwhile True:\n    os.fork()", SandboxLimits(wall_s=5, cpu_s=2, processes=8)
+    )
+    assert result.status != "ok"
+    assert time.monotonic() - started < 10
+    assert _sandbox_user_processes() == 0
+
+
+def test_a_child_never_outlives_the_sandbox():
+    code = "import os, time\nif os.fork() == 0:\n    time.sleep(30)\nelse:\n    print('parent done')"
+    started = time.monotonic()
+    result = run_python(code, FAST)
+    assert result.status == "ok" and result.stdout.strip() == "parent done"
+    assert time.monotonic() - started < 5
+    assert _sandbox_user_processes() == 0
+
+
+def test_file_size_limit():
+    code = "f = open('big', 'wb')\nfor _ in range(64):\n    f.write(b'0' * 1024 * 1024)"
+    result = run_python(code, SandboxLimits(wall_s=8, file_size_mb=2))
+    assert result.status in ("file_size", "error"), result
+    assert result.status == "file_size" or "File too large" in result.reason
+
+
+def _sandbox_user_processes(within_s: float = 3.0) -> int:
+    """Processes left of the sandbox user once the kernel has torn the pid namespace down (it is async)."""
+    if os.geteuid() != 0:
+        return (
+            0  # without root the code runs as the caller in a user namespace; the pid namespace still holds
+        )
+    deadline = time.monotonic() + within_s
+    while True:
+        out = subprocess.run(["ps", "-u", "65534", "-o", "pid="], capture_output=True, text=True)
+        left = len(out.stdout.split())
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)

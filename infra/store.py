@@ -54,6 +54,11 @@ class ObjectStore(ABC):
     def put_bytes(self, key: str, data: bytes) -> str: ...
 
     @abstractmethod
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        """Create `key` with `data` only if no object has that key (compare-and-swap on absence): True if this
+        call created it, False if it already existed. Two writers can never both succeed."""
+
+    @abstractmethod
     def get_bytes(self, key: str) -> bytes: ...
 
     @abstractmethod
@@ -185,6 +190,21 @@ class LocalStore(ObjectStore):
     def put_bytes(self, key: str, data: bytes) -> str:
         return self._publish(key, lambda tmp: tmp.write_bytes(data))
 
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        dest = self._path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp_dir = self.root / _TMP_DIR
+        tmp_dir.mkdir(exist_ok=True)
+        tmp = tmp_dir / f"{uuid.uuid4().hex}-{dest.name}"
+        try:
+            tmp.write_bytes(data)
+            os.link(tmp, dest)  # atomic, fails if dest exists: the object appears whole or not at all
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def get_bytes(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -310,6 +330,23 @@ class S3Store(ObjectStore):
     def put_bytes(self, key: str, data: bytes) -> str:
         self._call("put", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
         return self.uri(key)
+
+    def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
+        from botocore.exceptions import ClientError
+
+        def put() -> bool:
+            try:  # S3 conditional write: 412 if the key exists, 409 if another conditional PUT is in flight
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+                return True
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in (
+                    "PreconditionFailed",
+                    "ConditionalRequestConflict",
+                ):
+                    return False
+                raise
+
+        return self._call("conditional put", key, put)
 
     def get_bytes(self, key: str) -> bytes:
         resp = self._call("get", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))

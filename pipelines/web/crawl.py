@@ -118,6 +118,16 @@ class CrawlConfig(BaseModel):
     records_per_warc_file: int = Field(
         1000, ge=2, description="WARC records per output file (a crawled page is two: request + response)"
     )
+    allow_empty: bool = Field(
+        False,
+        description="Publish a snapshot with no pages; off: a crawl or WARC input that yields no page fails "
+        "the stage and the snapshot's previous output stays",
+    )
+    max_crawl_delay_s: float = Field(
+        30.0,
+        gt=0,
+        description="Cap on a robots.txt Crawl-delay / Request-rate interval (hosts over it are counted)",
+    )
     seed: int = Field(0, description="Seed for retry jitter")
 
     @field_validator("allow_private_networks")

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.partition_keys import InvalidPartitionKey, validate_partition_key
 from infra.settings import REPO_ROOT, load_profile
 
 # Partitions definition each job runs on (None = unpartitioned); the order is `assets.definitions.JOBS`.
@@ -34,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import dagster as dg
 
     from assets.definitions import JOBS, defs
+    from assets.partitions import add_partition
 
     instance = dg.DagsterInstance.get()
     partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
@@ -46,8 +48,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             continue
         partition_def = JOB_PARTITIONS.get(job_name)
         key = partitions.get(partition_def) if partition_def else None
-        if key and key not in instance.get_dynamic_partitions(partition_def):
-            instance.add_dynamic_partitions(partition_def, [key])
+        if key:
+            add_partition(instance, partition_def, key)
         t0 = time.time()
         print(f"crucible: == {job_name}" + (f" [{partition_def}={key}]" if key else ""), flush=True)
         result = defs.resolve_job_def(job_name).execute_in_process(
@@ -181,14 +183,26 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
+def _partition_key(value: str) -> str:
+    try:
+        return validate_partition_key(value)
+    except InvalidPartitionKey as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="materialize the whole graph on the active profile ($CRUCIBLE_PROFILE)")
     run.add_argument(
-        "--snapshot", default="local-docs-0001", help="web crawl snapshot partition to create/run"
+        "--snapshot",
+        type=_partition_key,
+        default="local-docs-0001",
+        help="web crawl snapshot partition to create/run",
     )
-    run.add_argument("--code-snapshot", default="code-0001", help="code source snapshot partition")
+    run.add_argument(
+        "--code-snapshot", type=_partition_key, default="code-0001", help="code source snapshot partition"
+    )
     run.add_argument("--only", nargs="*", help="run only these jobs")
     run.set_defaults(fn=cmd_run)
     lineage = sub.add_parser("lineage", help="walk a checkpoint back to the crawl snapshots")

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import resolve
+from infra.partition_keys import validate_partition_keys
 from infra.settings import load_profile
 from infra.stage import StageResult
 from infra.store import ObjectStore
@@ -119,6 +120,7 @@ def run_stage(
     group = context.assets_def.group_names_by_key.get(key, "default")
     partitioned = context.has_partition_key or context.has_partition_key_range
     partitions: list[str | None] = list(context.partition_keys) if partitioned else [None]
+    validate_partition_keys(partitions)  # a partition added by hand in the UI fails here, before any work
     profile = load_profile()
     object_store = store.open()
     tracker = mlflow.tracker()

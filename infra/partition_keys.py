@@ -5,6 +5,7 @@ empty name would read, overwrite or delete another partition's output."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 PARTITION_KEY_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 _PARTITION_KEY = re.compile(PARTITION_KEY_PATTERN)
@@ -28,3 +29,10 @@ def validate_partition_key(key: str) -> str:
 def partition_prefix(base: str, key: str) -> str:
     """The store prefix `<base>/<key>` of one partition's output, after checking the key."""
     return f"{base.rstrip('/')}/{validate_partition_key(key)}"
+
+
+def validate_partition_keys(keys: Iterable[str | None]) -> None:
+    """Check every key of a run (None = an unpartitioned asset) before any of them is processed."""
+    for key in keys:
+        if key is not None:
+            validate_partition_key(key)

@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from classifiers.code_language_rules import declared_language, language_prior
 from infra import code_sources
+from infra.partition_keys import partition_prefix
 from infra.settings import REPO_ROOT, load_profile
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -164,12 +165,12 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
     """Fetch the manifest's sources (cached), write code records for `snapshot`; one bad source never stops
     the others (its error is counted and reported)."""
     t0 = time.time()
+    prefix = partition_prefix(out_prefix or config.out_prefix, snapshot)
     manifest_path = Path(manifest_path or config.manifest)
     manifest = load_manifest(manifest_path if manifest_path.is_absolute() else REPO_ROOT / manifest_path)
     cache_dir = Path(cache_dir or default_cache_dir())
     cache_dir.mkdir(parents=True, exist_ok=True)
     apt = code_sources.AptConfig(cache_dir / "apt")
-    prefix = f"{(out_prefix or config.out_prefix).rstrip('/')}/{snapshot}"
     stats: Counter = Counter()
     per_source: list[dict] = []
     errors: list[str] = []

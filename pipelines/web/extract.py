@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.packaged import LID_176, packaged_file
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
+from pipelines.bounded_executor import run_tasks_bounded
 from pipelines.web.filters import CountLanguages, DropWriter, MinLengthFilter
 from pipelines.web.html_extraction import HtmlWarcReader, TrafilaturaWithDrops
 from pipelines.web.lid import LanguageIdFilter
@@ -69,6 +70,11 @@ class ExtractConfig(BaseModel):
         2, ge=1, description="datatrove tasks (input files are split between them; one shard each)"
     )
     workers: int = Field(0, ge=0, description="Tasks run at once; 0 = all tasks at once, capped by CPU count")
+    task_deadline_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Wall-clock limit of the worker processes (workers > 1); then the stage fails",
+    )
     languages: list[str] = Field(["en"], min_length=1, description="lid.176 language codes to keep")
     language_threshold: float = Field(
         0.65, ge=0, le=1, description="Minimum lid.176 score of a kept language"
@@ -244,13 +250,16 @@ def _run(config: ExtractConfig, steps: list[tuple[str | None, object]], out: Pat
         JsonlWriter(str(out / KEPT), compression="gzip"),
     ]
     workers = min(config.tasks, config.workers or config.tasks, os.cpu_count() or 1)
-    # workers > 1: a forkserver pool; its children re-run a calling *script* unless it has a __main__ guard
-    # (`python -m dagster ...` and console scripts are fine: multiprocessing skips `*.__main__` modules)
     executor = LocalPipelineExecutor(
         pipeline, tasks=config.tasks, workers=workers, logging_dir=str(logs), skip_completed=False
     )
     start = time.perf_counter()
-    stats = executor.run()
+    if workers > 1:
+        # our own spawned processes with a deadline (datatrove's pool can hang in teardown); they re-run a
+        # calling *script* unless it has a __main__ guard (`python -m dagster`, console scripts are fine)
+        stats = run_tasks_bounded(executor, workers, config.task_deadline_s, stage="web extract/filter")
+    else:
+        stats = executor.run()
     seconds = time.perf_counter() - start
     # PipelineStats lists one Stats per pipeline step, in pipeline order
     per_step = [s.stats for s in stats.stats] if stats and stats.stats else [{} for _ in pipeline]

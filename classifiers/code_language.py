@@ -10,6 +10,7 @@ Content markers that fix a language outright (an HTML doctype, an XML declaratio
 literate Haskell, a root element HTML does not have) outrank the model's probabilities; a C prediction with
 C++-only constructs becomes C++, a C++ one without any becomes C, a TypeScript one without TypeScript syntax
 becomes JavaScript; a file opening with YAML front matter is what the rest of it is.
+Training and evaluation labels come from `code_language_labels.py`, a rule set of their own that nothing here uses.
 Speed: the per-line tokenizer and the token->feature map (memoised) run in C (`_codetok.c`, the same output as
 their Python references, which tests check); an unquantized model predicts ~3x faster.
 """
@@ -23,17 +24,13 @@ from pathlib import Path
 
 from classifiers.code_language_rules import (
     AMBIGUOUS,
-    EXTENSIONS,
-    FILENAMES,
     Prior,
     correct_content_prediction,
     extension_of,
     front_matter_body,
     language_from_content_marker,
     language_from_script_header,
-    language_from_shebang,
     language_prior,
-    resolve_ambiguous,
 )
 from classifiers.fasttext_train import FastTextParams, predict_proba, train_fasttext
 
@@ -224,24 +221,6 @@ def build_vocabulary(texts_by_group: dict[str, list[str]], min_groups: int) -> f
         for tok in {t for text in texts for t in code_tokens(text)} - {"0"}:
             seen[tok] = seen.get(tok, 0) + 1
     return frozenset(t for t, n in seen.items() if n >= min_groups)
-
-
-def training_label(
-    path: str, text: str, use_heuristics: bool = True, use_shebang: bool = True
-) -> tuple[str | None, str]:
-    """The label a file gets for training, and where it came from: its name or an unambiguous extension;
-    optionally a strong heuristic marker for an ambiguous extension, or a shebang for an extension-less file."""
-    name = Path(path).name.lower()
-    if name in FILENAMES:
-        return FILENAMES[name], "filename"
-    ext = extension_of(path)
-    if ext in EXTENSIONS:
-        return EXTENSIONS[ext], "extension"
-    if ext in AMBIGUOUS:
-        return (resolve_ambiguous(ext, text), "heuristic") if use_heuristics else (None, "ambiguous")
-    if use_shebang and not ext and (lang := language_from_shebang(text)):
-        return lang, "shebang"
-    return None, "none"
 
 
 def train_code_language_model(examples: Sequence[tuple[str, str]], params: FastTextParams,

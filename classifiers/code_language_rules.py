@@ -1,8 +1,10 @@
 """Linguist-style language priors: file extensions and names, shebangs, editor modelines, and content
 heuristics for the extensions that more than one language uses (`.h`, `.m`, `.pl`, `.v`, `.ts`).
 
-The content classifier (`classifiers/code_language.py`) is trained on files whose extension is
-unambiguous; the heuristics here resolve ambiguous extensions only when a strong marker is present.
+These are the prediction side's rules: the priors of `CodeLanguageClassifier.decide` and the content markers,
+script headers and corrections of `predict_content`. The labels the classifier is trained and scored on come
+from `classifiers/code_language_labels.py`, which shares no rule with this module (only the extension and file
+name tables), so tuning a rule here cannot move a label.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
-"""Small, seeded, realistic-looking source files per language, for fast classifier tests (no network)."""
+"""Small, seeded, realistic-looking source files per language, for fast classifier tests (no network), and real
+files shipped on this machine for tests on code the classifier has never seen."""
 
 from __future__ import annotations
 
 import random
+import sysconfig
+from pathlib import Path
 
 TEMPLATES: dict[str, tuple[str, str]] = {
     # language: (extension, template with {a} {b} {c} {n} placeholders)
@@ -67,4 +70,54 @@ def corpus(per_language: int, seed: int = 0, languages=None) -> list[tuple[str, 
         ext = TEMPLATES[lang][0]
         for i in range(per_language):
             out.append((lang, f"src/{lang.lower().replace(' ', '_')}_{i}{ext}", snippet(lang, rng)))
+    return out
+
+
+# --- real files shipped on this machine (the interpreter's stdlib and headers, the venv's pinned packages) ---
+
+_PATHS = sysconfig.get_paths()
+STDLIB, SITE, INCLUDE = Path(_PATHS["stdlib"]), Path(_PATHS["purelib"]), Path(_PATHS["include"])
+
+# language -> (training sources, test sources): (root, glob) pairs; a language's train and test files come from
+# different projects, and none of them from the templates above or from a manifest's packages
+REAL_SOURCES: dict[str, tuple[list[tuple[Path, str]], list[tuple[Path, str]]]] = {
+    "Python": (
+        [(STDLIB, "email/*.py"), (STDLIB, "asyncio/*.py"), (STDLIB, "json/*.py"), (STDLIB, "http/*.py"),
+         (STDLIB, "logging/*.py"), (STDLIB, "*.py")],
+        [(SITE, "click/*.py"), (SITE, "yaml/*.py"), (SITE, "jinja2/*.py"), (SITE, "requests/*.py")],
+    ),
+    "C": (  # CPython's headers vs libxml2's and NumPy's
+        [(INCLUDE, "*.h"), (INCLUDE, "cpython/*.h"), (INCLUDE, "internal/*.h")],
+        [(SITE, "lxml/includes/libxml/*.h"), (SITE, "numpy/_core/include/numpy/**/*.h")],
+    ),
+    "C++": (  # PyTorch's c10 vs DeepSpeed's kernels and pybind11
+        [(SITE, "torch/include/c10/**/*.h")],
+        [(SITE, "deepspeed/ops/csrc/**/*.cpp"), (SITE, "pybind11/include/pybind11/**/*.h")],
+    ),
+    "CMake": ([(SITE, "torch/share/cmake/**/*.cmake")], [(SITE, "pybind11/share/cmake/**/*.cmake")]),
+    "Markdown": (
+        [(SITE, "mlflow/**/*.md")],
+        [(SITE, "fastapi/**/*.md"), (SITE, "skops/**/*.md"), (SITE, "dagster/**/*.md"), (SITE, "sklearn/**/*.md"),
+         (SITE, "huggingface_hub/**/*.md"), (SITE, "sentence_transformers/**/*.md")],
+    ),
+}  # fmt: skip
+
+
+def real_files(
+    split: str, per_language: int, seed: int = 0, max_chars: int = 20_000, min_chars: int = 200
+) -> list[tuple[str, str, str]]:
+    """(language, path, text) of up to `per_language` real files per language of `REAL_SOURCES` from its
+    `split` ("train" or "test") sources, a seeded sample; each text cut to `max_chars`."""
+    rng = random.Random(seed)
+    out = []
+    for lang, (train, test) in REAL_SOURCES.items():
+        paths = sorted(
+            {p for root, pattern in (train if split == "train" else test) for p in root.glob(pattern)}
+        )
+        texts = []
+        for p in paths:
+            text = p.read_text(errors="replace")[:max_chars]
+            if len(text.strip()) >= min_chars:
+                texts.append((lang, str(p), text))
+        out += rng.sample(texts, min(per_language, len(texts)))
     return out

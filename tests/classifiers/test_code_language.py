@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
-from code_snippets import corpus, snippet
+import re
 
+import pytest
+from code_snippets import corpus, real_files
+
+import classifiers.code_language_rules as rules
 from classifiers.code_language import (
     CodeLanguageClassifier,
     code_tokens,
     split_header,
     train_code_language_model,
-    training_label,
 )
+from classifiers.code_language_labels import training_label
 from classifiers.code_language_rules import (
     YamlMapping,
     correct_content_prediction,
@@ -129,10 +132,12 @@ def test_leading_comment_blocks_leave_only_their_markers():
     assert split_header("%% header\n% more\nfoo(X) :- bar(X).\n") == ("\nfoo(X) :- bar(X).\n", ["%%", "%"])
     assert split_header(";;; x.el --- y\n(defun f ())") == ("\n(defun f ())", [";;;"])
     # Lua's block comments, with or without `=` levels, are one block however many lines they span
-    lua = "--[[\nCopyright (C) Draios\nLicensed under the Apache License\n--]]\n\nview_info = {\n"
-    assert split_header(lua) == ("\n\nview_info = {\n", ["--["])
-    cmake = "#[==[.md\n# `vtkModuleTesting`\n\nVTK uses ExternalData.\n#]==]\nfunction(vtk_module_test)\n"
-    assert split_header(cmake) == ("\nfunction(vtk_module_test)\n", ["#["])
+    lua = "--[[\nCopyright (C) 2021 A. Author\nLicensed under the MIT License\n--]]\n\nsettings = {\n"
+    assert split_header(lua) == ("\n\nsettings = {\n", ["--["])
+    cmake = (
+        "#[==[.rst\n# `add_demo_targets`\n\nDefines the demo targets.\n#]==]\nfunction(add_demo_targets)\n"
+    )
+    assert split_header(cmake) == ("\nfunction(add_demo_targets)\n", ["#["])
     assert split_header("#[derive(Debug)]\nstruct A;\n") == ("#[derive(Debug)]\nstruct A;\n", [])  # Rust
     assert split_header("--[==[\n]] inside\n]==]\n-- more\nlocal x = 1\n") == (
         "\nlocal x = 1\n",
@@ -150,7 +155,41 @@ def test_training_labels_use_unambiguous_extensions_and_strong_heuristics_only()
     assert training_label("a/b.h", CPP_HEADER) == ("C++", "heuristic")
     assert training_label("a/b.m", MATLAB_M, use_heuristics=False) == (None, "ambiguous")
     assert training_label("bin/run", "#!/bin/bash\necho hi\n") == ("Shell", "shebang")
+    assert training_label("bin/run", "#!/usr/bin/env -S python3 -u\nprint(1)\n") == ("Python", "shebang")
+    assert training_label("bin/run", '#!/bin/sh\nexec tclsh "$0" "$@"\n') == (None, "none")  # re-executes
     assert training_label("notes.txt", "hello") == (None, "none")
+
+
+# files of each label source: (path, text, label, source)
+LABEL_CASES = [
+    ("bin/run", "#!/usr/bin/env python3\nprint(1)\n", "Python", "shebang"),
+    ("bin/tool", "#!/usr/bin/perl -w\nuse strict;\n", "Perl", "shebang"),
+    ("scripts/start", "#!/bin/sh\nset -e\n", "Shell", "shebang"),
+    ("include/view.h", CPP_HEADER, "C++", "heuristic"),
+    ("include/view.h", OBJC_HEADER, "Objective-C", "heuristic"),
+    ("scripts/filt.m", MATLAB_M, "MATLAB", "heuristic"),
+    ("lib/facts.pl", PROLOG_PL, "Prolog", "heuristic"),
+    ("lib/tool.pl", PERL_PL, "Perl", "heuristic"),
+    ("rtl/top.v", VERILOG_V, "Verilog", "heuristic"),
+    ("i18n/app_de.ts", QT_TS, "XML", "heuristic"),
+    ("src/app.ts", TS_TS, "TypeScript", "heuristic"),
+    ("src/a.scala", "object A", "Scala", "extension"),
+    ("Makefile", "all:\n", "Makefile", "filename"),
+]
+
+
+def test_labels_do_not_move_when_the_prediction_rules_change(monkeypatch):
+    """Labelling and prediction share no rule: with the prediction side's shebang reader, interpreter table and
+    ambiguous-extension markers broken, every label stays the same (and the prediction side does change)."""
+    before = [training_label(path, text) for path, text, _, _ in LABEL_CASES]
+    assert before == [(label, source) for _, _, label, source in LABEL_CASES]
+    never = re.compile(r"(?!x)x")
+    monkeypatch.setattr(rules, "INTERPRETERS", {})
+    for name in ("_OBJC", "_CPP", "_MATLAB", "_PERL", "_PROLOG", "_COQ", "_VERILOG", "_QT_TS", "_XML"):
+        monkeypatch.setattr(rules, name, never)
+    assert rules.language_from_shebang("#!/usr/bin/env python3\n") is None  # the prediction rules did break
+    assert rules.resolve_ambiguous(".h", CPP_HEADER) is None
+    assert [training_label(path, text) for path, text, _, _ in LABEL_CASES] == before
 
 
 @pytest.fixture(scope="module")
@@ -163,36 +202,45 @@ def classifier(tmp_path_factory):
     return CodeLanguageClassifier(model)
 
 
-def test_content_classifier_separates_languages_on_unseen_files(classifier, tmp_path):
-    test = corpus(15, seed=99)
-    probs = classifier.predict_content([t for _, _, t in test], k=1)
-    pred = [max(p, key=p.get) for p in probs]
-    report = classification_report([lang for lang, _, _ in test], pred)
-    assert report.accuracy >= 0.95
-    assert report.per_class["Lua"]["f1"] >= 0.95
+def test_content_classifier_separates_languages_on_unseen_files(tmp_path):
+    """Trained on real files of some projects (CPython's stdlib and headers, PyTorch's c10, ...), scored on real
+    files of others (click, libxml2's headers, DeepSpeed, pybind11, ...): code_snippets.REAL_SOURCES."""
+    train, test = real_files("train", 60, seed=0), real_files("test", 40, seed=0)
+    assert {p for _, p, _ in train}.isdisjoint(p for _, p, _ in test)
+    assert len(test) == 156  # 40 Python, 40 C, 40 C++, 28 Markdown, 8 CMake
+    params = FastTextParams(epoch=15, dim=16, threads=1, bucket=20_000, seed=0, min_count=1)
+    clf = CodeLanguageClassifier(train_code_language_model([(lang, text) for lang, _, text in train], params))
+    probs = clf.predict_content([t for _, _, t in test], k=1)
+    report = classification_report([lang for lang, _, _ in test], [max(p, key=p.get) for p in probs])
+    # measured (seed 0): accuracy 0.904, F1 C 0.94, C++ 0.83, Python 0.96 (seeds 0-4: accuracy 0.897-0.910, C++
+    # F1 0.82-0.85); the largest class is 26% of the files. Most errors are C++ read as Scala, CMake or C.
+    assert report.accuracy >= 0.87
+    assert report.per_class["C"]["f1"] >= 0.9 and report.per_class["C++"]["f1"] >= 0.78
+    assert report.per_class["Python"]["f1"] >= 0.92
     png = plot_confusion(report, tmp_path / "cm.png", "test")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(
-    "path,language,expected",
-    [
-        ("include/view.h", "C++", "C++"),
-        ("include/view.h", "Objective-C", "Objective-C"),
-        ("scripts/filt.m", "MATLAB", "MATLAB"),
-        ("ios/View.m", "Objective-C", "Objective-C"),
-        ("lib/facts.pl", "Prolog", "Prolog"),
-        ("lib/tool.pl", "Perl", "Perl"),
-        ("theories/Arith.v", "Coq", "Coq"),
-        ("rtl/alu.v", "Verilog", "Verilog"),
-        ("i18n/app_de.ts", "XML", "XML"),
-        ("src/app.ts", "TypeScript", "TypeScript"),
+    "path,text,expected",
+    [  # files written unlike the training templates
+        ("include/view.h", CPP_HEADER, "C++"),
+        ("include/view.h", OBJC_HEADER, "Objective-C"),
+        ("scripts/filt.m", MATLAB_M, "MATLAB"),
+        ("ios/View.m", OBJC_M, "Objective-C"),
+        ("lib/facts.pl", PROLOG_PL, "Prolog"),
+        (
+            "lib/tool.pl",
+            PERL_PL.split("\n", 1)[1],
+            "Perl",
+        ),  # without its `#!` line: that is a prior of its own
+        ("theories/Arith.v", COQ_V, "Coq"),
+        ("rtl/alu.v", VERILOG_V, "Verilog"),
+        ("i18n/app_de.ts", QT_TS, "XML"),
+        ("src/app.ts", TS_TS, "TypeScript"),
     ],
 )
-def test_decide_fixes_each_ambiguous_extension(classifier, path, language, expected):
-    import random
-
-    text = snippet(language, random.Random(7))
+def test_decide_fixes_each_ambiguous_extension(classifier, path, text, expected):
     declared = declared_language(path)
     probs = classifier.predict_content([text])[0]
     decision = classifier.decide(path, text, declared, probs)
@@ -200,15 +248,39 @@ def test_decide_fixes_each_ambiguous_extension(classifier, path, language, expec
     assert decision.reason == "ambiguous_resolved"
 
 
-def test_content_overrides_a_wrong_extension_only_when_confident(classifier):
-    import random
+# Lua written unlike the training template (no `function a.b(`, no pcall, no ipairs)
+LUA_MODULE = """local M = {}
 
-    lua = snippet("Lua", random.Random(3))
+M.defaults = { width = 80, height = 24 }
+
+local function merge(a, b)
+  local out = {}
+  for k, v in pairs(a) do out[k] = v end
+  for k, v in pairs(b or {}) do out[k] = v end
+  return out
+end
+
+function M.setup(opts)
+  M.options = merge(M.defaults, opts)
+  return M.options
+end
+
+return M
+"""
+
+
+def test_content_overrides_a_wrong_extension_only_when_confident(classifier):
+    lua = LUA_MODULE
     probs = classifier.predict_content([lua])[0]
-    assert max(probs, key=probs.get) == "Lua"
-    decision = classifier.decide("src/thing.py", lua, "Python", probs)
-    if probs["Lua"] >= classifier.override_threshold:
-        assert (decision.language, decision.reason) == ("Lua", "content_override")
+    p_lua = probs["Lua"]
+    assert max(probs, key=probs.get) == "Lua" and p_lua >= 0.6  # measured 0.72 (template-trained model)
+    at = CodeLanguageClassifier(classifier.model, override_threshold=p_lua)  # confident enough: content wins
+    decision = at.decide("src/thing.py", lua, "Python", probs)
+    assert (decision.language, decision.reason) == ("Lua", "content_override")
+    above = CodeLanguageClassifier(
+        classifier.model, override_threshold=p_lua + 0.01
+    )  # not quite: the prior stays
+    assert (above.decide("src/thing.py", lua, "Python", probs).language) == "Python"
     classifier_strict = CodeLanguageClassifier(classifier.model, override_threshold=1.01)
     assert classifier_strict.decide("src/thing.py", lua, "Python", probs).language == "Python"
     flag_only = CodeLanguageClassifier(classifier.model, override_threshold=0.0, override_unambiguous=False)
@@ -343,7 +415,7 @@ def test_long_yaml_is_judged_by_its_head():
         ("function [a, b] = swap(b, a)\n% SWAP the two\nend\n", "Verilog", "MATLAB"),
         ("function r = f(x)\n  r = x;\nend\n", "HTML", "HTML"),  # Octave's HTML docs carry such lines
         ("{-# LANGUAGE GADTs #-}\nmodule A.B where\n", "Emacs Lisp", "Haskell"),
-        ('require "log4r"\nmodule Vagrant\n  autoload :Command, "x"\nend\n', "YAML", "Ruby"),
+        ('require "json"\nmodule Shipyard\n  autoload :Crane, "shipyard/crane"\nend\n', "YAML", "Ruby"),
         ("class Foo < Bar\n  def x; end\nend\n", "Python", "Ruby"),
         ('local a = Equation(parse("2^x"), parse("1"))\n', "Scala", "Lua"),
         (
@@ -355,18 +427,14 @@ def test_long_yaml_is_judged_by_its_head():
         ("import kotlinx.coroutines.flow\nfun main() {}\n", "Kotlin", "Kotlin"),
         ("package com.getcapacitor.util;\n\npublic class WebColor {}\n", "Kotlin", "Java"),
         ("package com.example\n\nclass A\n", "Kotlin", "Kotlin"),
-        (
-            '.onUnload <- function (libpath) {\n  library.dynam.unload("digest", libpath)\n}\n',
-            "Markdown",
-            "R",
-        ),
+        (".onLoad <- function(libname, pkgname) {\n  options(demo.verbose = FALSE)\n}\n", "Markdown", "R"),
         ("Use it:\n\n```r\nf <- function(x) x + 1\n```\n", "Markdown", "Markdown"),  # a snippet in docs
         (".POSIX:\n\nall:\n\t+gmake -f GNUmakefile all\n", "YAML", "Makefile"),
         ("all:\n\t$(MAKE) -C sub\n", "Coq", "Makefile"),
         ("all:\n\tmake -C sub\n", "Shell", "Shell"),  # a shell script may run make too
         ("# Use it\n\n    class Foo\n    end\n", "Markdown", "Markdown"),  # Ruby snippets in docs stay docs
         # a head that parses as a YAML mapping with YAML-style keys is YAML, whatever the model said ...
-        ("environment: production\nchdir: /usr/share/redmine/\nport: 3000\n", "Markdown", "YAML"),
+        ("environment: staging\nworkdir: /srv/app/\nport: 8080\n", "Markdown", "YAML"),
         ("headline: jq\nbody1: |\n  jq is like `sed` for JSON data\n", "Shell", "YAML"),
         # ... code that happens to parse (keys `// f(x`, `x = cond ? f(y)`) is not, nor is one key
         ("x = cond ? f(y) : g;\nz = a ? b : c;\n", "Shell", "Shell"),
@@ -435,8 +503,8 @@ def test_yaml_check_reads_crlf_comment_headers_in_linear_time():
 def test_front_matter_is_not_what_decides_a_file(classifier, monkeypatch):
     import classifiers.code_language as code_language
 
-    page = "---\ntitle: Variables\nweight: 10\n---\n\nHugo's templates are *context aware*.\n"
-    assert front_matter_body(page) == "\nHugo's templates are *context aware*.\n"
+    page = "---\ntitle: Setup\nweight: 3\n---\n\nThe installer writes *two* files.\n"
+    assert front_matter_body(page) == "\nThe installer writes *two* files.\n"
     assert front_matter_body("---\ntitle: x\n---\n\n") is None  # nothing after it
     assert front_matter_body("---\na: 1\nb: 2\n") is None  # one YAML document, no closing line
     assert front_matter_body("title: x\n---\nbody\n") is None  # not at the start

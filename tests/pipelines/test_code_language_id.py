@@ -1,0 +1,103 @@
+"""Code language ID stage: the evaluation reports accuracy per label source, and its headline counts only files
+labelled by an unambiguous extension (the classifier reads the `#!` lines and constructs that label the others)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import PurePosixPath
+
+import pytest
+from code_snippets import snippet
+
+from classifiers.code_language import CodeLanguageClassifier
+from infra.store import LocalStore
+from pipelines.code.language_id import CodeLanguageIdConfig, train_code_language_classifier
+from pipelines.code.records import make_record, read_shards, sha256_hex, write_shards
+
+SHEBANGS = {
+    "Python": "#!/usr/bin/env python3\n",
+    "Perl": "#!/usr/bin/perl -w\n",
+    "Lua": "#!/usr/bin/env lua\n",
+}
+EXT = {"Python": ".py", "Perl": ".pm", "Lua": ".lua", "C++": ".cpp"}
+
+
+def _files(pkg: int, rng: random.Random) -> list[tuple[str, str]]:
+    """(path, text) of one package: files named by an unambiguous extension, extension-less scripts labelled by
+    their shebang, `.h` headers labelled C++ by a marker, and Lua saved as `.py` (its label, Python, is wrong)."""
+    out = [
+        (f"src/{lang.lower()}_{i}{ext}", snippet(lang, rng)) for lang, ext in EXT.items() for i in range(4)
+    ]
+    out += [
+        (f"bin/{lang.lower()}_tool{i}", sb + snippet(lang, rng))
+        for lang, sb in SHEBANGS.items()
+        for i in range(2)
+    ]
+    out += [(f"include/view{i}.h", snippet("C++", rng)) for i in range(2)]
+    out += [(f"src/misnamed{pkg}.py", snippet("Lua", rng))]
+    return out
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    store = LocalStore(tmp_path_factory.mktemp("langid") / "store")
+    rng = random.Random(3)
+    records = []
+    for pkg in range(8):
+        for path, text in _files(pkg, rng):
+            records.append(make_record(text, "npm", f"pkg{pkg}", "1", path, len(text), sha256_hex(text.encode()),
+                                       "MIT", None, None, "extension", "s1"))  # fmt: skip
+    write_shards(store, "code/raw/s1", records, 1000)
+    config = CodeLanguageIdConfig(min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
+                                  vocabulary_min_groups=0, test_fraction=0.3)  # fmt: skip
+    return train_code_language_classifier(config, store, "s1"), store
+
+
+def test_headline_accuracy_counts_extension_labelled_files_only(stage):
+    result, store = stage
+    m = result.metrics
+    raw = gzip.decompress(store.get_bytes("code/language_id/s1/heldout.jsonl.gz"))
+    heldout = [json.loads(line) for line in raw.splitlines()]
+    texts = {r["id"]: r["text"] for r in read_shards(store, "code/raw/s1")}
+    probs = CodeLanguageClassifier.load(result.extra["model_path"]).predict_content(
+        [texts[h["id"]] for h in heldout], k=1
+    )
+    pred = {h["id"]: max(p, key=p.get) for h, p in zip(heldout, probs, strict=True)}
+    # which held-out files were named by an unambiguous extension, from their paths alone
+    by_ext = [h for h in heldout if PurePosixPath(h["path"]).suffix in {".py", ".pm", ".lua", ".cpp"}]
+    scripts = [h for h in heldout if h["path"].startswith("bin/")]
+    headers = [h for h in heldout if h["path"].endswith(".h")]
+    assert len(by_ext) + len(scripts) + len(headers) == len(heldout) and scripts and headers
+    ext_acc = sum(pred[h["id"]] == h["label"] for h in by_ext) / len(by_ext)
+    all_acc = sum(pred[h["id"]] == h["label"] for h in heldout) / len(heldout)
+    assert m["heldout_files/extension_only"] == len(by_ext)
+    assert m["accuracy/extension_only"] == pytest.approx(ext_acc)
+    assert m["heldout_files"] == len(heldout) and m["accuracy"] == pytest.approx(all_acc)
+    # every shebang-labelled script is "right" (its `#!` line decides the prediction), so mixing them in would
+    # raise the headline: the misnamed Lua files keep it below the all-files figure
+    assert m["accuracy/label_source/shebang"] == 1.0 and m["heldout_files/label_source/shebang"] == len(
+        scripts
+    )
+    assert m["heldout_files/label_source/heuristic"] == len(headers)
+    assert m["accuracy/extension_only"] < m["accuracy"]
+    assert 0.0 <= m["accuracy/shebang_line_removed"] <= 1.0
+    assert "accuracy/extension_only" in result.report_md.split("\n")[1]
+
+
+def test_benchmark_defaults_to_the_code_snapshot_make_run_creates(monkeypatch):
+    import importlib.util
+
+    import assets.cli as cli
+    from infra.settings import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "code_lang_id", REPO_ROOT / "benchmarks" / "code_lang_id.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_run", lambda args: seen.update(vars(args)) or 0)
+    assert cli.main(["run"]) == 0  # `make run` runs `crucible run` with its defaults
+    assert bench.build_parser().parse_args([]).snapshot == seen["code_snapshot"] == "code-0001"

@@ -63,6 +63,41 @@ def test_serve_tree_serves_pages_robots_and_nothing_outside(doc_tree):
         requests.get(f"{base}/pkg/index.html", timeout=2)  # stopped with the context
 
 
+def test_crawl_of_the_served_tree_counts_every_disallowed_url_once(tmp_path):
+    """A robots.txt the test writes: 4 distinct URLs are disallowed for us (one linked twice), a group for
+    another bot does not apply, and nothing disallowed is ever requested."""
+    from infra.store import LocalStore
+    from pipelines.web.crawl import CrawlConfig, crawl_seeds
+
+    site = tmp_path / "site"
+    (site / "private").mkdir(parents=True)
+    (site / "_sources").mkdir()
+    links = {
+        "index.html": ["a.html", "b.html", "private/x.html", "private/y.html", "_sources/index.rst.txt"],
+        "a.html": ["private/x.html", "private/z.html", "index.html"],
+        "b.html": ["a.html"],
+    }
+    for page, targets in links.items():
+        (site / page).write_text("".join(f'<a href="{t}">{t}</a>' for t in targets))
+    for page in ("private/x.html", "private/y.html", "private/z.html"):
+        (site / page).write_text("<p>private</p>")
+    (site / "_sources/index.rst.txt").write_text("source")
+    robots = (
+        "User-agent: OtherBot\nDisallow: /\n\n"
+        "User-agent: *\nDisallow: /site/private/\nDisallow: /site/_sources/\nAllow: /\n"
+    )
+    with serve_tree({"site": site}, robots) as base:
+        config = CrawlConfig(max_pages=50, requests_per_second_per_host=200.0)
+        result = crawl_seeds(
+            config, LocalStore(tmp_path / "store"), "s", "web/warc/s", [f"{base}/site/index.html"]
+        )
+    m = result.metrics
+    assert m["robots_disallowed"] == 4  # private/x, private/y, private/z, _sources/index.rst.txt
+    assert m["pages_fetched"] == 3 and m["duplicate_url"] == 3  # a.html, private/x.html, index.html again
+    assert m["requests"] == 1 + 3  # robots.txt and the three allowed pages; no disallowed URL was fetched
+    assert m["robots_fetched"] == 1 and m["bad_content_type"] == 0
+
+
 def test_cached_package_is_not_downloaded_again(tmp_path, doc_tree, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -102,6 +137,9 @@ def test_real_python_docs_are_fetched_served_and_crawled(tmp_path):
         config = CrawlConfig(max_pages=30, requests_per_second_per_host=100.0)
         result = crawl_seeds(config, LocalStore(tmp_path / "store"), "py", "web/warc/py", seeds)
     assert result.metrics["pages_fetched"] == 30
-    assert result.metrics["robots_disallowed"] >= 0 and result.metrics["fetch_error"] == 0
+    # Every Python docs page links its reST source (/_sources/, disallowed by docs_robots_txt): some are
+    # dropped by robots.txt, and none is fetched (a fetched .rst.txt would count as bad_content_type).
+    assert result.metrics["robots_disallowed"] > 0 and result.metrics["bad_content_type"] == 0
+    assert result.metrics["fetch_error"] == 0
     assert (tmp_path / "cache/python3.11-doc/.extracted").exists()
     assert time.monotonic() - started < 60

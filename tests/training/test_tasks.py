@@ -1,0 +1,118 @@
+"""Task suites: deterministic by seed, held-out disjoint from train, verifiers that accept equivalent answers
+and reject wrong or hostile ones (code runs in the real sandbox)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.sandbox import sandbox_available
+from training.tasks.base import extract_answer
+from training.tasks.code import CodeSuite
+from training.tasks.knowledge import KnowledgeSuite
+from training.tasks.math import MathSuite, equivalent
+from training.tasks.suites import TaskSuitesConfig, build_task_sets, difficulty_filter, suite_version, suites
+from training.tasks.tools import calculator, call_tool
+
+FACTS = [
+    (f"term{i}", f"definition number {i} of something rather particular and long enough") for i in range(50)
+]
+
+
+def test_sets_are_deterministic_and_heldout_prompts_never_in_train():
+    config = TaskSuitesConfig(train_per_level=30, heldout_per_level=10)
+    a, b = build_task_sets(config, FACTS), build_task_sets(config, FACTS)
+    assert suite_version(a) == suite_version(b)
+    assert {t.prompt for t in a["train"]}.isdisjoint({t.prompt for t in a["heldout"]})
+    assert {t.domain for t in a["heldout"]} == {"math", "code", "tool", "knowledge"}
+    other = build_task_sets(config.model_copy(update={"seed": 1}), FACTS)
+    assert suite_version(other) != suite_version(a)
+
+
+def test_unknown_domain_is_a_config_error():
+    with pytest.raises(ValueError, match="unknown domain.*'poetry'"):
+        build_task_sets(TaskSuitesConfig(levels={"poetry": [1]}))
+
+
+@pytest.mark.parametrize(
+    "answer, reference, same",
+    [
+        ("5/2", "10/4", True),
+        ("2.5", "5/2", True),
+        ("5x", "5*x", True),
+        ("x*5", "5*x", True),
+        ("x = 3", "3", True),
+        ("6", "5*x", False),
+        ("7", "8", False),
+        ("__import__('os').system('true')", "0", False),
+        ("(1+", "1", False),
+    ],
+)
+def test_math_equivalence(answer, reference, same):
+    assert equivalent(answer, reference) is same
+
+
+def test_math_verifier_every_level():
+    suite = MathSuite()
+    for level in (1, 2, 3, 4):
+        for task in suite.generate("heldout", 10, 0, level):
+            worked = suite.solution(task)[-1]["content"]
+            assert suite.verify(task, worked).reward == 1.0, (task.prompt, worked)
+            assert suite.verify(task, "Answer: 100000").reason == "wrong_answer"
+            assert suite.verify(task, "I think so").reason == "no_answer"
+
+
+def test_extract_answer_takes_the_last_one():
+    assert extract_answer("Answer: 3\nno wait. Answer: 4<|end_of_turn|>") == "4"
+    assert extract_answer("nothing here") is None
+
+
+@pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+def test_code_verifier_runs_hidden_tests_in_the_sandbox():
+    suite = CodeSuite()
+    tasks = suite.generate("heldout", 12, 0, 4)
+    assert len({t.meta["family"] for t in tasks}) >= 4
+    for task in tasks[:4]:
+        assert suite.verify(task, suite.solution(task)[0]["content"]).reward == 1.0
+    task = tasks[0]
+    name = task.meta["function"]
+    wrong = f"```python\ndef {name}(*a):\n    return None\n```"
+    assert suite.verify(task, wrong).reason.startswith("error: AssertionError")
+    hostile = f"def {name}(*a):\n    import socket\n    socket.create_connection(('127.0.0.1', 80))"
+    assert suite.verify(task, hostile).reward == 0.0
+    assert suite.verify(task, "no code at all").reason == "no_code"
+
+
+def test_calculator_evaluates_only_arithmetic():
+    assert calculator("12 * 34 + 5") == "413"
+    assert calculator("-3 * 4") == "-12"
+    assert calculator("__import__('os')").startswith("error")
+    assert calculator("2 ** 1000").startswith("error")
+    assert calculator("1" * 100).startswith("error")
+    assert call_tool('{"name": "calculator", "arguments": {"expression": "6 * 7"}}') == "42"
+    assert call_tool('{"name": "shell", "arguments": {}}').startswith("error: bad tool call")
+    assert call_tool("not json").startswith("error: bad tool call")
+
+
+def test_tool_suite_worked_solution_calls_the_calculator():
+    registry = suites()
+    task = registry["tool"].generate("train", 1, 0, 2)[0]
+    messages = registry["tool"].solution(task)
+    assert messages[0]["tool_calls"][0]["arguments"]["expression"] == task.meta["expression"]
+    assert messages[1] == {"role": "tool", "content": task.answer}
+    assert registry["tool"].verify(task, messages[2]["content"]).reward == 1.0
+
+
+def test_knowledge_questions_split_by_fact():
+    suite = KnowledgeSuite(FACTS)
+    train = {t.answer for t in suite.generate("train", 100, 0, 1)}
+    heldout = {t.answer for t in suite.generate("heldout", 100, 0, 1)}
+    assert train and heldout and train.isdisjoint(heldout) and len(train) + len(heldout) == len(FACTS)
+    task = suite.generate("heldout", 1, 0, 2)[0]
+    assert suite.verify(task, f"Answer: The {task.answer.upper()}.").reward == 1.0
+    assert suite.verify(task, "Answer: something else").reward == 0.0
+
+
+def test_difficulty_filter_keeps_sometimes_solved():
+    tasks = MathSuite().generate("train", 4, 0, 1)
+    rates = {tasks[0].id: 0.0, tasks[1].id: 0.5, tasks[2].id: 1.0}
+    assert difficulty_filter(tasks, rates) == [tasks[1]]

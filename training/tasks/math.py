@@ -1,0 +1,112 @@
+"""Math: arithmetic and linear algebra generated in code at graded difficulty; answers checked with sympy, so
+any equivalent form counts ("10/4", "5/2", "2.5"; "5x", "5*x", "x*5")."""
+
+from __future__ import annotations
+
+import random
+import re
+from tokenize import TokenError  # parse_expr raises it for unbalanced brackets
+
+import sympy
+from sympy.parsing.sympy_parser import (
+    implicit_multiplication_application,
+    parse_expr,
+    standard_transformations,
+)
+
+from training.tasks.base import Split, Task, Verdict, extract_answer, split_seed, task_id
+
+X = sympy.Symbol("x")
+# Only digits, x, operators, brackets and spaces reach the parser (parse_expr evaluates Python): a model's
+# answer is never code.
+_SAFE_EXPR = re.compile(r"^[0-9x+\-*/^(). ]{1,64}$")
+_TRANSFORMS = standard_transformations + (implicit_multiplication_application,)
+_GLOBALS = {
+    "Integer": sympy.Integer,
+    "Float": sympy.Float,
+    "Rational": sympy.Rational,
+    "Symbol": sympy.Symbol,
+}
+
+
+def parse_answer(text: str) -> sympy.Expr | None:
+    """A sympy expression for a model's answer, or None if it is not a safe, well-formed expression."""
+    text = text.strip().rstrip(".").replace("x =", "").replace("x=", "").strip()
+    if not _SAFE_EXPR.match(text):
+        return None
+    try:
+        return parse_expr(
+            text.replace("^", "**"), local_dict={"x": X}, global_dict=_GLOBALS, transformations=_TRANSFORMS
+        )
+    except (SyntaxError, TypeError, ValueError, ZeroDivisionError, sympy.SympifyError, TokenError):
+        return None
+
+
+def equivalent(answer: str, reference: str) -> bool:
+    got, want = parse_answer(answer), parse_answer(reference)
+    if got is None or want is None:
+        return False
+    try:
+        return sympy.simplify(got - want) == 0
+    except (TypeError, ValueError):
+        return False
+
+
+class MathSuite:
+    """Difficulty 1: one-digit sums; 2: two-digit sums and differences; 3: products and x + a = b;
+    4: a*x + b = c with an integer root, and collecting like terms."""
+
+    domain = "math"
+    version = "math-v1"
+
+    def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
+        rng = random.Random(split_seed(split, seed) * 31 + difficulty)
+        tasks: dict[str, Task] = {}
+        for _ in range(n * 20):
+            if len(tasks) >= n:
+                break
+            prompt, answer, steps = self._problem(rng, difficulty)
+            tid = task_id(self.domain, prompt)
+            tasks.setdefault(tid, Task(tid, self.domain, prompt, answer, difficulty, split, {"steps": steps}))
+        return list(tasks.values())
+
+    def _problem(self, rng: random.Random, level: int) -> tuple[str, str, str]:
+        if level == 1:
+            a, b = rng.randint(0, 9), rng.randint(0, 9)
+            return f"What is {a} + {b}?", str(a + b), f"{a} + {b} = {a + b}"
+        if level == 2:
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            if rng.random() < 0.5:
+                return f"What is {a} + {b}?", str(a + b), f"{a} + {b} = {a + b}"
+            a, b = max(a, b), min(a, b)
+            return f"What is {a} - {b}?", str(a - b), f"{a} - {b} = {a - b}"
+        if level == 3:
+            if rng.random() < 0.5:
+                a, b = rng.randint(10, 99), rng.randint(2, 9)
+                return f"What is {a} * {b}?", str(a * b), f"{a} * {b} = {a * b}"
+            a, root = rng.randint(1, 20), rng.randint(-10, 20)
+            return f"Solve for x: x + {a} = {root + a}", str(root), f"x = {root + a} - {a} = {root}"
+        if rng.random() < 0.5:
+            a, b, root = rng.randint(2, 9), rng.randint(1, 20), rng.randint(-9, 9)
+            c = a * root + b
+            return (
+                f"Solve for x: {a}x + {b} = {c}",
+                str(root),
+                f"{a}x = {c} - {b} = {c - b}, x = {c - b} / {a} = {root}",
+            )
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        return f"Simplify: {a}x + {b}x", f"{a + b}*x", f"{a}x + {b}x = ({a} + {b})x = {a + b}x"
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        answer = extract_answer(response)
+        if answer is None:
+            return Verdict(0.0, "no_answer")
+        if parse_answer(answer) is None:
+            return Verdict(0.0, "unparsable_answer")
+        return Verdict(1.0, "correct") if equivalent(answer, task.answer) else Verdict(0.0, "wrong_answer")
+
+    def solution(self, task: Task) -> list[dict]:
+        answer = task.answer.replace("*x", "x")
+        return [
+            {"role": "assistant", "reasoning_content": task.meta["steps"], "content": f"Answer: {answer}"}
+        ]

@@ -1,0 +1,89 @@
+"""All task suites together: build the versioned train / held-out sets and filter prompts by difficulty."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.tasks.base import Split, Task, TaskSuite, Verdict
+from training.tasks.code import CodeSuite
+from training.tasks.knowledge import KnowledgeSuite
+from training.tasks.math import MathSuite
+from training.tasks.tools import ToolSuite
+
+DOMAINS = ("math", "code", "tool", "knowledge")
+
+
+class TaskSuitesConfig(BaseModel):
+    """Which tasks the post-training stages train and evaluate on (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(0, description="Seed of the train stream; the held-out stream uses its own seed")
+    levels: dict[str, list[int]] = Field(
+        default_factory=lambda: {
+            "math": [1, 2, 3, 4],
+            "code": [1, 2, 3, 4],
+            "tool": [1, 2],
+            "knowledge": [1, 2],
+        },
+        description="Difficulty levels generated per domain (math, code, tool, knowledge)",
+    )
+    train_per_level: int = Field(200, ge=1, description="Train tasks per domain and level")
+    heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per domain and level")
+    max_facts: int = Field(
+        2000, ge=0, description="Dictionary / rescued-knowledge facts used for knowledge tasks"
+    )
+
+
+def suites(facts: Sequence[tuple[str, str]] = ()) -> dict[str, TaskSuite]:
+    return {"math": MathSuite(), "code": CodeSuite(), "tool": ToolSuite(), "knowledge": KnowledgeSuite(facts)}
+
+
+def build_task_sets(
+    config: TaskSuitesConfig, facts: Sequence[tuple[str, str]] = ()
+) -> dict[Split, list[Task]]:
+    """Train and held-out tasks of every configured domain and level; no train prompt is a held-out prompt."""
+    unknown = sorted(set(config.levels) - set(DOMAINS))
+    if unknown:
+        raise ValueError(f"task_suites.levels: unknown domain(s) {unknown}; domains are {list(DOMAINS)}")
+    registry = suites(facts[: config.max_facts])
+    out: dict[Split, list[Task]] = {"train": [], "heldout": []}
+    for domain, levels in config.levels.items():
+        for level in levels:
+            for split, n in (("train", config.train_per_level), ("heldout", config.heldout_per_level)):
+                out[split] += registry[domain].generate(split, n, config.seed, level)
+    heldout_prompts = {t.prompt for t in out["heldout"]}
+    out["train"] = [t for t in out["train"] if t.prompt not in heldout_prompts]
+    return out
+
+
+def suite_version(tasks: dict[Split, list[Task]]) -> str:
+    """Content hash of both splits (what a checkpoint's lineage names)."""
+    h = hashlib.sha256()
+    for split in ("train", "heldout"):
+        for t in tasks[split]:
+            h.update(f"{split}\t{t.id}\t{t.answer}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def verify(task: Task, response: str, registry: dict[str, TaskSuite]) -> Verdict:
+    return registry[task.domain].verify(task, response)
+
+
+def difficulty_filter(tasks: list[Task], pass_rates: dict[str, float]) -> list[Task]:
+    """Keep the prompts the current policy solves sometimes: pass rate over k samples strictly in (0, 1)."""
+    return [t for t in tasks if 0.0 < pass_rates.get(t.id, 0.0) < 1.0]
+
+
+def write_tasks(tasks: list[Task], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(t.to_json(), sort_keys=True) + "\n" for t in tasks))
+    return path
+
+
+def read_tasks(path: Path) -> list[Task]:
+    return [Task.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]

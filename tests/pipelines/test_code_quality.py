@@ -73,7 +73,10 @@ def real_python_files(seed: int = 0) -> list[dict]:
             kind = "original" if i % 2 == 0 else "minified"
             out.append({"package": pkg, "path": f"{pkg}/{p.name}", "good": kind == "original", "kind": kind,
                         "text": text if kind == "original" else minify(text)})  # fmt: skip
-    generated = [("pb2", p) for p in sorted(SITE.glob("*/**/*_pb2.py"))]
+    # not google/protobuf's own: protobuf is a project of manifests/heldout.yaml, which tests leave alone
+    generated = [
+        ("pb2", p) for p in sorted(SITE.glob("*/**/*_pb2.py")) if p.relative_to(SITE).parts[0] != "google"
+    ]
     generated += [("codec", p) for p in sorted((STDLIB / "encodings").glob("cp*.py"))]
     for i, (kind, p) in enumerate(generated):
         pkg = PACKAGES[i % len(PACKAGES)]
@@ -91,9 +94,9 @@ def auc(pos: list[float], neg: list[float]) -> float:
 def corpus():
     files = real_python_files()
     kinds = [f["kind"] for f in files]
-    # 77 originals, 68 minified, 65 protobuf-generated, 40 codec tables
+    # 77 originals, 68 minified, 53 protobuf-generated, 40 codec tables
     assert (kinds.count("original"), kinds.count("minified"), kinds.count("codec")) == (77, 68, 40)
-    assert kinds.count("pb2") >= 60
+    assert kinds.count("pb2") >= 50
     return files
 
 
@@ -122,7 +125,7 @@ def test_heuristic_score_separates_real_code_from_minified_and_generated_code(co
     }
     good = [score[f["path"]] for f in corpus if f["good"]]
     by_kind = {k: [score[f["path"]] for f in corpus if f["kind"] == k] for k in ("minified", "pb2", "codec")}
-    # measured: AUC 0.990 vs minified, 0.983 vs pb2; over all junk 0.836 because the codec tables score ABOVE
+    # measured: AUC 0.990 vs minified, 0.981 vs pb2; over all junk 0.824 because the codec tables score ABOVE
     # hand-written modules (AUC 0.333: a data line with a trailing comment is neither a literal line nor a
     # comment line to the heuristic), see the xfail test below
     assert auc(good, by_kind["minified"]) >= 0.95
@@ -149,7 +152,7 @@ def test_per_language_classifiers_are_trained_and_evaluated_on_heldout_packages(
     result, store, records, truth = quality
     ev = result.extra["eval"]
     assert ev["Python"]["label_source"] == "heuristic"
-    # agreement with its own (heuristic) labels on held-out packages: measured 0.927
+    # agreement with its own (heuristic) labels on held-out packages: measured 0.972
     assert ev["Python"]["test"] > 0 and ev["Python"]["accuracy"] >= 0.85
     assert all(g.startswith("stdlib:") for g in ev["Python"]["test_groups"])
     assert "skipped" in ev["Swift"]  # no Swift files in this snapshot
@@ -164,9 +167,9 @@ def test_per_language_classifiers_are_trained_and_evaluated_on_heldout_packages(
         k: [scores[r["id"]] for r in held if truth[r["id"]]["kind"] == k]
         for k in ("minified", "pb2", "codec")
     }
-    assert len(good) == 19 and sum(map(len, junk.values())) == 51
-    # measured (seed 0): AUC 0.705 over all held-out junk; 0.881 vs minified, 1.0 vs pb2, 0.053 vs codec tables
-    # (the heuristic labels teach it that those are good); seeds 1-2 of the split: 0.740, 0.755
+    assert len(good) == 16 and sum(map(len, junk.values())) == 41
+    # measured (seed 0): AUC 0.709 over all held-out junk; 0.909 vs minified, 1.0 vs pb2, 0.104 vs codec tables
+    # (the heuristic labels teach it that those are good)
     assert auc(good, [s for k in junk.values() for s in k]) >= 0.65
     assert auc(good, junk["minified"]) >= 0.8 and auc(good, junk["pb2"]) >= 0.95
 
@@ -180,8 +183,8 @@ def test_scores_and_sampling_weights_cover_every_file(quality):
     py = [r for r in records if r["metadata"]["language"] == "Python"]
     good = [scores[r["id"]]["weight"] for r in py if truth[r["id"]]["good"]]
     junk = [scores[r["id"]]["weight"] for r in py if not truth[r["id"]]["good"]]
-    # quality-aware: good files are sampled more (weights are monotone in the score); measured AUC 0.749 on all
-    # Python files (train and held-out; mean weight 0.94 vs 0.91: the codec tables pull junk up)
+    # quality-aware: good files are sampled more (weights are monotone in the score); measured AUC 0.738 on all
+    # Python files (train and held-out; mean weight 0.92 vs 0.91: the codec tables pull junk up)
     assert auc(good, junk) >= 0.7
     lw = weights["languages"]["Python"]["language_weight"]
     mean_w = sum(scores[r["id"]]["weight"] for r in py) / len(py)
@@ -210,7 +213,7 @@ def test_judge_labels_replace_heuristics_when_given(quality):
     ev = res.extra["eval"]["Python"]
     assert ev["label_source"] == "judge" and ev["train"] + ev["test"] == len(py)  # every judged file
     # trained on those labels, it separates held-out packages' files far better than from the heuristic's
-    # (measured AUC 0.993, codec tables included, vs 0.705 above)
+    # (measured AUC 0.981, codec tables included, vs 0.709 above)
     scores = {r["id"]: r["quality"] for r in read_shards(store, "code/quality_judge/s1/scores")}
     held = _heldout(res, py)
     good = [scores[r["id"]] for r in held if truth[r["id"]]["good"]]

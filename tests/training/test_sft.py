@@ -76,7 +76,7 @@ def test_only_assistant_tokens_outside_errors_carry_loss(tok):
         "What is",
         "3 + 4 = 8",
         "error: bad tool call",
-        "408<",
+        "<tool_response>",
         "<|user|>",
         "<|assistant|>",
     ):

@@ -4,7 +4,9 @@ A host is allowed only if EVERY address it resolves to is public (globally routa
 CIDR; private, loopback, link-local, reserved, multicast and unspecified addresses are refused otherwise.
 `policy_session` returns a `requests.Session` whose connections go only to addresses the policy vetted (the
 resolution is done once per host and pinned), so a redirect, a retry or a DNS answer that changes between the
-check and the connect cannot reach a refused address.
+check and the connect cannot reach a refused address. `PolicySession.deadline(seconds)` puts a wall-clock limit
+on everything a fetch does (connect, headers, body, retries): socket timeouts only bound each read, so a server
+sending one byte at a time would otherwise hold the fetch forever.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -117,17 +121,100 @@ def _connect_vetted(conn: HTTPConnection, policy: AddressPolicy) -> socket.socke
     raise NewConnectionError(conn, f"Failed to establish a new connection: {last}")
 
 
-class _PolicyAdapter(HTTPAdapter):
-    """An HTTPAdapter whose connection pools connect only to vetted addresses."""
+class RequestDeadline:
+    """A wall-clock limit on one fetch: when it passes, every socket the fetch used is shut down, so a read
+    blocked on a slow server returns at once (and the fetch fails with a connection or protocol error)."""
 
-    def __init__(self, policy: AddressPolicy, **kwargs):
+    def __init__(self, seconds: float):
+        self.expires_at = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def remaining(self) -> float:
+        return max(0.0, self.expires_at - time.monotonic())
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self.expired:
+                self._sockets.append(sock)
+                return
+        _shutdown(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _shutdown(sock)
+
+    def __enter__(self) -> RequestDeadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._sockets.clear()
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed, or a plain socket detached by the TLS wrapper
+
+
+class PolicySession(requests.Session):
+    """A requests.Session whose connections obey an AddressPolicy and the current `deadline`."""
+
+    current_deadline: RequestDeadline | None = None
+
+    @contextmanager
+    def deadline(self, seconds: float) -> Iterator[RequestDeadline]:
+        """Limit everything this session does inside the block (one thread's fetch) to `seconds`."""
+        with RequestDeadline(seconds) as limit:
+            self.current_deadline = limit
+            try:
+                yield limit
+            finally:
+                self.current_deadline = None
+
+    def watch(self, sock: socket.socket | None) -> None:
+        if sock is not None and self.current_deadline is not None:
+            self.current_deadline.watch(sock)
+
+
+class _PolicyAdapter(HTTPAdapter):
+    """An HTTPAdapter whose connection pools connect only to vetted addresses and let the session's deadline
+    shut down the socket of every request (new and pooled connections alike)."""
+
+    def __init__(self, policy: AddressPolicy, session: PolicySession, **kwargs):
         class PolicyHTTPConnection(HTTPConnection):
             def _new_conn(self) -> socket.socket:
-                return _connect_vetted(self, policy)
+                sock = _connect_vetted(self, policy)
+                session.watch(sock)
+                return sock
+
+            def request(self, *args, **kwargs) -> None:
+                session.watch(self.sock)  # a pooled connection: its socket is already open
+                super().request(*args, **kwargs)
 
         class PolicyHTTPSConnection(HTTPSConnection):
             def _new_conn(self) -> socket.socket:
-                return _connect_vetted(self, policy)  # TLS SNI and cert checks still use the host name
+                sock = _connect_vetted(self, policy)  # TLS SNI and cert checks still use the host name
+                session.watch(sock)
+                return sock
+
+            def connect(self) -> None:
+                super().connect()
+                session.watch(self.sock)  # the TLS socket that replaced the plain one
+
+            def request(self, *args, **kwargs) -> None:
+                session.watch(self.sock)
+                super().request(*args, **kwargs)
 
         class PolicyHTTPPool(HTTPConnectionPool):
             ConnectionCls = PolicyHTTPConnection
@@ -148,12 +235,15 @@ def peer_ip(response: requests.Response) -> str:
     return getattr(getattr(response.raw, "_connection", None), "vetted_ip", "")
 
 
-def policy_session(policy: AddressPolicy, user_agent: str, pool_size: int = 4) -> requests.Session:
-    """A requests.Session that refuses addresses outside `policy` on every connection (redirects included)."""
-    session = requests.Session()
+def policy_session(policy: AddressPolicy, user_agent: str, pool_size: int = 4) -> PolicySession:
+    """A requests.Session that refuses addresses outside `policy` on every connection (redirects included)
+    and whose `deadline(seconds)` bounds a whole fetch in wall-clock time."""
+    session = PolicySession()
     session.trust_env = False  # an environment proxy would connect on our behalf, bypassing the policy
     session.headers["User-Agent"] = user_agent
-    adapter = _PolicyAdapter(policy, pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0)
+    adapter = _PolicyAdapter(
+        policy, session, pool_connections=pool_size, pool_maxsize=pool_size, max_retries=0
+    )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session

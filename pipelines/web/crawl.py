@@ -9,7 +9,10 @@ concurrency cap per origin, limits on pages / depth / bytes per page, a content-
 normalisation and de-duplication, redirects followed one hop at a time through the frontier (each hop is
 re-checked against robots.txt, the address policy and the rate limit; loops are detected), retries with
 exponential backoff, and an address policy that refuses private / loopback / link-local / reserved
-addresses unless allowlisted. Everything it drops is counted by reason.
+addresses unless allowlisted. Every fetch (robots.txt included) has a wall-clock deadline, `timeout_s`, and a
+robots.txt Crawl-delay is capped at `max_crawl_delay_s`. Everything it drops is counted by a reason from a fixed
+vocabulary (metric keys never carry exception text: that goes to the log and the report); a failure that is
+not the web's fault (a bug in this code) stops the crawl with its traceback.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from urllib.parse import urlsplit
 import requests
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm import tqdm
+from urllib3.exceptions import NameResolutionError
 from warcio.recordbuilder import RecordBuilder
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.timeutils import datetime_to_iso_date
 
-from infra.net import AddressPolicy, AddressRefused, peer_ip, policy_session
+from infra.net import AddressPolicy, AddressRefused, PolicySession, RequestDeadline, peer_ip, policy_session
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.web.robots import MAX_ROBOTS_BYTES, RobotsRules, robots_url, rules_from_fetch
@@ -58,8 +62,36 @@ DROP_REASONS = (
     "out_of_scope",
     "unsupported_url",
 )
+# Why a fetch failed (`fetch_error/<kind>`, and `robots_unreachable/<kind>` for robots.txt).
+FETCH_ERROR_KINDS = (
+    "deadline",
+    "timeout",
+    "connection",
+    "dns",
+    "tls",
+    "protocol",
+    "too_many_redirects",
+    "invalid_request",
+)
+HTTP_ERROR_CLASSES = ("3xx", "4xx", "5xx", "other")
+ROBOTS_FAILURES = (*FETCH_ERROR_KINDS, "private_address")
 # What the crawler did, besides dropping.
-ACTIVITY_COUNTS = ("requests", "retries", "redirects_followed", "rate_limited_waits", "robots_fetched")
+ACTIVITY_COUNTS = (
+    "requests",
+    "retries",
+    "redirects_followed",
+    "rate_limited_waits",
+    "robots_fetched",
+    "crawl_delay_capped_hosts",
+)
+# Every metric key the crawler counts (the metrics always carry all of them, zeros included).
+COUNTER_KEYS = (
+    *DROP_REASONS,
+    *ACTIVITY_COUNTS,
+    *(f"fetch_error/{kind}" for kind in FETCH_ERROR_KINDS),
+    *(f"http_error/{kind}" for kind in HTTP_ERROR_CLASSES),
+    *(f"robots_unreachable/{kind}" for kind in ROBOTS_FAILURES),
+)
 # Response headers that describe the wire encoding, not the stored (decoded) payload; kept renamed, as
 # Common Crawl does, so WARC readers do not try to decode the payload again.
 _WIRE_HEADERS = {"content-encoding", "transfer-encoding", "content-length"}
@@ -109,7 +141,11 @@ class CrawlConfig(BaseModel):
     max_redirects: int = Field(5, ge=0, description="Redirect hops followed from one URL")
     retries: int = Field(2, ge=0, description="Retries after a connection error, 5xx or 429")
     retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per attempt (+jitter)")
-    timeout_s: float = Field(10.0, gt=0, description="Connect/read timeout and the wall-time limit per page")
+    timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Wall-clock limit per fetch (page or robots.txt: connect, headers, body and retries)",
+    )
     user_agent: str = Field(
         "CrucibleBot/0.1 (research crawler)",
         description="User-Agent header (add a contact URL for real crawls); its first token is matched "
@@ -155,11 +191,37 @@ class CrawlConfig(BaseModel):
 
 
 class CrawlDrop(Exception):
-    """A URL is dropped; `reason` is one of DROP_REASONS."""
+    """A URL is dropped; `reason` is one of DROP_REASONS, `kind` (if any) one of its breakdown keys."""
 
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+    def __init__(self, reason: str, detail: str = "", kind: str = ""):
+        super().__init__(f"{reason}/{kind}: {detail}" if kind else f"{reason}: {detail}")
+        self.reason, self.kind, self.detail = reason, kind, detail
+
+    @property
+    def key(self) -> str:
+        return f"{self.reason}/{self.kind}" if self.kind else self.reason
+
+
+def fetch_error_kind(exc: requests.RequestException, deadline: RequestDeadline | None = None) -> str:
+    """Which of FETCH_ERROR_KINDS a requests exception is (a passed deadline explains any of them)."""
+    if deadline is not None and deadline.expired:
+        return "deadline"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "tls"
+    if isinstance(exc, requests.exceptions.Timeout):
+        return "timeout"
+    if isinstance(exc, requests.exceptions.TooManyRedirects):
+        return "too_many_redirects"
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        return "dns" if isinstance(reason, NameResolutionError) else "connection"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError | requests.exceptions.ContentDecodingError):
+        return "protocol"
+    return "invalid_request"
+
+
+def http_error_class(status: int) -> str:
+    return f"{status // 100}xx" if 300 <= status < 600 else "other"
 
 
 @dataclass(frozen=True)
@@ -189,11 +251,20 @@ class Frontier:
     polite request time has come, reserving that request slot; it blocks until work is ready and returns
     None when the queues are drained or the page budget is spent."""
 
-    def __init__(self, max_pages: int, concurrency_per_host: int, interval: float, user_agent: str):
+    def __init__(
+        self,
+        max_pages: int,
+        concurrency_per_host: int,
+        interval: float,
+        user_agent: str,
+        max_crawl_delay_s: float = 30.0,
+    ):
         self.max_pages, self.concurrency, self.interval = max_pages, concurrency_per_host, interval
         self.user_agent = user_agent  # whose robots.txt Crawl-delay applies
+        self.max_crawl_delay_s = max_crawl_delay_s
         self.hosts: dict[str, HostState] = {}
         self.pages_written = self.in_flight = self.queued = self.rate_limited_waits = 0
+        self.crawl_delay_capped_hosts = 0
         self._cond = threading.Condition()
         self._closed = False
 
@@ -261,8 +332,15 @@ class Frontier:
                 host.queue.clear()
                 return dropped
             host.state, host.rules = "ready", rules
-            if rules is not None and rules.delay_s(self.user_agent) > host.interval:
-                host.interval = rules.delay_s(self.user_agent)
+            delay = rules.delay_s(self.user_agent) if rules is not None else 0.0
+            if delay > self.max_crawl_delay_s:  # a host must not stall the crawl (Crawl-delay: 100000)
+                log.warning(
+                    "%s asks for a %gs crawl delay: capped at %gs", host.origin, delay, self.max_crawl_delay_s
+                )
+                self.crawl_delay_capped_hosts += 1
+                delay = self.max_crawl_delay_s
+            if delay > host.interval:
+                host.interval = delay
                 host.next_time = max(host.next_time, time.monotonic() + host.interval)  # since robots.txt
             return 0
 
@@ -293,8 +371,11 @@ class Crawler:
             config.concurrency_per_host,
             1.0 / config.requests_per_second_per_host,
             config.user_agent,
+            config.max_crawl_delay_s,
         )
-        self.stats: Counter[str] = Counter(dict.fromkeys(DROP_REASONS + ACTIVITY_COUNTS, 0))
+        self.stats: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
+        self.errors: dict[str, dict] = {}  # the first URL and message per failure key, for the report
+        self.failure: BaseException | None = None  # a bug in a worker: stops the crawl, re-raised by run()
         self.sample: list[dict] = []
         self.digests: list[str] = []  # "url payload-digest" of every page written, for the data version
         self.bytes_written = 0
@@ -312,7 +393,16 @@ class Crawler:
         with self._lock:
             self.stats[key] += n
 
-    def _session(self) -> requests.Session:
+    def count_drop(self, drop: CrawlDrop, url: str, n: int = 1) -> None:
+        """Count a drop under its reason and its breakdown key; keep the first message per key."""
+        with self._lock:
+            self.stats[drop.reason] += n
+            if drop.kind:
+                self.stats[drop.key] += n
+            if drop.reason in ("fetch_error", "http_error") and drop.key not in self.errors:
+                self.errors[drop.key] = {"url": url, "message": drop.detail[:300]}
+
+    def _session(self) -> PolicySession:
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = policy_session(
@@ -370,6 +460,9 @@ class Crawler:
                 worker.join(timeout=self.config.timeout_s * 2)
             self._progress.close()
         self.stats["rate_limited_waits"] += self.frontier.rate_limited_waits
+        self.stats["crawl_delay_capped_hosts"] += self.frontier.crawl_delay_capped_hosts
+        if self.failure is not None:
+            raise self.failure
 
     def _worker(self) -> None:
         while (task := self.frontier.pop()) is not None:
@@ -381,11 +474,14 @@ class Crawler:
                 else:
                     wrote = self._crawl(host, item)
             except CrawlDrop as drop:
-                self.count(drop.reason)
+                self.count_drop(drop, item.url if item else host.origin)
                 log.debug("drop %s: %s", item.url if item else host.origin, drop)
-            except Exception:  # a bug in one page must not kill the crawl; it is counted and logged
-                log.exception("crawler error on %s", item.url if item else host.origin)
-                self.count("fetch_error")
+            except BaseException as exc:  # not the web's fault: stop the crawl and fail with the traceback
+                log.error("crawler bug on %s: stopping the crawl", item.url if item else host.origin)
+                with self._lock:
+                    self.failure = self.failure or exc
+                self.frontier.close()
+                return
             finally:
                 self.frontier.done(host, wrote)
                 if wrote:
@@ -402,27 +498,33 @@ class Crawler:
             failure = "private_address_refused"
             log.warning("refusing %s: %s", host.origin, exc.reason)
         except OSError as exc:
-            failure = "fetch_error"
+            failure = "fetch_error/dns"
             log.warning("cannot resolve %s: %s", host.origin, exc)
         else:
             try:
                 rules = self._fetch_robots(host)
-            except Exception:  # the origin must leave "preparing" or its queue would never drain
-                log.exception("robots.txt of %s failed", host.origin)
-                failure = "fetch_error"
+            except BaseException:  # a bug: the origin must still leave "preparing" before the crawl stops
+                self.frontier.prepared(host, None, "fetch_error")
+                raise
         dropped = self.frontier.prepared(host, rules, failure)
         if failure:
-            self.count(failure, dropped)
+            reason, _, kind = failure.partition("/")
+            self.count_drop(CrawlDrop(reason, host.origin, kind), host.origin, dropped)
 
     def _fetch_robots(self, host: HostState) -> RobotsRules:
         self.count("robots_fetched")
+        url = robots_url(host.origin)
         try:
-            resp = self._get(host, robots_url(host.origin), reserved=True, follow=True)
+            with self._session().deadline(self.config.timeout_s) as deadline:
+                with self._get(host, url, deadline, reserved=True, follow=True) as resp:
+                    ok = resp.ok
+                    body = (
+                        self._read_body(resp, url, deadline, MAX_ROBOTS_BYTES, truncate=True) if ok else b""
+                    )
         except CrawlDrop as drop:
             log.warning("robots.txt of %s unreachable (%s): not crawling it", host.origin, drop)
+            self.count(f"robots_unreachable/{drop.kind or drop.reason.removesuffix('_refused')}")
             return rules_from_fetch(None, b"")
-        with resp:
-            body = resp.raw.read(MAX_ROBOTS_BYTES, decode_content=True) if resp.ok else b""
         rules = rules_from_fetch(resp.status_code, body)
         log.info(
             "robots.txt %s: %s (crawl delay %.2fs)",
@@ -432,34 +534,46 @@ class Crawler:
         )
         return rules
 
-    def _get(self, host: HostState, url: str, reserved: bool, follow: bool = False) -> requests.Response:
-        """GET with retries (exponential backoff + jitter) on connection errors, 5xx and 429; every attempt
-        waits for the origin's rate limit. Raises CrawlDrop."""
+    def _get(
+        self, host: HostState, url: str, deadline: RequestDeadline, reserved: bool, follow: bool = False
+    ) -> requests.Response:
+        """GET with retries (exponential backoff + jitter) on connection errors, 5xx and 429, all within
+        `deadline`; every attempt waits for the origin's rate limit. Raises CrawlDrop."""
         cfg = self.config
+        last: CrawlDrop | None = None
         for attempt in range(cfg.retries + 1):
             if attempt:
                 with self._lock:
                     jitter = 1 + 0.25 * self._rng.random()
+                backoff = cfg.retry_backoff_s * 2 ** (attempt - 1) * jitter
+                if backoff >= deadline.remaining():
+                    raise last  # no time left for another attempt
                 self.count("retries")
-                time.sleep(cfg.retry_backoff_s * 2 ** (attempt - 1) * jitter)
+                time.sleep(backoff)
             if attempt or not reserved:
                 wait = self.frontier.reserve(host)
+                if wait >= deadline.remaining():
+                    raise last or CrawlDrop("fetch_error", f"{url}: rate limit wait {wait:.1f}s", "deadline")
                 if wait > 0:
                     self.count("rate_limited_waits")
                     time.sleep(wait)
             self.count("requests")
+            timeout = max(0.001, min(cfg.timeout_s, deadline.remaining()))
             try:
                 resp = self._session().get(
-                    url, stream=True, allow_redirects=follow, timeout=(cfg.timeout_s, cfg.timeout_s)
+                    url, stream=True, allow_redirects=follow, timeout=(timeout, timeout)
                 )
             except AddressRefused as exc:
                 raise CrawlDrop("private_address_refused", str(exc)) from None
             except requests.RequestException as exc:
-                if attempt == cfg.retries:
-                    raise CrawlDrop("fetch_error", f"{url}: {exc}") from None
+                last = CrawlDrop("fetch_error", f"{url}: {exc}", fetch_error_kind(exc, deadline))
+                if attempt == cfg.retries or deadline.expired:
+                    raise last from None
                 continue
-            if (resp.status_code >= 500 or resp.status_code == 429) and attempt < cfg.retries:
+            status = resp.status_code
+            if (status >= 500 or status == 429) and attempt < cfg.retries:
                 resp.close()
+                last = CrawlDrop("http_error", f"{url}: HTTP {status}", http_error_class(status))
                 continue
             return resp
         raise AssertionError("unreachable")
@@ -470,44 +584,51 @@ class Crawler:
         if not host.rules.allows(item.url, cfg.user_agent):
             raise CrawlDrop("robots_disallowed", item.url)
         fetched_at = datetime.now(UTC)
-        resp = self._get(host, item.url, reserved=True)
-        with resp:
-            if resp.status_code in _REDIRECT_STATUSES:
-                self._redirect(item, resp.headers.get("Location"))
-                return False
-            if not 200 <= resp.status_code < 300:
-                raise CrawlDrop("http_error", f"{item.url}: HTTP {resp.status_code}")
-            mime = resp.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-            if mime not in cfg.allowed_content_types:
-                raise CrawlDrop("bad_content_type", f"{item.url}: {mime or 'no content type'}")
-            declared = resp.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > cfg.max_bytes_per_page:
-                raise CrawlDrop("oversize", f"{item.url}: Content-Length {declared}")
-            ip = peer_ip(resp)
-            body = self._read_body(resp, item.url)
+        with self._session().deadline(cfg.timeout_s) as deadline:
+            with self._get(host, item.url, deadline, reserved=True) as resp:
+                if resp.status_code in _REDIRECT_STATUSES:
+                    self._redirect(item, resp.headers.get("Location"))
+                    return False
+                if not 200 <= resp.status_code < 300:
+                    status = resp.status_code
+                    raise CrawlDrop("http_error", f"{item.url}: HTTP {status}", http_error_class(status))
+                mime = resp.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+                if mime not in cfg.allowed_content_types:
+                    raise CrawlDrop("bad_content_type", f"{item.url}: {mime or 'no content type'}")
+                declared = resp.headers.get("Content-Length", "")
+                if declared.isdigit() and int(declared) > cfg.max_bytes_per_page:
+                    raise CrawlDrop("oversize", f"{item.url}: Content-Length {declared}")
+                ip = peer_ip(resp)
+                body = self._read_body(resp, item.url, deadline, cfg.max_bytes_per_page)
         self._write(item.url, resp, body, ip, mime, fetched_at)
         for link in extract_links(body, item.url):
             self.enqueue(link, item.depth + 1)
         return True
 
-    def _read_body(self, resp: requests.Response, url: str) -> bytes:
-        """Stream the (decoded) body, stopping as soon as it exceeds the size or time limit."""
-        limit, deadline = self.config.max_bytes_per_page, time.monotonic() + self.config.timeout_s
+    def _read_body(
+        self, resp: requests.Response, url: str, deadline: RequestDeadline, limit: int, truncate: bool = False
+    ) -> bytes:
+        """Stream the (decoded) body within `deadline` (which also interrupts a blocked read); over `limit`
+        bytes it is dropped as oversize, or cut at `limit` if `truncate`."""
         body = bytearray()
         try:
             for chunk in resp.iter_content(chunk_size=64 * 1024):
                 body += chunk
                 if len(body) > limit:
+                    if truncate:
+                        return bytes(body[:limit])
                     raise CrawlDrop("oversize", f"{url}: more than {limit} bytes")
-                if time.monotonic() > deadline:
-                    raise CrawlDrop("fetch_error", f"{url}: body not read within {self.config.timeout_s}s")
+                if deadline.expired:
+                    break
         except requests.RequestException as exc:
-            raise CrawlDrop("fetch_error", f"{url}: {exc}") from None
+            raise CrawlDrop("fetch_error", f"{url}: {exc}", fetch_error_kind(exc, deadline)) from None
+        if deadline.expired:
+            raise CrawlDrop("fetch_error", f"{url}: not read within {self.config.timeout_s}s", "deadline")
         return bytes(body)
 
     def _redirect(self, item: CrawlItem, location: str | None) -> None:
         if not location:
-            raise CrawlDrop("http_error", f"{item.url}: redirect without Location")
+            raise CrawlDrop("http_error", f"{item.url}: redirect without Location", "3xx")
         chain = (*item.redirected_from, item.url)
         target = normalise_url(location, item.url)
         if target is not None and target in chain:
@@ -585,8 +706,20 @@ def crawl_seeds(
     crawler = Crawler(config, writer)
     with writer:
         crawler.run(seeds)
+        if crawler.frontier.pages_written == 0 and not config.allow_empty:
+            raise _empty_crawl_error(config, snapshot, seeds, crawler)  # before the writer replaces anything
     elapsed = time.monotonic() - started
     return _result(config, store, out_prefix, crawler, writer, elapsed)
+
+
+def _empty_crawl_error(config: CrawlConfig, snapshot: str, seeds: list[str], crawler: Crawler) -> ValueError:
+    shown = ", ".join(seeds[:5]) + (f" and {len(seeds) - 5} more" if len(seeds) > 5 else "")
+    counts = {k: v for k, v in sorted(crawler.stats.items()) if v}
+    return ValueError(
+        f"web_crawl: the crawl from {shown} wrote no page for snapshot {snapshot!r} ({counts}); nothing was "
+        "published and the snapshot's previous output is left as it was. Set allow_empty=true to publish an "
+        "empty snapshot."
+    )
 
 
 def _result(
@@ -611,6 +744,10 @@ def _result(
     }
     if pages == 0:
         log.warning("the crawl wrote no pages: %s", {k: v for k, v in crawler.stats.items() if v})
+    errors = [
+        {"failure": k, "first url": e["url"], "message": e["message"]}
+        for k, e in sorted(crawler.errors.items())
+    ]
     summary = [
         {"metric": k, "value": metrics[k]}
         for k in (
@@ -624,6 +761,7 @@ def _result(
             "redirects_followed",
             "rate_limited_waits",
             "robots_fetched",
+            "crawl_delay_capped_hosts",
         )
         if k in metrics
     ]
@@ -643,6 +781,8 @@ def _result(
             markdown_table(summary),
             markdown_table(drops),
             markdown_table(per_host),
+            "**Fetch errors (first URL and message per reason)**",
+            markdown_table(errors),
         ]
     )
     version = hashlib.sha256("\n".join(sorted(crawler.digests)).encode()).hexdigest()[:16]

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import logging
 import re
+import socket
+import threading
+import time
 import zlib
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
 from infra.store import LocalStore
-from pipelines.web.crawl import CrawlConfig
+from pipelines.web.crawl import CrawlConfig, crawl_seeds
 from pipelines.web.warc_ingest import ingest_warc
 
 SNAPSHOT = "snap"
@@ -189,3 +195,209 @@ def test_a_bug_in_record_validation_fails_the_ingest(tmp_path, monkeypatch):
     with pytest.raises(TypeError, match="a bug in our code"):
         ingest(store, path)
     assert store.list(OUT + "/") == []
+
+
+# ---------------------------------------------------------------- 18.10: hostile servers on 127.0.0.1
+
+
+class HostileSite:
+    """An HTTP server on 127.0.0.1 (free port) whose routes write to the socket as slowly as they like.
+
+    A route is a function of the request handler; `stop` ends every slow route when the test is over.
+    """
+
+    def __init__(self, routes: dict[str, Callable]):
+        self.stop = threading.Event()
+        self.requests: list[tuple[str, float]] = []
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):  # noqa: N802
+                site.requests.append((self.path, time.monotonic()))
+                route = routes.get(self.path)
+                try:
+                    if route is None:
+                        self.send_error(404)
+                    else:
+                        route(self, site.stop)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the crawler gave up on us: expected
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.server.server_port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    def url(self, path: str = "/") -> str:
+        return self.base + path
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hostile_site():
+    sites: list[HostileSite] = []
+
+    def make(routes: dict[str, Callable]) -> HostileSite:
+        sites.append(HostileSite(routes))
+        return sites[-1]
+
+    yield make
+    for site in sites:
+        site.close()
+
+
+def send(body: bytes, content_type: str = "text/html; charset=utf-8") -> Callable:
+    def route(handler, stop):
+        handler.send_response(200)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    return route
+
+
+def html_page(*links: str) -> Callable:
+    anchors = "".join(f'<a href="{href}">{href}</a> ' for href in links)
+    return send(f"<html><body><p>{anchors}</p></body></html>".encode())
+
+
+def drip_body(handler, stop) -> None:
+    """Headers at once, then the body one byte every 0.2 s (it claims 100 kB: 5.5 hours)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/html")
+    handler.send_header("Content-Length", "100000")
+    handler.end_headers()
+    while not stop.wait(0.2):
+        handler.wfile.write(b"x")
+        handler.wfile.flush()
+
+
+def drip_headers(handler, stop) -> None:
+    """The status line and headers themselves, one byte every 0.2 s, never ending."""
+    for byte in b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nX-Slow: " + b"a" * 10_000:
+        if stop.wait(0.2):
+            return
+        handler.wfile.write(bytes([byte]))
+        handler.wfile.flush()
+
+
+def endless_robots(handler, stop) -> None:
+    """A robots.txt without Content-Length that never ends: 1 kB of comments every 50 ms (20 kB/s)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.wfile.write(b"User-agent: *\nAllow: /\n")
+    while not stop.wait(0.05):
+        handler.wfile.write(b"#" * 1023 + b"\n")
+        handler.wfile.flush()
+
+
+ROBOTS_OK = send(b"User-agent: *\nAllow: /\n", "text/plain")
+FAST = dict(requests_per_second_per_host=200.0, retry_backoff_s=0.01)
+METRIC_KEY = re.compile(r"^[a-z0-9_]+(/[a-z0-9_]+)?$")
+
+
+def crawl_sites(tmp_path, seeds: list[str], **overrides):
+    store = LocalStore(tmp_path / "store")
+    config = CrawlConfig(source="seeds", seeds=seeds, **{**FAST, **overrides})
+    started = time.monotonic()
+    result = crawl_seeds(config, store, SNAPSHOT, OUT, seeds)
+    return result, time.monotonic() - started
+
+
+@pytest.mark.timeout(60)
+def test_slow_drip_pages_are_cut_at_the_deadline_and_counted(tmp_path, hostile_site):
+    site = hostile_site(
+        {
+            "/robots.txt": ROBOTS_OK,
+            "/": html_page("/drip", "/drip-headers", "/ok"),
+            "/drip": drip_body,
+            "/drip-headers": drip_headers,
+            "/ok": html_page(),
+        }
+    )
+    result, elapsed = crawl_sites(tmp_path, [site.url("/")], timeout_s=1.0, retries=2)
+    m = result.metrics
+    assert m["pages_fetched"] == 2  # / and /ok
+    assert m["fetch_error"] == 2 and m["fetch_error/deadline"] == 2
+    assert elapsed < 1.0 + 3.0  # one deadline (the two drips run side by side) plus a margin
+    assert all(METRIC_KEY.match(k) and len(k) <= 40 for k in m), sorted(m)
+
+
+@pytest.mark.timeout(60)
+def test_robots_txt_fetches_have_a_deadline(tmp_path, hostile_site):
+    dripping = hostile_site({"/robots.txt": drip_body, "/": html_page()})
+    endless = hostile_site({"/robots.txt": endless_robots, "/": html_page()})
+    fine = hostile_site({"/robots.txt": ROBOTS_OK, "/": html_page()})
+    seeds = [dripping.url("/"), endless.url("/"), fine.url("/")]
+    result, elapsed = crawl_sites(tmp_path, seeds, timeout_s=1.0, scope="any")
+    m = result.metrics
+    assert m["robots_unreachable/deadline"] == 2
+    assert m["robots_disallowed"] == 2  # unreachable robots.txt: the origin is not crawled (RFC 9309)
+    assert m["pages_fetched"] == 1
+    assert elapsed < 1.0 + 3.0
+
+
+@pytest.mark.timeout(60)
+def test_crawl_delay_is_capped_and_the_host_counted(tmp_path, hostile_site):
+    site = hostile_site(
+        {
+            "/robots.txt": send(b"User-agent: *\nCrawl-delay: 100000\n", "text/plain"),
+            "/": html_page("/a", "/b"),
+            "/a": html_page(),
+            "/b": html_page(),
+        }
+    )
+    result, elapsed = crawl_sites(tmp_path, [site.url("/")], max_crawl_delay_s=0.3)
+    m = result.metrics
+    assert m["pages_fetched"] == 3 and m["crawl_delay_capped_hosts"] == 1
+    times = sorted(t for path, t in site.requests if path != "/robots.txt")
+    assert min(b - a for a, b in itertools.pairwise(times)) >= 0.25  # the capped delay is still honoured
+    assert elapsed < 3 * 0.3 + 3.0
+
+
+# ---------------------------------------------------------------- 25.6 / 18.6: crawler errors and empty crawls
+
+
+def test_network_errors_are_counted_by_reason_and_a_bug_fails_the_crawl(tmp_path, hostile_site, monkeypatch):
+    import pipelines.web.crawl as crawl
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    site = hostile_site({"/robots.txt": ROBOTS_OK, "/": html_page("/a"), "/a": html_page()})
+    result, _ = crawl_sites(tmp_path, [dead, site.url("/")], scope="any", retries=0)
+    m = result.metrics
+    assert m["pages_fetched"] == 2 and m["robots_unreachable/connection"] == 1
+
+    def broken_links(html, url):
+        raise TypeError("a bug in our link extraction")
+
+    monkeypatch.setattr(crawl, "extract_links", broken_links)
+    with pytest.raises(TypeError, match="a bug in our link extraction"):
+        crawl_sites(tmp_path / "again", [site.url("/")])
+
+
+def test_a_crawl_that_finds_nothing_fails_and_keeps_the_previous_output(tmp_path, hostile_site):
+    site = hostile_site({"/robots.txt": ROBOTS_OK, "/": html_page("/a"), "/a": html_page()})
+    first, _ = crawl_sites(tmp_path, [site.url("/")])
+    store = LocalStore(tmp_path / "store")
+    before = output_bytes(store)
+    assert first.metrics["pages_fetched"] == 2 and before
+
+    gone = hostile_site({"/robots.txt": send(b"User-agent: *\nDisallow: /\n", "text/plain")})
+    with pytest.raises(ValueError, match=r"no page.*'snap'.*allow_empty"):
+        crawl_sites(tmp_path, [gone.url("/")])
+    assert output_bytes(store) == before

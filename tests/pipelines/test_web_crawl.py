@@ -86,7 +86,7 @@ def test_robots_crawl_delay_slows_the_host_down(tmp_path, make_site):
 
 def test_robots_unreachable_means_disallow_all(tmp_path, make_site):
     site = make_site({"/": page(), "/robots.txt": Reply(status=500, body=b"oops")}, robots=None)
-    result, pages = crawl(tmp_path, [site.url("/")], retries=0)
+    result, pages = crawl(tmp_path, [site.url("/")], retries=0, allow_empty=True)
     assert pages == {}
     assert site.hits("/") == 0
     assert result.metrics["robots_disallowed"] == 1
@@ -94,7 +94,7 @@ def test_robots_unreachable_means_disallow_all(tmp_path, make_site):
 
 def test_redirect_loop_is_detected(tmp_path, make_site):
     site = make_site({"/loop-a": redirect("/loop-b"), "/loop-b": redirect("/loop-a")})
-    result, pages = crawl(tmp_path, [site.url("/loop-a")])
+    result, pages = crawl(tmp_path, [site.url("/loop-a")], allow_empty=True)
     assert pages == {}
     assert result.metrics["redirect_loop"] == 1
     assert site.hits("/loop-a") == 1 and site.hits("/loop-b") == 1
@@ -148,6 +148,7 @@ def test_private_address_seed_refused_without_traffic(tmp_path, make_site):
         tmp_path,
         [site.url("/"), "http://10.1.2.3/", "http://169.254.169.254/latest/meta-data/", "http://[::1]:9/"],
         allow_private_networks=[],
+        allow_empty=True,
     )
     assert pages == {}
     assert result.metrics["private_address_refused"] == 4
@@ -221,17 +222,18 @@ def test_retry_on_503_then_success(tmp_path, make_site):
     assert set(pages) == {site.url("/"), site.url("/flaky")}
     assert site.hits("/flaky") == 3 and site.hits("/down") == 3
     assert result.metrics["retries"] == 4
-    assert result.metrics["http_error"] == 1
+    assert result.metrics["http_error"] == 1 and result.metrics["http_error/5xx"] == 1
 
 
 def test_connection_errors_are_retried_and_counted(tmp_path):
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result, pages = crawl(tmp_path, [f"http://127.0.0.1:{port}/"], retries=1)
+    result, pages = crawl(tmp_path, [f"http://127.0.0.1:{port}/"], retries=1, allow_empty=True)
     assert pages == {}
     assert result.metrics["retries"] == 1
     assert result.metrics["robots_disallowed"] == 1  # robots.txt unreachable -> the origin is not crawled
+    assert result.metrics["robots_unreachable/connection"] == 1
 
 
 def test_url_normalisation():

@@ -26,6 +26,11 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DEBIAN_SUITE = "bookworm"
 DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 APT_LISTS_MAX_AGE_S = 7 * 24 * 3600
+# Transports git may use: no `ext::` (runs a command), no `fd::`, no remote helpers. Every subprocess below
+# also puts `--` before its manifest-derived positionals, so a name can never be read as an option.
+GIT_URL_SCHEMES = ("https", "http", "git", "file")
+_GIT_SAFETY = ["-c", "protocol.ext.allow=never", "-c", "protocol.fd.allow=never"]
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 class SourceFetchError(RuntimeError):
@@ -145,7 +150,7 @@ def fetch_debian_binary(apt: AptConfig, package: str, version: str | None, cache
     apt.ensure()
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
     target = f"{package}={version}" if version else package
-    _run(["apt-get", "-q", *apt.options(), "download", target], f"debian {package}", cwd=tmp)
+    _run(["apt-get", "-q", *apt.options(), "download", "--", target], f"debian {package}", cwd=tmp)
     debs = sorted(tmp.glob("*.deb"))
     if not debs:
         raise SourceFetchError(f"debian {package}: apt-get download produced no .deb")
@@ -195,7 +200,7 @@ def fetch_debian_source(apt: AptConfig, package: str, version: str | None, cache
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
     target = f"{package}={version}" if version else package
     # --only-source: the name is a source package, even if a binary package has the same name
-    cmd = ["apt-get", "-q", *apt.options(), "source", "--download-only", "--only-source", target]
+    cmd = ["apt-get", "-q", *apt.options(), "source", "--download-only", "--only-source", "--", target]
     try:
         _run(cmd, f"debian source {package}", cwd=tmp)
     except SourceFetchError as exc:
@@ -233,6 +238,7 @@ def fetch_npm(package: str, version: str, cache_dir: Path) -> FetchedSource:
         str(npm_cache),
         "--pack-destination",
         str(tmp),
+        "--",
         f"{package}@{version}",
     ]
     _run(cmd, f"npm {package}@{version}", cwd=tmp)
@@ -250,8 +256,8 @@ def fetch_pypi_sdist(package: str, version: str, cache_dir: Path) -> FetchedSour
     if dest.exists() and (files := sorted(dest.iterdir())):
         return FetchedSource("pypi", package, version, files, cached=True)
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", package, "--no-deps",
-           "-d", str(tmp), f"{package}=={version}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", f"--no-binary={package}", "--no-deps",
+           "-d", str(tmp), "--", f"{package}=={version}"]  # fmt: skip
     _run(cmd, f"pypi {package}=={version}")
     _publish_dir(tmp, dest)
     return FetchedSource("pypi", package, version, sorted(dest.iterdir()), seconds=time.time() - t0)
@@ -260,49 +266,58 @@ def fetch_pypi_sdist(package: str, version: str, cache_dir: Path) -> FetchedSour
 # --- git ------------------------------------------------------------------------------------------------
 
 
+def _git_env() -> dict[str, str]:
+    # GIT_ALLOW_PROTOCOL overrides any protocol.*.allow config, including the user's
+    return {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": ":".join(GIT_URL_SCHEMES)}
+
+
+def _commit_sha(out: str, what: str) -> str:
+    sha = out.split()[0] if out.strip() else ""
+    if not _SHA.fullmatch(sha):
+        raise SourceFetchError(f"{what}: expected a commit sha, got {out.strip()[:80]!r}")
+    return sha
+
+
 def resolve_git_commit(url: str, ref: str) -> str:
     """The commit a ref (branch, tag, HEAD or a sha) names in a repository."""
-    if re.fullmatch(r"[0-9a-f]{40}", ref):
+    if _SHA.fullmatch(ref):
         return ref
     local = Path(url)
+    what = f"git {url}: rev-parse {ref}"
     if local.exists():
-        return _run(
-            ["git", "-C", str(local), "rev-parse", f"{ref}^{{commit}}"], f"git {url}: rev-parse {ref}"
-        ).strip()
-    out = _run(["git", "ls-remote", url, ref], f"git {url}: ls-remote {ref}", timeout=120)
+        cmd = ["git", *_GIT_SAFETY, "-C", str(local.resolve()), "rev-parse", "--verify", "--end-of-options",
+               f"{ref}^{{commit}}"]  # fmt: skip
+        return _commit_sha(_run(cmd, what, env=_git_env()), what)
+    what = f"git {url}: ls-remote {ref}"
+    out = _run(["git", *_GIT_SAFETY, "ls-remote", "--", url, ref], what, timeout=120, env=_git_env())
     if not out.strip():
         raise SourceFetchError(f"git {url}: no ref {ref!r}")
-    return out.split()[0]
+    return _commit_sha(out, what)
 
 
 def fetch_git(url: str, ref: str, cache_dir: Path) -> FetchedSource:
     """A checkout of `url` at `ref`, fetched with depth 1; the version is the resolved commit."""
     t0 = time.time()
-    commit = resolve_git_commit(url, ref)
+    commit = resolve_git_commit(url, ref)  # always a validated sha
     dest = cache_dir / "git" / f"{_safe(Path(url.rstrip('/')).name)}_{commit[:12]}"
     if dest.exists():
         return FetchedSource("git", url, commit, [dest], cached=True)
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
     remote = Path(url).resolve().as_uri() if Path(url).exists() else url
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    git = [
-        "git",
-        "-C",
-        str(tmp),
-        "-c",
-        "protocol.file.allow=always",
-        "-c",
-        "uploadpack.allowAnySHA1InWant=true",
-    ]
-    _run(["git", "init", "-q", str(tmp)], f"git {url}: init")
+    env = _git_env()
+    git = ["git", "-C", str(tmp), *_GIT_SAFETY, "-c", "protocol.file.allow=always",
+           "-c", "uploadpack.allowAnySHA1InWant=true"]  # fmt: skip
+    _run(["git", "init", "-q", "--", str(tmp)], f"git {url}: init", env=env)
     try:
-        _run([*git, "fetch", "-q", "--depth", "1", remote, commit], f"git {url}: fetch {commit}", env=env)
+        _run(
+            [*git, "fetch", "-q", "--depth", "1", "--", remote, commit], f"git {url}: fetch {commit}", env=env
+        )
     except SourceFetchError:
         # a server that refuses to serve a bare sha: fetch everything, then check the commit out
-        _run(
-            [*git, "fetch", "-q", remote, "+refs/heads/*:refs/remotes/origin/*"], f"git {url}: fetch", env=env
-        )
-    _run([*git, "-c", "advice.detachedHead=false", "checkout", "-q", commit], f"git {url}: checkout {commit}")
+        refspec = "+refs/heads/*:refs/remotes/origin/*"
+        _run([*git, "fetch", "-q", "--", remote, refspec], f"git {url}: fetch", env=env)
+    _run([*git, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", commit],
+         f"git {url}: checkout {commit}", env=env)  # fmt: skip
     shutil.rmtree(tmp / ".git")
     _publish_dir(tmp, dest)
     return FetchedSource("git", url, commit, [dest], seconds=time.time() - t0)

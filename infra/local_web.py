@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 log = logging.getLogger(__name__)
 
 _DONE_MARKER = ".extracted"
+_DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+")  # Debian policy 5.6.1: also a safe directory name
 _NO_APT_HELP = (
     "set the web_crawl stage to `source: seeds` with your own `seeds: [https://...]`, or to `source: warc` "
     "with `warc_uri:` pointing at WARC files (a local path or s3:// prefix)"
@@ -49,7 +51,7 @@ def _apt_download(package: str, dest: Path) -> Path:
         raise LocalWebUnavailable(
             f"apt-get/dpkg-deb not found, so the local web ({package}) cannot be built: " + _NO_APT_HELP
         )
-    result = _run(["apt-get", "download", package], cwd=dest)
+    result = _run(["apt-get", "download", "--", package], cwd=dest)
     if result.returncode != 0:
         log.info(
             "apt-get download %s failed (%s); running apt-get update once", package, result.stderr.strip()
@@ -60,7 +62,7 @@ def _apt_download(package: str, dest: Path) -> Path:
                 f"apt-get download {package} failed ({result.stderr.strip()}) and apt-get update failed "
                 f"({update.stderr.strip()}; it needs root or a readable package list): " + _NO_APT_HELP
             )
-        result = _run(["apt-get", "download", package], cwd=dest)
+        result = _run(["apt-get", "download", "--", package], cwd=dest)
         if result.returncode != 0:
             raise LocalWebUnavailable(
                 f"apt-get download {package} failed: {result.stderr.strip()}: " + _NO_APT_HELP
@@ -73,6 +75,8 @@ def _apt_download(package: str, dest: Path) -> Path:
 
 def fetch_doc_package(package: str, cache_dir: Path | None = None) -> Path:
     """The unpacked file tree of a Debian package (downloaded and extracted once, then cached)."""
+    if not _DEBIAN_PACKAGE.fullmatch(package) or ".." in package:
+        raise ValueError(f"doc package {package!r} is not a Debian package name ({_DEBIAN_PACKAGE.pattern})")
     cache_dir = Path(cache_dir or default_cache_dir())
     root = cache_dir / package
     if (root / _DONE_MARKER).exists():
@@ -83,7 +87,7 @@ def fetch_doc_package(package: str, cache_dir: Path | None = None) -> Path:
         (tmp / "deb").mkdir()
         deb = _apt_download(package, tmp / "deb")
         tree = tmp / "tree"
-        result = _run(["dpkg-deb", "-x", str(deb), str(tree)])
+        result = _run(["dpkg-deb", "-x", "--", str(deb), str(tree)])
         if result.returncode != 0:
             raise LocalWebUnavailable(f"dpkg-deb -x {deb.name} failed: {result.stderr.strip()}")
         (tree / _DONE_MARKER).write_text(deb.name + "\n")

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from infra import code_sources
 from infra.partition_keys import PARTITION_KEY_PATTERN, InvalidPartitionKey
 from infra.store import LocalStore
 from pipelines.code.crawl import CodeCrawlConfig, crawl_code
+from pipelines.code.manifest import ManifestError, load_manifest
 from pipelines.code.records import read_shards
 
 HOSTILE_KEYS = ["a/b", "..", ".", "", "-x", "x/../y", "x" * 65]
@@ -90,3 +92,57 @@ def test_partition_added_by_hand_fails_in_its_first_second(tmp_path):
         assert stamps["STEP_FAILURE"] - stamps["STEP_START"] < 1.0
     store = resources_for(profile)["store"].open()
     assert store.list("code/raw/") == []
+
+
+# --- hostile manifests ----------------------------------------------------------------------------------
+
+# (entry template, the offending value); {marker} is a file that must never be created
+HOSTILE_SOURCES = [
+    ("{{kind: git, name: '--upload-pack=touch {marker}', commit: HEAD}}", "--upload-pack=touch {marker}"),
+    ("{{kind: git, name: 'ext::sh -c touch% {marker}', commit: HEAD}}", "ext::sh -c touch% {marker}"),
+    ("{{kind: git, name: 'fd::3', commit: HEAD}}", "fd::3"),
+    ("{{kind: git, name: 'ssh://h/r.git', commit: HEAD}}", "ssh://h/r.git"),
+    ("{{kind: git, name: 'https://example.org/r.git', commit: '--output={marker}'}}", "--output={marker}"),
+    ("{{kind: git, name: '../../outside/repo', commit: HEAD}}", "../../outside/repo"),
+    ("{{kind: npm, name: '../../etc', version: '1.0.0'}}", "../../etc"),
+    ("{{kind: npm, name: left-pad, version: 'file:../x'}}", "file:../x"),
+    ("{{kind: pypi, name: '-r{marker}', version: '1.0'}}", "-r{marker}"),
+    ("{{kind: debian, name: hello, version: '2.10 -o Dir=/'}}", "2.10 -o Dir=/"),
+    ('{{kind: debian_source, name: "bash\\tx"}}', "bash\tx"),
+]
+
+
+@pytest.mark.parametrize(("entry", "value"), HOSTILE_SOURCES, ids=[v for _, v in HOSTILE_SOURCES])
+def test_hostile_manifest_is_refused_naming_file_entry_and_value(tmp_path, entry, value):
+    marker = tmp_path / "pwned"
+    manifest = tmp_path / "hostile.yaml"
+    good = "  - {kind: npm, name: tiny, version: '1.0.0', path: tiny-1.0.0.tgz}\n"  # local: no network
+    manifest.write_text("sources:\n" + good + "  - " + entry.format(marker=marker) + "\n")
+    with pytest.raises(ManifestError) as err:
+        crawl_code(CodeCrawlConfig(), LocalStore(tmp_path / "store"), "snap-1", manifest, cache_dir=tmp_path)
+    message = str(err.value)
+    assert str(manifest) in message and "sources[1]" in message
+    assert repr(value.format(marker=marker)) in message
+    assert not marker.exists()
+
+
+def test_shipped_manifests_pass_validation():
+    from infra.settings import REPO_ROOT
+
+    for name in ("micro.yaml", "tiny.yaml", "heldout.yaml"):
+        assert load_manifest(REPO_ROOT / "pipelines/code/manifests" / name).sources
+
+
+def test_low_level_git_fetch_never_takes_a_url_as_an_option(tmp_path):
+    """Past the manifest check, `--` before every positional keeps `--upload-pack=...` a (missing) repository."""
+    marker = tmp_path / "pwned"
+    hostile = f"--upload-pack=touch {marker}"
+    sha = "0" * 40
+    (tmp_path / "cache").mkdir()
+    with pytest.raises(code_sources.SourceFetchError):
+        code_sources.resolve_git_commit(hostile, "HEAD")
+    with pytest.raises(code_sources.SourceFetchError):
+        code_sources.fetch_git(hostile, sha, tmp_path / "cache")  # a sha skips ls-remote: straight to fetch
+    with pytest.raises(code_sources.SourceFetchError):
+        code_sources.fetch_git(f"ext::sh -c touch% {marker}", sha, tmp_path / "cache")
+    assert not marker.exists()

@@ -68,7 +68,7 @@ _L_XML_DECLARATION = re.compile(r"\A\s*<\?xml\b")
 
 def label_from_shebang(text: str) -> str | None:
     """The language of the interpreter an extension-less script's `#!` line names (through `env`), or None:
-    an unknown interpreter, or a shell script that re-executes itself under another one."""
+    an unknown interpreter, or a shell script that re-executes itself (`exec X ... $0`) in its first five lines."""
     m = _LABEL_SHEBANG.match(text, 0, 200)
     if m is None:
         return None
@@ -78,7 +78,7 @@ def label_from_shebang(text: str) -> str | None:
         prog = PurePosixPath(args[0]).name if args else ""
     prog = prog.lower()
     lang = LABEL_INTERPRETERS.get(prog) or LABEL_INTERPRETERS.get(re.sub(r"[\d.]+$", "", prog))
-    if lang == "Shell" and _LABEL_REEXEC.search(text, 0, 1000):
+    if lang == "Shell" and _LABEL_REEXEC.search("\n".join(text[:1000].split("\n", 5)[:5])):  # its first lines
         return None
     return lang
 

@@ -17,7 +17,9 @@ class ObjectStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint; None = AWS")
     region: str = Field("us-east-1", description="S3 region")
     multipart_threshold_mb: int = Field(64, description="Objects above this size upload in parts")
-    max_attempts: int = Field(5, description="Attempts per S3 call")
+    max_attempts: int = Field(3, description="Attempts per S3 call")
+    connect_timeout_s: float = Field(5.0, description="S3: seconds to open a connection")
+    read_timeout_s: float = Field(10.0, description="S3: seconds to wait for response bytes")
     _store: ObjectStore | None = PrivateAttr(None)
 
     def open(self) -> ObjectStore:
@@ -28,6 +30,8 @@ class ObjectStoreResource(dg.ConfigurableResource):
                 region=self.region,
                 multipart_threshold_mb=self.multipart_threshold_mb,
                 max_attempts=self.max_attempts,
+                connect_timeout_s=self.connect_timeout_s,
+                read_timeout_s=self.read_timeout_s,
             )
             self._store = open_store(settings, state_dir=_profile().state_path)
         return self._store
@@ -72,6 +76,8 @@ def resources_for(profile: Profile) -> dict[str, dg.ConfigurableResource]:
             region=store.region,
             multipart_threshold_mb=store.multipart_threshold_mb,
             max_attempts=store.max_attempts,
+            connect_timeout_s=store.connect_timeout_s,
+            read_timeout_s=store.read_timeout_s,
         ),
         "mlflow": MlflowResource(
             tracking_uri=tracking_uri,

@@ -34,7 +34,11 @@ class StoreSettings(BaseModel):
         None, description="Named AWS credentials profile; None = env/instance role"
     )
     multipart_threshold_mb: int = Field(64, gt=0, description="Objects above this size upload in parts")
-    max_attempts: int = Field(5, ge=1, description="Attempts per S3 call (retries with backoff)")
+    max_attempts: int = Field(3, ge=1, description="Attempts per S3 call (retries with backoff)")
+    connect_timeout_s: float = Field(5.0, gt=0, description="S3: seconds to open a connection")
+    read_timeout_s: float = Field(
+        10.0, gt=0, description="S3: seconds to wait for response bytes (a PUT waits twice: 100-continue)"
+    )
 
 
 class TrackingSettings(BaseModel):

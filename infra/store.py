@@ -2,16 +2,27 @@
 
 Writes are atomic: a local object is written to a temp file and renamed into place; an S3 object is a single
 PUT or a multipart upload, which S3 only makes visible under its key once the upload is completed. Nothing
-half-written ever appears under a final key.
+half-written ever appears under a final key, and downloads land under their local path only when complete.
+
+Prefixes are paths: `list("web/s1")` is the object `web/s1` (if any) and every key under `web/s1/`, never
+`web/s10/...`; a prefix ending in `/` is a directory only. Both stores agree.
+
+What a killed writer leaves (local temp files, `.part` downloads, S3 multipart uploads) is named after its
+host and pid and removed by a later process (`cleanup_orphans`, run when a stage begins and before a commit).
+S3 calls have connect / read timeouts and a bounded number of attempts; their errors name the endpoint.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -24,10 +35,60 @@ from infra.settings import StoreSettings
 log = logging.getLogger(__name__)
 
 _TMP_DIR = ".tmp"
+_PROCESS_START = time.time()  # (module import) S3 uploads begun before this belong to an earlier process
+# Temp names carry their writer, so a later process can tell a dead writer's leftovers from a live one's.
+_HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64] or "host"
+
+
+def _owner() -> str:
+    return f"{_HOST}-{os.getpid()}"
+
+
+def _owner_dead(owner: str) -> bool:
+    """True if `owner` ('<host>-<pid>') is a process of this host that no longer runs."""
+    host, _, pid = owner.rpartition("-")
+    if host != _HOST or not pid.isdigit():
+        return False  # another machine's writer (shared file system): not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _remove_dead_parts(path: Path) -> int:
+    """Delete `<path>.<owner>.part*` files left by dead processes (downloads killed midway)."""
+    removed = 0
+    for part in glob.glob(f"{glob.escape(str(path))}.*.part*"):
+        owner = part[len(str(path)) + 1 :].split(".part", 1)[0]
+        if _owner_dead(owner):
+            Path(part).unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _atomic_download(path: str | Path, fetch) -> Path:
+    """Run `fetch(tmp)` into a temp file next to `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_parts(path)
+    tmp = path.with_name(f"{path.name}.{_owner()}.part")
+    try:
+        fetch(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 class StoreError(RuntimeError):
     """An object-store operation failed; the message says which key and what to do."""
+
+
+class ObjectNotFound(StoreError):
+    """There is no object under the key (S3 404 / NoSuchKey / NotFound, or no such local file)."""
 
 
 class ObjectStore(ABC):
@@ -40,8 +101,14 @@ class ObjectStore(ABC):
     reads: dict[str, Any] | None = None
 
     def begin_stage(self, producer: Any) -> None:
-        """Start recording one stage run's lineage on this handle."""
+        """Start recording one stage run's lineage on this handle (and clear what killed writers left)."""
         self.producer, self.reads = producer, {}
+        self.cleanup_orphans()
+
+    def cleanup_orphans(self, prefix: str = "") -> int:
+        """Remove what killed writers left (temp files, incomplete uploads), never what a live writer uses.
+        Returns how many leftovers were removed."""
+        return 0
 
     @abstractmethod
     def uri(self, key: str = "") -> str: ...
@@ -73,7 +140,8 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def list(self, prefix: str = "") -> list[str]:
-        """All keys under `prefix` (recursive), sorted."""
+        """The object `prefix` (if it exists) and every key below `prefix/`, recursive and sorted; with a
+        trailing '/', only the keys below it. `list("a/s1")` never returns `a/s10/...`."""
 
     @abstractmethod
     def delete(self, key: str) -> None: ...
@@ -93,25 +161,34 @@ class ObjectStore(ABC):
         return sorted(children)
 
     def put_dir(self, prefix: str, local_dir: str | Path) -> str:
-        """Publish every file of `local_dir` under `prefix`, then `_COMPLETE` last: readers that wait for the
-        marker never see a half-copied directory (a checkpoint, a tokenizer)."""
-        local_dir = Path(local_dir)
+        """Make `prefix` hold exactly the files of `local_dir`, then write `_COMPLETE` last: readers that wait
+        for the marker never see a half-copied directory, nor files of an earlier publish."""
+        prefix, local_dir = prefix.rstrip("/"), Path(local_dir)
+        files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
         self.delete(f"{prefix}/_COMPLETE")
-        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
-            self.put_file(f"{prefix}/{path.relative_to(local_dir).as_posix()}", path)
+        for key in self.list(prefix + "/"):
+            if key[len(prefix) + 1 :] not in files:
+                self.delete(key)
+        for name, path in files.items():
+            self.put_file(f"{prefix}/{name}", path)
         self.put_bytes(f"{prefix}/_COMPLETE", b"")
         return self.uri(prefix)
 
     def get_dir(self, prefix: str, local_dir: str | Path) -> Path:
-        """Copy a directory published with `put_dir` to `local_dir` (fails if it was never completed)."""
+        """Make `local_dir` hold exactly the directory published with `put_dir` (fails if never completed)."""
+        prefix = prefix.rstrip("/")
         if not self.exists(f"{prefix}/_COMPLETE"):
             raise StoreError(
                 f"{self.uri(prefix)} is incomplete or missing (no _COMPLETE marker): rerun its asset"
             )
         local_dir = Path(local_dir)
-        for key in self.list(prefix + "/"):
-            if not key.endswith("/_COMPLETE"):
-                self.download(key, local_dir / key[len(prefix) + 1 :])
+        names = [k[len(prefix) + 1 :] for k in self.list(prefix + "/") if k != f"{prefix}/_COMPLETE"]
+        if local_dir.is_dir():  # a reused cache dir: files of an earlier version are not part of this one
+            for path in [p for p in local_dir.rglob("*") if p.is_file()]:
+                if path.relative_to(local_dir).as_posix() not in names:
+                    path.unlink()
+        for name in names:
+            self.download(f"{prefix}/{name}", local_dir / name)
         return local_dir
 
     def put_json(self, key: str, obj: Any) -> str:
@@ -171,12 +248,16 @@ class LocalStore(ObjectStore):
         """The object's path on disk (local stores only; lets readers avoid a copy)."""
         return self._path(key)
 
+    def _tmp_path(self, dest: Path) -> Path:
+        """A temp file in the store's `.tmp/`, named after its writer (see `cleanup_orphans`)."""
+        tmp_dir = self.root / _TMP_DIR
+        tmp_dir.mkdir(exist_ok=True)
+        return tmp_dir / f"{_owner()}-{uuid.uuid4().hex}-{dest.name}"
+
     def _publish(self, key: str, write) -> str:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = self.root / _TMP_DIR
-        tmp_dir.mkdir(exist_ok=True)
-        tmp = tmp_dir / f"{uuid.uuid4().hex}-{dest.name}"
+        tmp = self._tmp_path(dest)
         try:
             write(tmp)
             os.replace(tmp, dest)  # atomic on one file system
@@ -193,9 +274,7 @@ class LocalStore(ObjectStore):
     def put_bytes_if_absent(self, key: str, data: bytes) -> bool:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp_dir = self.root / _TMP_DIR
-        tmp_dir.mkdir(exist_ok=True)
-        tmp = tmp_dir / f"{uuid.uuid4().hex}-{dest.name}"
+        tmp = self._tmp_path(dest)
         try:
             tmp.write_bytes(data)
             os.link(tmp, dest)  # atomic, fails if dest exists: the object appears whole or not at all
@@ -209,21 +288,19 @@ class LocalStore(ObjectStore):
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
-            raise StoreError(f"no object {self.uri(key)}") from None
+            raise ObjectNotFound(f"no object {self.uri(key)}") from None
 
     def download(self, key: str, path: str | Path) -> Path:
         src = self._path(key)
-        if not src.exists():
-            raise StoreError(f"no object {self.uri(key)}")
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, path)
-        return Path(path)
+        if not src.is_file():
+            raise ObjectNotFound(f"no object {self.uri(key)}")
+        return _atomic_download(path, lambda tmp: shutil.copyfile(src, tmp))
 
     @contextmanager
     def local_copy(self, key: str) -> Iterator[Path]:
         path = self._path(key)
-        if not path.exists():
-            raise StoreError(f"no object {self.uri(key)}")
+        if not path.is_file():
+            raise ObjectNotFound(f"no object {self.uri(key)}")
         yield path
 
     def exists(self, key: str) -> bool:
@@ -234,19 +311,29 @@ class LocalStore(ObjectStore):
         return path.stat().st_size if path.is_file() else None
 
     def list(self, prefix: str = "") -> list[str]:
-        base = self.root / prefix if prefix else self.root
-        scan = base if base.is_dir() else base.parent
-        if not scan.exists():
-            return []
-        keys = []
-        for path in scan.rglob("*"):
-            rel = path.relative_to(self.root).as_posix()
-            if path.is_file() and not rel.startswith(_TMP_DIR + "/") and rel.startswith(prefix):
-                keys.append(rel)
+        base = self.root / prefix.rstrip("/") if prefix.strip("/") else self.root
+        keys = [prefix] if prefix and not prefix.endswith("/") and base.is_file() else []
+        if base.is_dir():
+            for path in base.rglob("*"):
+                rel = path.relative_to(self.root).as_posix()
+                if path.is_file() and not rel.startswith(_TMP_DIR + "/"):
+                    keys.append(rel)
         return sorted(keys)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def cleanup_orphans(self, prefix: str = "") -> int:
+        """Delete temp files of writers on this host that no longer run (a SIGKILL skips their cleanup)."""
+        tmp_dir, removed = self.root / _TMP_DIR, 0
+        for path in list(tmp_dir.iterdir()) if tmp_dir.is_dir() else []:
+            host, pid = (path.name.split("-", 2) + ["", ""])[:2]
+            if _owner_dead(f"{host}-{pid}"):
+                path.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            log.info("removed %d temp files of dead writers from %s", removed, tmp_dir)
+        return removed
 
 
 class S3Store(ObjectStore):
@@ -264,18 +351,25 @@ class S3Store(ObjectStore):
         bucket, _, prefix = url[len("s3://") :].partition("/")
         self.bucket, self.prefix = bucket, _dir(prefix.strip("/")) if prefix.strip("/") else ""
         session = boto3.session.Session(profile_name=settings.aws_profile, region_name=settings.region)
+        # A hung endpoint costs at most max_attempts x (connect or read timeout) plus backoff per call.
         config = Config(
-            retries={"max_attempts": settings.max_attempts, "mode": "standard"},  # exponential backoff
+            retries={"total_max_attempts": settings.max_attempts, "mode": "standard"},  # exponential backoff
             s3={"addressing_style": "path"} if settings.endpoint_url else {},
-            connect_timeout=10,
-            read_timeout=60,
+            connect_timeout=settings.connect_timeout_s,
+            read_timeout=settings.read_timeout_s,
         )
         self.client = session.client("s3", endpoint_url=settings.endpoint_url, config=config)
+        self.endpoint = settings.endpoint_url or f"AWS S3 ({settings.region})"
+        self._budget = (
+            f"{settings.max_attempts} attempts, connect timeout {settings.connect_timeout_s:g}s, "
+            f"read timeout {settings.read_timeout_s:g}s"
+        )
         mb = 1024 * 1024
         self.transfer = TransferConfig(
             multipart_threshold=settings.multipart_threshold_mb * mb,
             multipart_chunksize=max(5 * mb, settings.multipart_threshold_mb * mb // 4),
             use_threads=False,
+            num_download_attempts=settings.max_attempts,
         )
 
     def __repr__(self) -> str:
@@ -299,16 +393,20 @@ class S3Store(ObjectStore):
         try:
             return fn(*args, **kwargs)
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("404", "NoSuchKey"):
-                raise StoreError(f"no object {self.uri(key)}") from None
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchKey", "NotFound"):
+                raise ObjectNotFound(f"no object {self.uri(key)}") from None
             if code == "NoSuchBucket":
                 raise StoreError(
-                    f"bucket {self.bucket!r} does not exist: create it or fix store.url"
+                    f"bucket {self.bucket!r} does not exist at endpoint {self.endpoint}: create it or fix "
+                    "store.url"
                 ) from None
-            raise StoreError(f"S3 {what} {self.uri(key)} failed: {exc}") from exc
+            raise StoreError(f"S3 {what} {self.uri(key)} failed at endpoint {self.endpoint}: {exc}") from exc
         except BotoCoreError as exc:
-            raise StoreError(f"S3 {what} {self.uri(key)} failed after retries: {exc}") from exc
+            raise StoreError(
+                f"S3 {what} {self.uri(key)} failed: endpoint {self.endpoint} did not answer ({self._budget}): "
+                f"{exc}"
+            ) from exc
 
     def put_fileobj(self, key: str, fileobj: BinaryIO) -> str:
         """Stream an object; multipart above the threshold. s3transfer aborts the upload if it fails."""
@@ -353,46 +451,40 @@ class S3Store(ObjectStore):
         return resp["Body"].read()
 
     def download(self, key: str, path: str | Path) -> Path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(f"{path}.part")
-        self._call(
-            "download",
-            key,
-            self.client.download_file,
-            self.bucket,
-            self._key(key),
-            str(tmp),
-            Config=self.transfer,
-        )
-        os.replace(tmp, path)
-        return Path(path)
+        def fetch(tmp: Path) -> None:
+            self._call(
+                "download",
+                key,
+                self.client.download_file,
+                self.bucket,
+                self._key(key),
+                str(tmp),
+                Config=self.transfer,
+            )
+
+        return _atomic_download(path, fetch)
 
     def exists(self, key: str) -> bool:
-        try:
-            self._call("head", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
-            return True
-        except StoreError as exc:
-            if "no object" in str(exc):
-                return False
-            raise
+        return self.size(key) is not None
 
     def size(self, key: str) -> int | None:
         try:
             head = self._call("head", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
-        except StoreError as exc:
-            if "no object" in str(exc):
-                return None
-            raise
+        except ObjectNotFound:  # decided by the error code, never by the message text
+            return None
         return int(head["ContentLength"])
 
     def list(self, prefix: str = "") -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
         keys = []
+        below = _dir(prefix.rstrip("/")) if prefix.strip("/") else ""
         pages = self._call(
-            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix))
+            "list", prefix, lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + below))
         )
         for page in pages:
             keys += [obj["Key"][len(self.prefix) :] for obj in page.get("Contents", [])]
+        if prefix and not prefix.endswith("/") and self.size(prefix) is not None:
+            keys.append(prefix)
         return sorted(keys)
 
     def delete(self, key: str) -> None:
@@ -408,12 +500,34 @@ class S3Store(ObjectStore):
         )
         return resp.get("Uploads", [])
 
-    def abort_incomplete_uploads(self, prefix: str = "") -> int:
-        """Abort multipart uploads left by crashed writers (they never became visible objects)."""
-        uploads = self.incomplete_uploads(prefix)
+    def abort_incomplete_uploads(self, prefix: str = "", started_before: float | None = None) -> int:
+        """Abort multipart uploads left by crashed writers (they never became visible objects); with
+        `started_before` (a Unix time), only those initiated earlier."""
+        uploads = [
+            up
+            for up in self.incomplete_uploads(prefix)
+            if started_before is None or up["Initiated"].timestamp() < started_before
+        ]
         for up in uploads:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"], UploadId=up["UploadId"])
+            self._call(
+                "abort upload",
+                up["Key"][len(self.prefix) :],
+                self.client.abort_multipart_upload,
+                Bucket=self.bucket,
+                Key=up["Key"],
+                UploadId=up["UploadId"],
+            )
         return len(uploads)
+
+    def cleanup_orphans(self, prefix: str = "") -> int:
+        """Abort multipart uploads under `prefix` that an earlier process began (a stage's own prefix has one
+        writer at a time). A store-wide sweep (no prefix) is skipped: it could hit another stage's live upload."""
+        if not prefix.strip("/"):
+            return 0
+        n = self.abort_incomplete_uploads(_dir(prefix.strip("/")), started_before=_PROCESS_START)
+        if n:
+            log.info("aborted %d incomplete uploads of earlier writers under %s", n, self.uri(prefix))
+        return n
 
 
 def open_store(settings: StoreSettings, state_dir: Path) -> ObjectStore:

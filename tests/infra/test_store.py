@@ -171,6 +171,243 @@ def test_directories_publish_with_a_completion_marker(store, tmp_path):
         store.get_dir("checkpoints/base", tmp_path / "again")
 
 
+def test_put_dir_republish_drops_files_of_the_earlier_publish(store, tmp_path):
+    """On 98a639e a second put_dir kept the first one's files: get_dir returned old and new together."""
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v1" / "old.bin").write_bytes(b"old")
+    (tmp_path / "v1" / "same.txt").write_text("1")
+    store.put_dir("tok", tmp_path / "v1")
+    cache = store.get_dir("tok", tmp_path / "cache")
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "same.txt").write_text("2")
+    (tmp_path / "v2" / "new.bin").write_bytes(b"new")
+    store.put_dir("tok", tmp_path / "v2")
+    assert store.list("tok/") == ["tok/_COMPLETE", "tok/new.bin", "tok/same.txt"]
+    again = store.get_dir("tok", cache)  # the same (reused) local cache dir
+    assert sorted(p.name for p in again.rglob("*")) == ["new.bin", "same.txt"]
+    assert (again / "same.txt").read_text() == "2"
+
+
+def test_prefixes_are_paths_s1_never_matches_s10(store):
+    """On 98a639e list('web/s1') also returned web/s10/... and delete_prefix('web/s1') deleted it."""
+    for key in ("web/s1/a", "web/s1/sub/b", "web/s10/c", "web/s1.bak", "web/s1x"):
+        store.put_bytes(key, b"x")
+    assert store.list("web/s1") == ["web/s1/a", "web/s1/sub/b"]
+    assert store.list("web/s1/") == ["web/s1/a", "web/s1/sub/b"]
+    assert store.list("web/s1x") == ["web/s1x"]  # a key is its own path
+    assert store.list("web/s") == []
+    assert store.list_prefixes("web") == ["s1", "s10"]
+    assert store.delete_prefix("web/s1") == 2
+    assert store.list("web/") == ["web/s1.bak", "web/s10/c", "web/s1x"]
+
+
+def test_exists_and_size_decide_by_error_code_not_message(s3_bucket, port):
+    """On 98a639e exists() answered False when an error message contained 'no object' (a key named so on
+    an unreachable endpoint); a missing key is a 404 code, anything else is an error."""
+    endpoint, bucket = s3_bucket
+    store = S3Store(f"s3://{bucket}/p", StoreSettings(url="", endpoint_url=endpoint))
+    store.put_bytes("notes/no object here.txt", b"12345")
+    assert store.exists("notes/no object here.txt") and store.size("notes/no object here.txt") == 5
+    assert not store.exists("notes/missing") and store.size("notes/missing") is None
+    dead = S3Store(
+        f"s3://{bucket}/p", StoreSettings(url="", endpoint_url=f"http://127.0.0.1:{port}", max_attempts=1)
+    )
+    with pytest.raises(StoreError, match=f"127.0.0.1:{port}"):
+        dead.exists("notes/no object here.txt")
+    with pytest.raises(StoreError, match=f"127.0.0.1:{port}"):
+        dead.size("notes/no object here.txt")
+
+
+@pytest.fixture
+def silent_endpoint():
+    """A TCP server on 127.0.0.1 that accepts connections and never answers (a hung S3 endpoint)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+def test_unresponsive_endpoint_fails_within_the_retry_budget(silent_endpoint, monkeypatch):
+    """On 98a639e the timeouts were fixed at 10 s / 60 s (x5 attempts): a hung endpoint stalled a stage for
+    minutes. Now the first call fails after max_attempts x read timeout (+ backoff), naming the endpoint."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    settings = StoreSettings(
+        url="s3://b/p", endpoint_url=silent_endpoint, max_attempts=2, connect_timeout_s=1, read_timeout_s=1
+    )
+    store = S3Store(settings.url, settings)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        store.put_bytes("a/b", b"x")
+    elapsed = time.monotonic() - t0
+    # 2 attempts x (100-continue wait + response wait) x 1 s, and one short backoff
+    assert 3.5 <= elapsed < 8, elapsed
+    assert silent_endpoint in str(err.value) and "2 attempts" in str(err.value)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match=silent_endpoint):
+        store.exists("a/b")
+    assert 1.5 <= time.monotonic() - t0 < 5  # a HEAD waits once per attempt
+    defaults = StoreSettings()  # a hung endpoint: ~30 s per GET/HEAD, ~60 s per PUT (was minutes)
+    assert (defaults.connect_timeout_s, defaults.read_timeout_s, defaults.max_attempts) == (5, 10, 3)
+
+
+def _run_child(script: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)], env=os.environ.copy(), stdout=subprocess.PIPE
+    )
+
+
+def _kill_when(proc: subprocess.Popen, ready, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None, "the child ended before it was killed"
+        assert time.time() < deadline, "the child never reached the point to kill it at"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+
+
+def test_temp_file_of_a_killed_local_writer_is_removed_when_a_stage_begins(tmp_path):
+    """On 98a639e a SIGKILLed writer's `.tmp/` file stayed forever."""
+    root = tmp_path / "store"
+    proc = _run_child(f"""
+        import time
+        from infra.store import LocalStore
+        def slow_write(tmp):
+            tmp.write_bytes(b"half")
+            time.sleep(600)
+        LocalStore({str(root)!r})._publish("out/x.bin", slow_write)
+    """)
+    _kill_when(proc, lambda: any((root / ".tmp").glob("*x.bin")))
+    store = LocalStore(root)
+    live = store._tmp_path(root / "mine.bin")  # this (live) process's temp file must survive
+    live.write_bytes(b"in progress")
+    store.begin_stage(None)
+    assert [p.name for p in (root / ".tmp").iterdir()] == [live.name]
+    assert store.list() == []
+
+
+class _Throttle:
+    """A TCP proxy to an upstream endpoint that sends the answers back slowly (a download in flight)."""
+
+    def __init__(self, upstream_port: int, bytes_per_s: int = 256 * 1024):
+        import socket
+        import threading
+
+        self.upstream, self.rate = upstream_port, bytes_per_s
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(8)
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while True:
+            try:
+                client = self.server.accept()[0]
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pipe, args=(client, up, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, client, True), daemon=True).start()
+
+    def _pipe(self, src, dst, slow):
+        try:
+            while data := src.recv(16384):
+                dst.sendall(data)
+                if slow:
+                    time.sleep(len(data) / self.rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self):
+        self.server.close()
+
+
+def test_killed_download_leaves_no_part_file_after_the_next_download(s3_bucket, tmp_path):
+    """On 98a639e the `.part` file of a SIGKILLed S3 download stayed next to its destination."""
+    endpoint, bucket = s3_bucket
+    store = S3Store(f"s3://{bucket}/d", StoreSettings(url="", endpoint_url=endpoint))
+    data = os.urandom(3 * 1024 * 1024)
+    store.put_bytes("big.bin", data)
+    proxy = _Throttle(int(endpoint.rsplit(":", 1)[1]))
+    dest = tmp_path / "cache" / "big.bin"
+    proc = _run_child(f"""
+        from infra.settings import StoreSettings
+        from infra.store import S3Store
+        S3Store("s3://{bucket}/d", StoreSettings(url="", endpoint_url="{proxy.url}")).download(
+            "big.bin", {str(dest)!r})
+    """)
+    try:
+        _kill_when(proc, lambda: any(p.stat().st_size > 0 for p in dest.parent.glob("big.bin.*part*")))
+    finally:
+        proxy.close()
+    assert not dest.exists() and list(dest.parent.glob("big.bin.*part*"))
+    assert store.download("big.bin", dest).read_bytes() == data
+    assert [p.name for p in dest.parent.iterdir()] == ["big.bin"]
+
+
+def test_killed_multipart_upload_is_aborted_by_the_next_writer_of_its_prefix(s3_bucket):
+    """On 98a639e nothing aborted a killed writer's multipart upload (its parts are billed forever)."""
+    endpoint, bucket = s3_bucket
+    settings = f'StoreSettings(url="", endpoint_url="{endpoint}", multipart_threshold_mb=5)'
+    proc = _run_child(f"""
+        import time
+        from infra.settings import StoreSettings
+        from infra.store import S3Store
+        class Slow:
+            pos = 0
+            def read(self, n=-1):
+                if self.pos >= 6 * 2**20:
+                    time.sleep(600)
+                n = n if n > 0 else 2**20; self.pos += n
+                return b"y" * n
+        s = S3Store("s3://{bucket}/k", {settings})
+        s.put_fileobj("web/s1/v-1/a.bin", Slow())
+    """)
+    store = S3Store(f"s3://{bucket}/k", StoreSettings(url="", endpoint_url=endpoint))
+    _kill_when(proc, lambda: bool(store.incomplete_uploads("web/s1/")))
+    store.put_bytes("web/s10/other", b"1")
+    cleanup = _run_child(f"""
+        from infra.settings import StoreSettings
+        from infra.store import S3Store
+        s = S3Store("s3://{bucket}/k", {settings})
+        print(s.cleanup_orphans("web/s10"), s.cleanup_orphans(""), s.cleanup_orphans("web/s1"))
+    """)
+    out, _ = cleanup.communicate(timeout=60)
+    assert out.split() == [b"0", b"0", b"1"]  # only its own prefix, never a store-wide sweep
+    assert store.incomplete_uploads() == [] and store.list() == ["web/s10/other"]
+
+
 def test_stores_pickle_for_worker_processes(store):
     import pickle
 

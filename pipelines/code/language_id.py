@@ -342,7 +342,7 @@ def _headline(by_source: dict[str, float], groups: int) -> str:
 def _source_rows(by_source: dict[str, float]) -> list[dict]:
     rows = []
     for name, key in [("all", ""), ("extension only", "/extension_only"), ("name or extension", "/name_labels"),
-                      *((src, f"/label_source/{src}") for src in LABEL_SOURCES)]:  # fmt: skip
+                      *((src, f"/label_source/{src}") for src in LABEL_SOURCES if src != "extension")]:  # fmt: skip
         acc = by_source.get(f"accuracy{key}")
         rows.append({"labels": name, "files": int(by_source[f"heldout_files{key}"]),
                      "accuracy": "-" if acc is None else f"{acc:.4f}"})  # fmt: skip

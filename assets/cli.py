@@ -111,6 +111,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         )
         for child in node["upstream"]:
             show(child, depth + 1)
+        for asset in node.get("missing", []):  # declared upstream the stage recorded no read of
+            print(f"{'  ' * (depth + 1)}{asset}: no recorded read (lineage broken)")
 
     show(tree, 0)
     return 0

@@ -8,26 +8,42 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.data_version import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+)
+from dagster._core.definitions.source_asset import SYSTEM_METADATA_KEY_SOURCE_ASSET_OBSERVATION
 from pydantic import BaseModel
 
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import resolve
+from infra.committed import CommittedOutput, Producer
 from infra.partition_keys import validate_partition_keys
 from infra.settings import load_profile
 from infra.stage import StageResult
 from infra.store import ObjectStore
-from infra.tracking import UPSTREAM_RUNS_TAG, UPSTREAM_VERSIONS_TAG, StageRun, git_commit
+from infra.tracking import (
+    LINEAGE_MISSING_TAG,
+    UPSTREAM_RUNS_TAG,
+    UPSTREAM_VERSIONS_TAG,
+    StageRun,
+    git_commit,
+    metric_name,
+    process_gone,
+    process_tags,
+)
 
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[Any, ObjectStore, str | None, StageRun], StageResult]
 CheckFn = Callable[[Any, StageResult], list[tuple[str, bool, dict]]]
+METADATA_METRICS = 60  # Dagster shows metadata as one table; the MLflow run has every metric
 
 
 def code_version(*modules: ModuleType) -> str:
@@ -38,57 +54,10 @@ def code_version(*modules: ModuleType) -> str:
     return digest.hexdigest()[:12]
 
 
-@dataclass
-class Upstream:
-    asset: str
-    partition: str | None
-    mlflow_run_id: str | None
-    data_version: str | None
-
-
-def _run_id_for(metadata: dict, partition: str | None) -> str | None:
-    runs = metadata.get("mlflow_runs")
-    if runs is not None:
-        mapping = runs.value if hasattr(runs, "value") else runs
-        if isinstance(mapping, str):
-            mapping = json.loads(mapping)
-        if partition in mapping:
-            return mapping[partition]
-    single = metadata.get("mlflow_run_id")
-    return getattr(single, "value", single) if single is not None else None
-
-
-def upstream_lineage(
-    instance: dg.DagsterInstance, keys: Sequence[dg.AssetKey], partition: str | None
-) -> list[Upstream]:
-    """The latest materialization of each upstream asset: the same partition if it has one, else all."""
-    found: list[Upstream] = []
-    for key in keys:
-        partitions: list[str | None]
-        if partition is not None and _latest(instance, key, partition) is not None:
-            partitions = [partition]
-        else:
-            partitions = sorted(instance.get_materialized_partitions(key)) or [None]
-        for part in partitions:
-            record = _latest(instance, key, part)
-            if record is None:
-                continue
-            mat = record.asset_materialization
-            metadata = mat.metadata if mat else {}
-            version = mat.tags.get("dagster/data_version") if mat and mat.tags else None
-            found.append(Upstream(key.to_user_string(), part, _run_id_for(metadata, part), version))
-    return found
-
-
-def _latest(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None):
-    flt = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None)
-    records = instance.fetch_materializations(flt, limit=1).records
-    return records[0] if records else None
-
-
 def _metric_metadata(metrics: dict[str, float]) -> dict[str, Any]:
-    out = {}
-    for key, value in sorted(metrics.items())[:60]:
+    """Numbers for the Dagster event; more than METADATA_METRICS are cut, and the event says so."""
+    out: dict[str, Any] = {}
+    for key, value in sorted(metrics.items())[:METADATA_METRICS]:
         out[key] = (
             dg.MetadataValue.float(float(value))
             if isinstance(value, float)
@@ -96,7 +65,46 @@ def _metric_metadata(metrics: dict[str, float]) -> dict[str, Any]:
             if isinstance(value, int | bool)
             else value
         )
+    if len(metrics) > METADATA_METRICS:
+        out["metrics_truncated"] = f"{METADATA_METRICS} of {len(metrics)} (all in the MLflow run)"
     return out
+
+
+def read_lineage(reads: dict[str, CommittedOutput] | None, upstream: Sequence[dg.AssetKey]) -> dict[str, str]:
+    """Lineage tags from what the stage actually read (`store.reads`): the producers' MLflow runs, each
+    prefix's version and producer, and the declared upstream assets with no recorded read (never guessed)."""
+    reads = reads or {}
+    runs: list[str] = []
+    versions: dict[str, dict[str, str]] = {}
+    for prefix, out in sorted(reads.items()):
+        producer = out.producer
+        if producer.mlflow_run_id and producer.mlflow_run_id not in runs:
+            runs.append(producer.mlflow_run_id)
+        versions[prefix] = {"asset": f"{producer.asset}[{producer.partition}]", "version": out.version}
+    read_assets = {out.producer.asset for out in reads.values()}
+    missing = [k.to_user_string() for k in upstream if k.to_user_string() not in read_assets]
+    tags = {UPSTREAM_RUNS_TAG: ",".join(runs), UPSTREAM_VERSIONS_TAG: json.dumps(versions)}
+    if missing:
+        tags[LINEAGE_MISSING_TAG] = ",".join(missing)
+    return tags
+
+
+def _fail_stale_runs(context: dg.AssetExecutionContext, tracker, group: str, asset: str, part: str) -> None:
+    """Mark this asset partition's MLflow runs FAILED whose process is gone or whose Dagster run ended."""
+
+    def stale(run) -> bool:
+        dagster_run_id = run.data.tags.get("dagster.run_id", "")
+        if process_gone(run.data.tags, current_dagster_run=context.run_id):
+            return True
+        if not dagster_run_id or dagster_run_id == context.run_id:
+            return False
+        dagster_run = context.instance.get_run_by_id(dagster_run_id)
+        return dagster_run is not None and dagster_run.is_finished
+
+    for run_id in tracker.fail_stale_runs(group, asset, part, stale):
+        context.log.warning(
+            "marked stale MLflow run %s of %s[%s] FAILED (its process is gone)", run_id, asset, part
+        )
 
 
 def run_stage(
@@ -109,9 +117,11 @@ def run_stage(
     upstream: Sequence[dg.AssetKey] = (),
     checks: CheckFn | None = None,
     register: Callable[[StageResult], dict[str, str]] | None = None,
-) -> dg.MaterializeResult:
-    """Run `fn` once per partition of this run, each inside its own MLflow run.
+) -> Iterator[dg.AssetMaterialization | dg.MaterializeResult]:
+    """Run `fn` once per partition of this run, each inside its own MLflow run; assets return this generator.
 
+    In a partition range each completed partition is materialized at once with its own metadata and run
+    link, so a later failure keeps it. Lineage tags are what the stage read through `infra.committed`.
     `register(result)` names models to register: {registered model name: artifact sub-path in the run};
     each becomes a model version carrying the run's lineage tags."""
     cfg = resolve(config) if isinstance(config, dg.Config) else config
@@ -125,26 +135,35 @@ def run_stage(
     object_store = store.open()
     tracker = mlflow.tracker()
     commit = git_commit()
-    results: dict[str | None, tuple[StageRun, StageResult]] = {}
+    code_version_ = context.assets_def.code_versions_by_key.get(key) or ""
+    results: dict[str | None, tuple[StageRun, StageResult, dict[str, str]]] = {}
     for part in partitions:
-        ups = upstream_lineage(context.instance, upstream, part)
+        _fail_stale_runs(context, tracker, group, asset_name, part or "")
         tags = {
             "dagster.run_id": context.run_id,
             "dagster.asset_key": asset_name,
             "dagster.partition_key": part or "",
-            "crucible.code_version": context.assets_def.code_versions_by_key.get(key) or "",
+            "crucible.code_version": code_version_,
             "crucible.git_commit": commit,
             "crucible.profile": profile.name,
-            UPSTREAM_RUNS_TAG: ",".join(u.mlflow_run_id for u in ups if u.mlflow_run_id),
-            UPSTREAM_VERSIONS_TAG: json.dumps(
-                {f"{u.asset}[{u.partition or ''}]": u.data_version for u in ups}
-            ),
+            **process_tags(),
         }
         run_name = f"{asset_name}[{part}]" if part else asset_name
         context.log.info("%s: MLflow run in experiment %s/%s", run_name, tracker.experiment_prefix, group)
         with tracker.stage_run(group, run_name, tags, params=cfg.model_dump(mode="json")) as run:
+            producer = Producer(
+                asset=asset_name,
+                partition=part or "",
+                mlflow_run_id=run.run_id,
+                dagster_run_id=context.run_id,
+            )
+            object_store.begin_stage(producer)
             started = time.time()
-            result = fn(cfg, object_store, part, run)
+            try:
+                result = fn(cfg, object_store, part, run)
+            finally:  # a failed run also records what it read
+                lineage = read_lineage(object_store.reads, upstream)
+                run.set_tags(lineage)
             result.metrics.setdefault("wall_time_s", round(time.time() - started, 3))
             _log_result(run, result)
             for name, subpath in (register(result) if register else {}).items():
@@ -152,12 +171,44 @@ def run_stage(
                     name,
                     run.run_id,
                     subpath,
-                    {**tags, "crucible.data_version": result.data_version, "crucible.run_name": run_name},
+                    {
+                        **tags,
+                        **lineage,
+                        "crucible.data_version": result.data_version,
+                        "crucible.run_name": run_name,
+                    },
                 )
                 result.outputs[f"model/{name}"] = f"models:/{name}/{version.version}"
                 context.log.info("registered %s version %s", name, version.version)
-        results[part] = (run, result)
-    return _materialize_result(results, cfg, checks)
+        results[part] = (run, result, lineage)
+        if len(partitions) > 1:  # materialized now: a later partition's failure does not take it back
+            yield dg.AssetMaterialization(
+                asset_key=key,
+                partition=part,
+                metadata=_partition_metadata(run, result, lineage),
+                tags={
+                    DATA_VERSION_TAG: result.data_version or run.run_id,
+                    DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+                    CODE_VERSION_TAG: code_version_ or context.run_id,
+                },
+            )
+    yield _materialize_result(results, cfg, checks, per_partition_events=len(partitions) > 1)
+
+
+def _partition_metadata(run: StageRun, result: StageResult, lineage: dict[str, str]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "mlflow_run_id": run.run_id,
+        "data_version": result.data_version,
+        **{f"output/{k}": dg.MetadataValue.path(v) for k, v in result.outputs.items()},
+        **_metric_metadata({metric_name(k): v for k, v in result.metrics.items() if metric_name(k)}),
+    }
+    if run.url:
+        metadata["mlflow_run_url"] = dg.MetadataValue.url(run.url)
+    if result.report_md:
+        metadata["report"] = dg.MetadataValue.md(result.report_md)
+    if lineage.get(LINEAGE_MISSING_TAG):
+        metadata["lineage_missing"] = dg.MetadataValue.json(lineage[LINEAGE_MISSING_TAG].split(","))
+    return metadata
 
 
 def _log_result(run: StageRun, result: StageResult) -> None:
@@ -179,25 +230,14 @@ def _log_result(run: StageRun, result: StageResult) -> None:
         )
 
 
-def _materialize_result(results: dict, cfg: Any, checks: CheckFn | None) -> dg.MaterializeResult:
-    runs = {part: run.run_id for part, (run, _) in results.items()}
-    last_run, last = list(results.values())[-1]
-    versions = [r.data_version for _, r in results.values()]
-    metadata: dict[str, Any] = {
-        "mlflow_run_id": last_run.run_id,
-        "mlflow_runs": dg.MetadataValue.json({str(k): v for k, v in runs.items()}),
-        "data_version": ",".join(versions),
-        **{f"output/{k}": dg.MetadataValue.path(v) for k, v in last.outputs.items()},
-        **_metric_metadata(last.metrics),
-    }
-    if last_run.url:
-        metadata["mlflow_run_url"] = dg.MetadataValue.url(last_run.url)
-    if last.report_md:
-        metadata["report"] = dg.MetadataValue.md(last.report_md)
+def _materialize_result(
+    results: dict, cfg: Any, checks: CheckFn | None, per_partition_events: bool
+) -> dg.MaterializeResult:
+    """The step's result: the checks over all partitions, and for a single partition (or none) its event."""
     check_results = []
     if checks:
         outcomes: dict[str, list[tuple[bool, dict]]] = {}
-        for part, (_, result) in results.items():
+        for part, (_, result, _) in results.items():
             for name, passed, meta in checks(cfg, result):
                 outcomes.setdefault(name, []).append((passed, {**meta, "partition": part or ""}))
         for name, items in outcomes.items():
@@ -213,11 +253,15 @@ def _materialize_result(results: dict, cfg: Any, checks: CheckFn | None) -> dg.M
                     else dg.AssetCheckSeverity.ERROR,
                 )
             )
-    version = (
-        versions[0] if len(versions) == 1 else hashlib.sha256("".join(versions).encode()).hexdigest()[:16]
-    )
+    if per_partition_events:
+        # Each partition already has its own event; this key stops Dagster from emitting one more per
+        # partition with this result's metadata (execute_step._log_materialization_or_observation_events).
+        return dg.MaterializeResult(
+            metadata={SYSTEM_METADATA_KEY_SOURCE_ASSET_OBSERVATION: True}, check_results=check_results or None
+        )
+    run, result, lineage = next(iter(results.values()))
     return dg.MaterializeResult(
-        metadata=metadata,
+        metadata=_partition_metadata(run, result, lineage),
         check_results=check_results or None,
-        data_version=dg.DataVersion(version) if version else None,
+        data_version=dg.DataVersion(result.data_version) if result.data_version else None,
     )

@@ -11,10 +11,11 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +27,13 @@ log = logging.getLogger(__name__)
 
 UPSTREAM_RUNS_TAG = "crucible.upstream_runs"
 UPSTREAM_VERSIONS_TAG = "crucible.upstream_data_versions"
+# Declared upstream assets the stage recorded no read of: the lineage walk reports a broken link there.
+LINEAGE_MISSING_TAG = "crucible.lineage_missing"
+HOST_TAG, PID_TAG = "crucible.host", "crucible.pid"
 _SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|access[_-]?key|auth)", re.I)
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s:]+:[^/@\s]+@")
-_METRIC_ILLEGAL = re.compile(r"[^\w\-. :/]")
-_METRIC_SPELLED = {"+": "p", "#": "sharp"}
+_METRIC_SPELLED = {"+": "p", "#": "sharp", " ": "_"}
+_METRIC_KEY = re.compile(r"[A-Za-z0-9_/.-]{1,64}")
 
 
 def redact(params: dict[str, Any]) -> dict[str, str]:
@@ -51,9 +55,33 @@ def redact(params: dict[str, Any]) -> dict[str, str]:
     return flat
 
 
-def metric_name(key: str) -> str:
-    """An MLflow-legal metric name: `language_files/C++` -> `language_files/Cpp`, `C#` -> `Csharp`."""
-    return _METRIC_ILLEGAL.sub(lambda m: _METRIC_SPELLED.get(m.group(), "_"), key)
+def metric_name(key: str) -> str | None:
+    """A metric key from the fixed vocabulary, or None for free text (longer than 64 characters, or other
+    characters than [A-Za-z0-9_/.-] once labels are spelled out: `C++` -> `Cpp`, `C#` -> `Csharp`)."""
+    name = "".join(_METRIC_SPELLED.get(c, c) for c in key)
+    return name if _METRIC_KEY.fullmatch(name) else None
+
+
+def process_tags() -> dict[str, str]:
+    """Where a run's process lives, so a later stage can tell that a RUNNING run's process is gone."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+
+
+def process_gone(tags: dict[str, str], current_dagster_run: str = "") -> bool:
+    """True if a run's process (HOST_TAG, PID_TAG) ran on this host and no longer exists; a reused pid is
+    gone too when it is this process serving another Dagster run. Other hosts: False (cannot tell)."""
+    if tags.get(HOST_TAG) != socket.gethostname() or not tags.get(PID_TAG, "").isdigit():
+        return False
+    pid = int(tags[PID_TAG])
+    if pid == os.getpid():
+        return tags.get("dagster.run_id", "") != current_dagster_run
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by someone else
+        return False
+    return False
 
 
 def git_commit() -> str:
@@ -105,17 +133,32 @@ class StageRun:
     experiment_id: str
     url: str | None
     metrics: dict[str, float] = field(default_factory=dict)
+    rejected_metrics: list[str] = field(default_factory=list)
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Log numbers under vocabulary keys; a free-text key is dropped and named once (log and a tag)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [
-            Metric(metric_name(k), float(v), now, step or 0) for k, v in metrics.items() if v is not None
-        ]
+        batch = []
+        for key, value in metrics.items():
+            name = metric_name(key)
+            if name is None:
+                self._reject(key)
+            elif value is not None:
+                batch.append(Metric(name, float(value), now, step or 0))
         for i in range(0, len(batch), 900):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
         self.metrics.update({m.key: m.value for m in batch})
+
+    def _reject(self, key: str) -> None:
+        if key in self.rejected_metrics:
+            return
+        self.rejected_metrics.append(key)
+        log.warning("metric key %r is not a vocabulary key (<= 64 of [A-Za-z0-9_/.-]): not logged", key[:200])
+        self.client.set_tag(
+            self.run_id, "crucible.rejected_metric_keys", json.dumps(self.rejected_metrics)[:5000]
+        )
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -161,6 +204,7 @@ class Tracker:
         self.experiment_prefix = experiment_prefix
         self.artifact_root = artifact_root
         self.ui_url = ui_url or (tracking_uri if tracking_uri.startswith("http") else None)
+        self._ui_answers: bool | None = None  # checked once, on the first run link
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
     @classmethod
@@ -187,10 +231,46 @@ class Tracker:
                 raise
             return exp.experiment_id
 
-    def run_url(self, experiment_id: str, run_id: str) -> str | None:
+    def ui_available(self) -> bool:
+        """A link target exists: the UI is the configured tracking server, or it answers HTTP (cached)."""
         if not self.ui_url:
+            return False
+        if self.ui_url == self.tracking_uri:
+            return True
+        if self._ui_answers is None:
+            import urllib.error
+            import urllib.request
+
+            try:
+                urllib.request.urlopen(self.ui_url, timeout=2).close()
+                self._ui_answers = True
+            except urllib.error.HTTPError:
+                self._ui_answers = True  # something answers there
+            except (OSError, ValueError):
+                self._ui_answers = False
+                log.info("no MLflow UI answers at %s: runs carry no link", self.ui_url)
+        return self._ui_answers
+
+    def run_url(self, experiment_id: str, run_id: str) -> str | None:
+        if not self.ui_available():
             return None
         return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+    def fail_stale_runs(
+        self, group: str, asset: str, partition: str, is_stale: Callable[[Any], bool]
+    ) -> list:
+        """Mark RUNNING runs of one asset partition FAILED where `is_stale(run)` (e.g. a SIGKILLed process);
+        returns their ids."""
+        runs = self.find_runs(
+            group,
+            f"attributes.status = 'RUNNING' and tags.`dagster.asset_key` = '{asset}'"
+            f" and tags.`dagster.partition_key` = '{partition}'",
+        )
+        stale = [run for run in runs if is_stale(run)]
+        for run in stale:
+            self.client.set_tag(run.info.run_id, "crucible.failed_reason", "process gone (killed run)")
+            self.client.set_terminated(run.info.run_id, "FAILED")
+        return [run.info.run_id for run in stale]
 
     @contextmanager
     def stage_run(
@@ -271,6 +351,7 @@ class Tracker:
             "dagster_run_id": tags.get("dagster.run_id", ""),
             "data_version": tags.get("crucible.data_version", ""),
             "upstream": [],
+            "missing": [a for a in tags.get(LINEAGE_MISSING_TAG, "").split(",") if a],
         }
         seen.add(run_id)
         for up in filter(None, tags.get(UPSTREAM_RUNS_TAG, "").split(",")):

@@ -108,7 +108,7 @@ def test_cli_materialize_partition_and_backfill_range(dagster_home, docs_site):
     ).records[0]
     metadata = event.asset_materialization.metadata
     assert metadata["mlflow_run_id"].value == kept.info.run_id
-    assert metadata["mlflow_run_url"].value.endswith(f"/runs/{kept.info.run_id}")
+    assert "mlflow_run_url" not in metadata  # no MLflow UI answers during the test: no dead link
 
     backfill = _materialize("--partition-range", "s2...s3", "--config-json", config)
     assert backfill.returncode == 0, backfill.stderr[-4000:]

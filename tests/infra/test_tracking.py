@@ -1,9 +1,23 @@
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 
 from infra.settings import load_profile
-from infra.tracking import UPSTREAM_RUNS_TAG, Tracker, redact
+from infra.tracking import (
+    HOST_TAG,
+    PID_TAG,
+    UPSTREAM_RUNS_TAG,
+    Tracker,
+    process_gone,
+    process_tags,
+    redact,
+)
 
 
 def test_redact_hides_secrets_and_url_credentials():
@@ -68,3 +82,61 @@ def test_failed_stage_marks_run_failed():
         with tracker.stage_run("web", "boom", {}) as run:
             raise ValueError("stage failed")
     assert tracker.get_run(run.run_id).info.status == "FAILED"
+
+
+def test_free_text_metric_keys_are_not_logged_but_named_once():
+    tracker = Tracker.from_profile(load_profile())
+    free_text = "fetch_error/ConnectionError: [Errno 111] Connection refused by 127.0.0.1:8080 " * 3
+    with tracker.stage_run("web", "crawl", {}) as run:
+        run.log_metrics({"pages/kept": 4, free_text: 1, "x" * 65: 2, "language_files/Emacs Lisp": 3})
+        run.log_metrics({free_text: 1})
+    data = tracker.get_run(run.run_id).data
+    # on 98a639e both free-text keys were logged (the first as 'fetch_error/ConnectionError: _Errno 111_ ...')
+    assert data.metrics == {"pages/kept": 4, "language_files/Emacs_Lisp": 3}
+    assert json.loads(data.tags["crucible.rejected_metric_keys"]) == [free_text, "x" * 65]
+
+
+def test_run_links_only_when_the_ui_answers(port):
+    closed = Tracker(Tracker.from_profile(load_profile()).tracking_uri, ui_url=f"http://127.0.0.1:{port}")
+    with closed.stage_run("web", "crawl", {}) as run:
+        pass
+    assert run.url is None  # on 98a639e a link to a UI that was not running
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)  # answers 501: something is there
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        live = Tracker(closed.tracking_uri, ui_url=f"http://127.0.0.1:{server.server_address[1]}")
+        with live.stage_run("web", "crawl", {}) as run:
+            pass
+        assert run.url.endswith(f"/runs/{run.run_id}")
+    finally:
+        server.shutdown()
+    # an explicit tracking server is its own UI: no probe (nothing listens on this port either)
+    server_tracker = Tracker(f"http://127.0.0.1:{port}")
+    assert server_tracker.run_url("1", "abc") == f"http://127.0.0.1:{port}/#/experiments/1/runs/abc"
+
+
+def test_stale_running_runs_of_a_dead_process_are_marked_failed():
+    tracker = Tracker.from_profile(load_profile())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tags = {"dagster.asset_key": "web_deduped", "dagster.partition_key": "s1", "dagster.run_id": "r0"}
+        exp = tracker.experiment_id("dedup")
+        runs = {}
+        for name, pid, part in [
+            ("dead", dead.pid, "s1"),
+            ("alive", alive.pid, "s1"),
+            ("other", dead.pid, "s2"),
+        ]:
+            run_tags = {**tags, **process_tags(), PID_TAG: str(pid), "dagster.partition_key": part}
+            runs[name] = tracker.client.create_run(exp, tags=run_tags).info.run_id
+        failed = tracker.fail_stale_runs("dedup", "web_deduped", "s1", lambda r: process_gone(r.data.tags))
+        assert failed == [runs["dead"]]
+        status = {name: tracker.get_run(run_id).info.status for name, run_id in runs.items()}
+        assert status == {"dead": "FAILED", "alive": "RUNNING", "other": "RUNNING"}
+        assert not process_gone({HOST_TAG: "elsewhere", PID_TAG: str(dead.pid)})  # another host: cannot tell
+    finally:
+        alive.kill()
+        alive.wait()

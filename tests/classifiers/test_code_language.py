@@ -248,6 +248,16 @@ def test_decide_fixes_each_ambiguous_extension(classifier, path, text, expected)
     assert decision.reason == "ambiguous_resolved"
 
 
+def test_a_strong_marker_outweighs_a_lukewarm_model_among_the_candidates(classifier):
+    # a strong heuristic marker counts as half a probability: C++ 0.4 + 0.5 beats C 0.6
+    decision = classifier.decide("include/view.h", CPP_HEADER, "C", {"C": 0.6, "C++": 0.4})
+    assert (decision.language, decision.reason) == ("C++", "ambiguous_resolved")
+    # ... but not a sure model: C 0.95 vs C++ 0.05 + 0.5
+    assert classifier.decide("include/view.h", CPP_HEADER, "C", {"C": 0.95, "C++": 0.05}).language == "C"
+    # only the extension's candidates count: a Python prediction cannot make a `.h` file Python
+    assert classifier.decide("include/view.h", CPP_HEADER, "C", {"Python": 0.9, "C++": 0.1}).language == "C++"
+
+
 # Lua written unlike the training template (no `function a.b(`, no pcall, no ipairs)
 LUA_MODULE = """local M = {}
 

@@ -7,6 +7,7 @@ stage's own pydantic model (see `validate_stage`), so a bad value fails when the
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +20,29 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROFILE = "tiny"
 
 M = TypeVar("M", bound=BaseModel)
+
+# Every `stages:` section a profile may hold (the names assets pass to validate_stage / launchpad_config):
+# a misspelt section would otherwise be ignored and its stage run on defaults.
+STAGE_NAMES = frozenset(
+    {
+        "web_crawl",
+        "web_extract",
+        "web_checks",
+        "code_crawl",
+        "code_language_id",
+        "code_metadata_fix",
+        "code_quality",
+        "dedup_web",
+        "dedup_code",
+        "math_filter",
+        "world_knowledge",
+        "tokenizer",
+        "token_shards",
+        "pretrain",
+        "context_extension",
+        "checkpoint_evals",
+    }
+)
 
 
 class SettingsError(ValueError):
@@ -115,13 +139,29 @@ def load_profile(name: str | None = None) -> Profile:
     data["name"] = name
     data["source"] = str(PROFILES_DIR / f"{name}.yaml")
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as exc:
         raise SettingsError(format_validation_error(str(PROFILES_DIR / f"{name}.yaml"), exc)) from None
+    for stage in profile.stages:
+        if stage not in STAGE_NAMES:
+            raise SettingsError(
+                f"{profile.source}: unknown stage {stage!r} under stages: {_unknown_stage(stage)}"
+            )
+    return profile
+
+
+def _unknown_stage(stage: str) -> str:
+    close = difflib.get_close_matches(stage, STAGE_NAMES, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{hint}valid stages: {', '.join(sorted(STAGE_NAMES))}"
 
 
 def validate_stage(profile: Profile, stage: str, model: type[M], overrides: dict | None = None) -> M:
     """Validate one stage's config (profile defaults + overrides) against the stage's pydantic model."""
+    if stage not in STAGE_NAMES:  # a new stage is added to the vocabulary, or no profile could configure it
+        raise SettingsError(
+            f"stage {stage!r} is not in STAGE_NAMES (infra/settings.py); {_unknown_stage(stage)}"
+        )
     values = _deep_merge(profile.stage(stage), overrides or {})
     try:
         return model.model_validate(values)

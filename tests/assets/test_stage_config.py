@@ -29,9 +29,9 @@ class StageModel(BaseModel):
 
 def test_launchpad_config_carries_profile_defaults_and_round_trips(monkeypatch):
     profile = load_profile("micro").model_copy(
-        update={"stages": {"demo": {"pages": 7, "stages": [{"name": "p"}]}}}
+        update={"stages": {"web_crawl": {"pages": 7, "stages": [{"name": "p"}]}}}
     )
-    cls = launchpad_config("demo", StageModel, profile)
+    cls = launchpad_config("web_crawl", StageModel, profile)
     assert issubclass(cls, dg.Config)
     fields = cls.model_fields
     assert fields["pages"].default == 7 and fields["pages"].description == "pages to fetch"
@@ -43,12 +43,12 @@ def test_launchpad_config_carries_profile_defaults_and_round_trips(monkeypatch):
 
 
 def test_bad_profile_value_fails_at_load_naming_the_field():
-    profile = load_profile("micro").model_copy(update={"stages": {"demo": {"pages": 0}}})
-    with pytest.raises(SettingsError, match=r"(?s)stages\.demo.*'pages'"):
-        launchpad_config("demo", StageModel, profile)
+    profile = load_profile("micro").model_copy(update={"stages": {"web_crawl": {"pages": 0}}})
+    with pytest.raises(SettingsError, match=r"(?s)stages\.web_crawl.*'pages'"):
+        launchpad_config("web_crawl", StageModel, profile)
 
 
 def test_bad_launchpad_value_is_rejected_by_the_stage_model():
-    cls = launchpad_config("demo", StageModel, load_profile("micro"))
+    cls = launchpad_config("web_crawl", StageModel, load_profile("micro").model_copy(update={"stages": {}}))
     with pytest.raises(ValueError, match="pages"):
         resolve(cls(pages=-1))

@@ -47,15 +47,34 @@ def test_unknown_top_level_key_is_rejected(tmp_path, monkeypatch):
 
 
 def test_stage_validation_names_stage_and_field(tmp_path, monkeypatch):
-    (tmp_path / "p.yaml").write_text("stages:\n  crawl:\n    max_pages: -3\n")
+    (tmp_path / "p.yaml").write_text("stages:\n  web_crawl:\n    max_pages: -3\n")
     monkeypatch.setattr(settings, "PROFILES_DIR", tmp_path)
     with pytest.raises(SettingsError) as err:
-        validate_stage(load_profile("p"), "crawl", _Stage)
-    assert "stages.crawl" in str(err.value) and "'max_pages'" in str(err.value)
-    ok = validate_stage(load_profile("p"), "crawl", _Stage, overrides={"max_pages": 7})
+        validate_stage(load_profile("p"), "web_crawl", _Stage)
+    assert "stages.web_crawl" in str(err.value) and "'max_pages'" in str(err.value)
+    ok = validate_stage(load_profile("p"), "web_crawl", _Stage, overrides={"max_pages": 7})
     assert ok.max_pages == 7 and ok.name == "x"
 
 
 def test_state_dir_env_override(tmp_path, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_STATE_DIR", str(tmp_path / "s"))
     assert load_profile("tiny").state_path == tmp_path / "s"
+
+
+def test_unknown_stage_name_fails_naming_file_name_choices_and_close_match(tmp_path, monkeypatch):
+    (tmp_path / "typo.yaml").write_text("stages:\n  web_crawl: {}\n  dedup_wbe:\n    kind: web\n")
+    monkeypatch.setattr(settings, "PROFILES_DIR", tmp_path)
+    # on 98a639e the profile loaded and dedup_web silently kept its defaults
+    with pytest.raises(SettingsError) as err:
+        load_profile("typo")
+    message = str(err.value)
+    assert str(tmp_path / "typo.yaml") in message and "'dedup_wbe'" in message
+    assert "did you mean 'dedup_web'?" in message
+    assert all(name in message for name in settings.STAGE_NAMES)
+
+
+def test_stage_vocabulary_matches_the_profiles_and_the_code():
+    for name in ("tiny", "micro", "cluster"):
+        assert set(load_profile(name).stages) <= settings.STAGE_NAMES
+    with pytest.raises(SettingsError, match=r"stage 'crawl' is not in STAGE_NAMES"):
+        validate_stage(load_profile("micro"), "crawl", _Stage)

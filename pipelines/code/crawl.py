@@ -28,7 +28,7 @@ from infra.partition_keys import partition_prefix
 from infra.settings import REPO_ROOT, load_profile
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
-from pipelines.code.archives import ArchiveError, iter_source_files
+from pipelines.code.archives import ArchiveError, ArchiveLimitExceeded, ArchiveLimits, iter_source_files
 from pipelines.code.licenses import LicenseIndex
 from pipelines.code.manifest import SourceSpec, load_manifest
 from pipelines.code.records import data_version, make_record, sha256_hex, write_shards
@@ -50,6 +50,26 @@ class CodeCrawlConfig(BaseModel):
     fetch_workers: int = Field(4, ge=1, description="Sources fetched in parallel (network-bound)")
     seed: int = Field(0, description="Seed of the per-source file sample (hash order)")
     out_prefix: str = Field("code/raw", description="Store prefix; records go to <out_prefix>/<snapshot>/")
+    archive_max_total_bytes: int = Field(
+        ArchiveLimits.max_total_bytes,
+        gt=0,
+        description="A source whose archives expand past this is refused (archive bomb)",
+    )
+    archive_max_members: int = Field(
+        ArchiveLimits.max_members, gt=0, description="A source with more members is refused"
+    )
+    archive_max_member_bytes: int = Field(
+        ArchiveLimits.max_member_bytes, gt=0, description="A source with a larger archive member is refused"
+    )
+    archive_max_ratio: float = Field(
+        ArchiveLimits.max_ratio,
+        gt=1,
+        description="A source whose archive expands more than this many times (past 16 MiB) is refused",
+    )
+
+    def archive_limits(self) -> ArchiveLimits:
+        return ArchiveLimits(self.archive_max_total_bytes, self.archive_max_members,
+                             self.archive_max_member_bytes, self.archive_max_ratio)  # fmt: skip
 
 
 def default_cache_dir() -> Path:
@@ -95,7 +115,7 @@ def records_from_source(spec: SourceSpec, fetched: code_sources.FetchedSource, c
     package = (
         spec.name if spec.kind != "git" else spec.name.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git")
     )
-    for member in iter_source_files(spec.kind, fetched.files):
+    for member in iter_source_files(spec.kind, fetched.files, config.archive_limits()):
         stats["files/seen"] += 1
         if licenses.wants(member.path) and member.size < 2_000_000:
             licenses.observe(spec.kind, member.path, member.read())
@@ -192,6 +212,8 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
                 recs = records_from_source(spec, fetched, cap, config, snapshot, stats, origins)
             except (code_sources.SourceFetchError, ArchiveError) as exc:
                 stats["sources/failed"] += 1
+                if isinstance(exc, ArchiveLimitExceeded):
+                    stats[f"skipped/{exc.reason}"] += 1
                 errors.append(f"{spec.label}: {exc}")
                 log.error("code source %s skipped: %s", spec.label, exc)
                 del origins[before:]  # a half-read archive contributes nothing

@@ -146,3 +146,163 @@ def test_low_level_git_fetch_never_takes_a_url_as_an_option(tmp_path):
     with pytest.raises(code_sources.SourceFetchError):
         code_sources.fetch_git(f"ext::sh -c touch% {marker}", sha, tmp_path / "cache")
     assert not marker.exists()
+
+
+# --- archive bombs --------------------------------------------------------------------------------------
+
+MB = 1024 * 1024
+
+
+class _Zeros(io.RawIOBase):
+    """`size` zero bytes, produced on demand (the test never holds the bomb's payload in memory)."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.left)
+        buf[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def _tar_members(tf: tarfile.TarFile, members: dict[str, int]) -> None:
+    for name, size in members.items():
+        info = tarfile.TarInfo(f"package/{name}")
+        info.size = size
+        tf.addfile(info, io.BufferedReader(_Zeros(size), 1 * MB))
+
+
+def _bomb(path: Path, members: dict[str, int]) -> Path:
+    """A .tar.zst / .tar.gz / .tgz of zero-filled members (200 MB of zeros is a few KB of zstd)."""
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        with open(path, "wb") as raw, zstandard.ZstdCompressor().stream_writer(raw) as zst:
+            with tarfile.open(fileobj=zst, mode="w|") as tf:
+                _tar_members(tf, members)
+    else:
+        with tarfile.open(path, "w:gz", compresslevel=1) as tf:
+            _tar_members(tf, members)
+    return path
+
+
+def _deb_with(data_tar: Path, path: Path) -> Path:
+    """A .deb (ar archive) whose data.tar member is `data_tar`."""
+
+    def member(name: str, data: bytes) -> bytes:
+        head = f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n".encode()
+        return head + data + (b"\n" if len(data) % 2 else b"")
+
+    suffix = data_tar.name.split(".tar", 1)[1]
+    path.write_bytes(
+        b"!<arch>\n" + member("debian-binary", b"2.0\n") + member(f"data.tar{suffix}", data_tar.read_bytes())
+    )
+    return path
+
+
+_PEAK_RSS_CHILD = """
+import json, resource, sys
+from collections import Counter
+from pathlib import Path
+from infra.store import LocalStore
+from pipelines.code.crawl import CodeCrawlConfig, crawl_code
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+root = Path(sys.argv[1])
+result = crawl_code(CodeCrawlConfig(), LocalStore(root / "store"), "bomb", root / "manifest.yaml", cache_dir=root / "c")
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"before_kb": before, "after_kb": after, "metrics": result.metrics}))
+"""
+
+
+def test_archive_bombs_stream_in_bounded_memory(tmp_path):
+    """On main a .tar.zst (and a .deb's data.tar.zst) was decompressed whole into memory: two 6.5 KB bombs of
+    200 MB of zeros raised peak RSS by 390 MB and were kept as sources. Streamed, peak RSS does not grow."""
+    import json
+    import subprocess
+    import sys
+
+    from infra.settings import REPO_ROOT
+
+    zst = _bomb(tmp_path / "bomb-1.0.tar.zst", {"index.js": 200 * MB, "small.js": 100})
+    deb = _deb_with(
+        _bomb(tmp_path / "data.tar.zst", {"usr/share/x.js": 200 * MB}), tmp_path / "bomb_1.0_all.deb"
+    )
+    assert zst.stat().st_size < 100_000 and deb.stat().st_size < 100_000
+    (tmp_path / "manifest.yaml").write_text(
+        f"sources:\n  - {{kind: npm, name: bomb, version: '1.0', path: {zst}}}\n"
+        f"  - {{kind: debian, name: bomb, version: '1.0', path: {deb}}}\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS_CHILD, str(tmp_path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    grown_mb = (out["after_kb"] - out["before_kb"]) / 1024
+    assert grown_mb < 64, f"peak RSS grew by {grown_mb:.0f} MB while crawling two 200 MB bombs"
+    # the default limits refuse both (30,000x their compressed size); each 200 MB member was never read
+    assert out["metrics"]["skipped/archive_ratio_too_high"] == 2 and out["metrics"]["sources/failed"] == 2
+    assert out["metrics"]["dropped/too_large"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "members", "limits", "reason"),
+    [
+        (
+            "zst-total",
+            {f"f{i}.js": 5 * MB for i in range(10)},
+            {"archive_max_total_bytes": 20 * MB, "archive_max_ratio": 1e6},
+            "archive_too_large",
+        ),
+        (
+            "gz-member",
+            {"index.js": 50 * MB},
+            {"archive_max_member_bytes": 10 * MB},
+            "archive_member_too_large",
+        ),
+        ("zst-ratio", {"index.js": 40 * MB}, {"archive_max_ratio": 100.0}, "archive_ratio_too_high"),
+        (
+            "gz-members",
+            {f"f{i}.js": 1 for i in range(3000)},
+            {"archive_max_members": 1000},
+            "archive_too_many_members",
+        ),
+    ],
+    ids=["total", "member", "ratio", "members"],
+)
+def test_archive_over_a_limit_is_refused_with_a_counted_reason(tmp_path, name, members, limits, reason):
+    archive = _bomb(
+        tmp_path / (f"{name}-1.0.tar.zst" if name.startswith("zst") else f"{name}-1.0.tgz"), members
+    )
+    manifest = _npm_manifest(tmp_path)
+    manifest.write_text(
+        manifest.read_text() + f"  - {{kind: npm, name: {name}, version: '1.0', path: {archive}}}\n"
+    )
+    store = LocalStore(tmp_path / "store")
+    result = crawl_code(CodeCrawlConfig(**limits), store, "snap-1", manifest, cache_dir=tmp_path / "cache")
+    m = result.metrics
+    assert m[f"skipped/{reason}"] == 1 and m["sources/failed"] == 1 and m["sources/ok"] == 1
+    (error,) = result.extra["errors"]
+    assert error.startswith(f"npm:{name}@1.0") and archive.name in error
+    assert {r["metadata"]["package"] for r in read_shards(store, "code/raw/snap-1")} == {"tiny"}
+
+
+def test_zip_bomb_is_refused_from_its_central_directory(tmp_path):
+    """A 50 MB member deflates to ~50 KB: refused (ratio) before any member is inflated."""
+    import zipfile
+
+    bomb = tmp_path / "zipbomb-1.0.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf, zf.open("zipbomb-1.0/setup.py", "w") as out:
+        for _ in range(50):
+            out.write(bytes(MB))
+    manifest = _npm_manifest(tmp_path)
+    manifest.write_text(
+        manifest.read_text() + f"  - {{kind: pypi, name: zipbomb, version: '1.0', path: {bomb}}}\n"
+    )
+    result = crawl_code(
+        CodeCrawlConfig(), LocalStore(tmp_path / "store"), "snap-1", manifest, cache_dir=tmp_path
+    )
+    assert result.metrics["skipped/archive_ratio_too_high"] == 1 and result.metrics["sources/ok"] == 1
+    assert "zipbomb-1.0.zip" in result.extra["errors"][0]

@@ -7,6 +7,7 @@ from assets.partitions import single_run, web_snapshots
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
 from assets.tracked import code_version, run_stage
+from infra.partition_keys import partition_prefix
 from infra.settings import load_profile
 from pipelines.web import crawl, warc_ingest
 from pipelines.web.crawl import CrawlConfig
@@ -15,7 +16,7 @@ WebCrawlConfig = launchpad_config("web_crawl", CrawlConfig, load_profile())
 
 
 def warc_prefix(snapshot: str) -> str:
-    return f"web/warc/{snapshot}"
+    return partition_prefix("web/warc", snapshot)
 
 
 def _crawl_checks(cfg: CrawlConfig, result) -> list[tuple[str, bool, dict]]:

@@ -9,6 +9,7 @@ from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
 from assets.tracked import code_version, run_stage
 from assets.web_crawl import warc_prefix
+from infra.partition_keys import partition_prefix
 from infra.settings import load_profile, validate_stage
 from pipelines.web import extract
 from pipelines.web.extract import ExtractConfig
@@ -30,11 +31,11 @@ CHECKS = validate_stage(PROFILE, "web_checks", WebChecks)
 
 
 def documents_prefix(snapshot: str) -> str:
-    return f"web/extract/{snapshot}"
+    return partition_prefix("web/extract", snapshot)
 
 
 def filtered_prefix(snapshot: str) -> str:
-    return f"web/filtered/{snapshot}"
+    return partition_prefix("web/filtered", snapshot)
 
 
 def _extract_checks(cfg: ExtractConfig, result) -> list[tuple[str, bool, dict]]:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from classifiers.code_language import CodeLanguageClassifier, train_code_language_model
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
+from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.records import read_shards
@@ -210,7 +211,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     model + eval to the store. Returns metrics (accuracy, macro-F1, per-language F1) and the model file."""
     t0 = time.time()
     stats: Counter = Counter()
-    files = labelled_files(read_shards(store, f"{config.in_prefix}/{snapshot}"), config, stats)
+    files = labelled_files(read_shards(store, partition_prefix(config.in_prefix, snapshot)), config, stats)
     counts = Counter(f["label"] for f in files)
     keep = {lang for lang, n in counts.items() if n >= config.min_files_per_language}
     stats["files/dropped_rare_language"] = sum(n for lang, n in counts.items() if lang not in keep)
@@ -282,7 +283,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
                 )
                 + "\n"
             )
-    prefix = f"{config.out_prefix}/{snapshot}"
+    prefix = partition_prefix(config.out_prefix, snapshot)
     for stale in {"code_language.ftz", "code_language.bin"} - {model_path.name}:  # the other format, if any
         if store.exists(f"{prefix}/{stale}"):
             store.delete(f"{prefix}/{stale}")

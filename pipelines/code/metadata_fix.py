@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from classifiers.code_language import CodeLanguageClassifier
 from classifiers.code_language_rules import extension_of
+from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.records import data_version, read_shards, sha256_hex, write_shards
@@ -148,8 +149,8 @@ def fix_metadata(
 ) -> StageResult:
     """Fix language/path/repo metadata of `snapshot`'s crawled records and write the final code files."""
     t0 = time.time()
-    src = f"{config.in_prefix}/{snapshot}"
-    dst = f"{config.out_prefix}/{snapshot}"
+    src = partition_prefix(config.in_prefix, snapshot)
+    dst = partition_prefix(config.out_prefix, snapshot)
     stats: Counter = Counter()
     origins = load_origins(store, f"{src}/origins.jsonl.gz")
     with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:

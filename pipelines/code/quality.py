@@ -35,6 +35,7 @@ from classifiers.code_quality import (
     train_quality_model,
 )
 from classifiers.fasttext_train import FastTextParams, classification_report
+from infra.partition_keys import partition_prefix
 from infra.schemas import CodeSamplingWeights, LanguageSamplingWeight
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -106,7 +107,7 @@ def train_code_quality(
     and sampling weights. Returns per-language eval metrics and the model files."""
     t0 = time.time()
     work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-quality-"))
-    records = list(read_shards(store, f"{config.in_prefix}/{snapshot}"))
+    records = list(read_shards(store, partition_prefix(config.in_prefix, snapshot)))
     judge = load_judge_labels(store, config.judge_labels) if config.judge_labels else None
     tested_packages = {
         (r["metadata"]["source"], r["metadata"]["package"])
@@ -132,7 +133,7 @@ def train_code_quality(
     artifacts: dict[str, Path] = {}
     outputs: dict[str, str] = {}
     evals: dict[str, dict] = {}
-    prefix = f"{config.out_prefix}/{snapshot}"
+    prefix = partition_prefix(config.out_prefix, snapshot)
     for lang in config.languages:
         items = by_lang.get(lang, [])
         if judge is not None:

@@ -31,6 +31,7 @@ from classifiers.world_knowledge import (
     WorldKnowledgeParams,
     train_world_knowledge_classifier,
 )
+from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.knowledge.document_shards import read_documents, write_documents
@@ -348,7 +349,7 @@ def rescue_documents(
             )
             rescued.append(doc)
             stats[f"rescued/{reason}"] += 1
-    key = f"{config.rescued_prefix.rstrip('/')}/{snapshot}/part-00000.jsonl.gz"
+    key = f"{partition_prefix(config.rescued_prefix, snapshot)}/part-00000.jsonl.gz"
     write_documents(store, key, rescued)
     metrics = {k: float(v) for k, v in stats.items()}
     metrics.update(

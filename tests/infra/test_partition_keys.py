@@ -18,11 +18,18 @@ ESCAPING_STORE_KEYS = ["", "/etc/passwd", "a//b", "a/", "./a", "a/./b", "..", ".
 
 @pytest.mark.parametrize("key", HOSTILE_PARTITION_KEYS)
 def test_hostile_partition_keys_are_refused_naming_the_pattern(key):
-    from infra.partition_keys import PARTITION_KEY_PATTERN, InvalidPartitionKey, validate_partition_key
+    from infra.partition_keys import (
+        PARTITION_KEY_PATTERN,
+        InvalidPartitionKey,
+        partition_prefix,
+        validate_partition_key,
+    )
 
     with pytest.raises(InvalidPartitionKey) as err:
         validate_partition_key(key)
     assert PARTITION_KEY_PATTERN in str(err.value) and repr(key) in str(err.value)
+    with pytest.raises(InvalidPartitionKey):
+        partition_prefix("web/warc", key)  # where stages turn a partition into a store prefix
 
 
 def test_valid_partition_keys_round_trip_through_the_store(tmp_path):

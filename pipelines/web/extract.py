@@ -42,7 +42,7 @@ from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.bounded_executor import run_tasks_bounded
 from pipelines.web.filters import CountLanguages, DropWriter, MinLengthFilter
-from pipelines.web.html_extraction import HtmlWarcReader, TrafilaturaWithDrops
+from pipelines.web.html_extraction import DECODED_BY, HtmlWarcReader, TrafilaturaWithDrops
 from pipelines.web.lid import LanguageIdFilter
 from pipelines.web.stage_io import (
     data_version,
@@ -462,6 +462,13 @@ def extract_documents(
         target = sum(n for lang, n in detected.items() if lang in config.languages)
         out: dict[str, float] = {f"detected_language_docs/{k}": v for k, v in sorted(detected.items())}
         out["target_language_share"] = round(target / scored, 4) if scored else 0.0
+        read = step_stats["read"]
+        out.update(
+            {
+                f"decoded/{how}": int(read[f"decoded_{how}"].total) if f"decoded_{how}" in read else 0
+                for how in DECODED_BY
+            }
+        )
         return out
 
     return _finish(

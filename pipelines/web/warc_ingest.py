@@ -4,76 +4,49 @@
 `config.warc_uri` (a local file or directory, or an s3:// prefix), splits it into records itself so one bad
 record cannot take the rest of the file with it, validates each record with warcio (headers, HTTP headers,
 block and payload digests) and re-writes the valid ones, one gzip member each, into
-`out_prefix/part-NNNNN.warc.gz`. What is recoverable is kept: gzip is decompressed as a stream, so the records
-before a truncated or corrupt stretch survive (also when the whole file is one gzip member); a corrupt member
-is skipped by searching for the next member header; a bad record header or a wrong `Content-Length` by
-searching for the next `WARC/1.x` line. Every malformed stretch is counted once, by reason.
+`out_prefix/part-NNNNN.warc.gz`. What is recoverable is kept (`warc_files.iter_raw_records`: the records
+before a truncation, and after a corrupt gzip member, a bad header or a wrong `Content-Length`); every
+malformed stretch is counted once, by a reason from MALFORMED_REASONS.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import time
-import zlib
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from tqdm import tqdm
 from warcio.archiveiterator import ArchiveIterator
-from warcio.bufferedreaders import ChunkedDataException
-from warcio.exceptions import ArchiveLoadFailed
-from warcio.statusandheaders import StatusAndHeadersParserException
 
 from infra.settings import StoreSettings
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore, open_uri
 from pipelines.web.crawl import CrawlConfig
-from pipelines.web.warc_files import WarcShardWriter
+from pipelines.web.warc_files import (
+    MALFORMED_REASONS,
+    WARCIO_ERRORS,
+    Malformed,
+    WarcShardWriter,
+    iter_raw_records,
+)
+
+__all__ = [
+    "MALFORMED_REASONS",
+    "Malformed",
+    "RecordRejected",
+    "ingest_warc",
+    "iter_raw_records",
+    "validate_record",
+]
 
 log = logging.getLogger(__name__)
 
-GZIP_MAGIC = b"\x1f\x8b\x08"
 WARC_SUFFIXES = (".warc.gz", ".warc")
-# a bigger record is treated as corrupt (Common Crawl caps payloads at 1 MiB)
-MAX_RECORD_BYTES = 256 * 1024 * 1024
-MAX_HEADER_BYTES = 64 * 1024
-_CHUNK = 1024 * 1024
-_VERSION = b"WARC/1."
-_END = b"\r\n\r\n"
-# Why a stretch of input is not a record (the only words after `malformed/` in the metrics).
-MALFORMED_REASONS = (
-    "bad_gzip",
-    "truncated_gzip",
-    "bad_record_header",
-    "bad_content_length",
-    "truncated_record",
-    "empty_record",
-    "digest_mismatch",
-    "invalid_record",
-    "bad_http_status",
-)
-# What warcio raises on a malformed record; anything else is a bug and fails the stage.
-_WARCIO_ERRORS = (
-    ArchiveLoadFailed,
-    StatusAndHeadersParserException,
-    ChunkedDataException,
-    EOFError,
-    ValueError,
-    UnicodeDecodeError,
-    zlib.error,
-)
-
-
-@dataclass(frozen=True)
-class Malformed:
-    """A stretch of a WARC file that is not a valid record, and why (one of MALFORMED_REASONS)."""
-
-    reason: str
-    offset: int
 
 
 class RecordRejected(ValueError):
@@ -82,206 +55,6 @@ class RecordRejected(ValueError):
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
-
-
-class _Window:
-    """A byte stream read from an iterator of chunks through a buffer: look ahead, search, consume."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self._chunks = chunks
-        self.buf = bytearray()
-        self.pos = 0  # buf[pos:] is not consumed yet
-        self.consumed = 0  # stream offset of buf[pos]
-        self.eof = False
-
-    def available(self) -> int:
-        return len(self.buf) - self.pos
-
-    def fill(self, n: int) -> bool:
-        """Make at least `n` unconsumed bytes available; False if the stream ends first."""
-        while self.available() < n and not self.eof:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                self.eof = True
-                break
-            if self.pos > len(self.buf) // 2:  # compact now and then, not on every record
-                del self.buf[: self.pos]
-                self.pos = 0
-            self.buf += chunk
-        return self.available() >= n
-
-    def peek(self, start: int, end: int) -> bytes:
-        return bytes(self.buf[self.pos + start : self.pos + end])
-
-    def find(self, needle: bytes, start: int, limit: int) -> int:
-        """Offset (from the unconsumed start) of `needle` in [start, limit), reading more as needed; -1."""
-        scan = start
-        while True:
-            found = self.buf.find(needle, self.pos + scan, self.pos + limit)
-            if found >= 0:
-                return found - self.pos
-            searched = self.available()
-            if searched >= limit or not self.fill(searched + 1):
-                return -1
-            scan = max(start, searched - len(needle) + 1)
-
-    def consume(self, n: int) -> None:
-        self.pos += n
-        self.consumed += n
-
-    def skip_to_next_record(self, start: int) -> bool:
-        """Consume up to the next `WARC/1.` line at or after `start`, keeping memory bounded; False at EOF."""
-        while True:
-            found = self.find(b"\n" + _VERSION, start, self.available())
-            if found >= 0:
-                self.consume(found + 1)
-                return True
-            if self.eof and not self.fill(self.available() + 1):
-                self.consume(self.available())
-                return False
-            keep = len(_VERSION)  # a version line may straddle the next chunk
-            self.consume(max(0, self.available() - keep))
-            start = 0
-            self.fill(self.available() + 1)
-
-
-def _content_length(header: bytes) -> int | None:
-    for line in header.split(b"\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            value = value.strip()
-            return int(value) if value.isdigit() else None
-    return None
-
-
-def _split_records(chunks: Iterator[bytes]) -> Iterator[bytes | Malformed]:
-    """Split an uncompressed WARC stream into raw records (header + block + CRLFCRLF), or Malformed.
-
-    Returns (generator return value) the stream offset of trailing bytes that form no complete record, or
-    None: the caller knows whether that is a truncated record or the tail of a damaged gzip member.
-    """
-    src = _Window(chunks)
-    while True:
-        while src.fill(1) and src.peek(0, 1) in (b"\r", b"\n"):  # blank lines between records
-            src.consume(1)
-        if not src.fill(len(_VERSION)):
-            return src.consumed if src.available() else None
-        start = src.consumed
-        if src.peek(0, len(_VERSION)) != _VERSION:
-            yield Malformed("bad_record_header", start)
-            if not src.skip_to_next_record(1):
-                return None
-            continue
-        header_end = src.find(_END, 0, MAX_HEADER_BYTES)
-        if header_end < 0:
-            if src.eof and src.find(b"\n" + _VERSION, 1, src.available()) < 0:
-                return start  # the stream ends inside this header
-            yield Malformed("bad_record_header", start)
-            if not src.skip_to_next_record(1):
-                return None
-            continue
-        header = src.peek(0, header_end + 2)
-        length = _content_length(header)
-        if b"\n" + _VERSION in header or length is None or length > MAX_RECORD_BYTES:
-            yield Malformed("bad_record_header", start)
-            if not src.skip_to_next_record(1):
-                return None
-            continue
-        end = header_end + len(_END) + length
-        complete = src.fill(end + len(_END))
-        if complete and src.peek(end, end + len(_END)) == _END:
-            yield src.peek(0, end + len(_END))
-            src.consume(end + len(_END))
-            continue
-        # the block does not end where Content-Length says: a wrong length, or the stream ends inside it
-        if not complete and src.find(b"\n" + _VERSION, header_end, src.available()) < 0:
-            return start
-        yield Malformed("bad_content_length", start)
-        if not src.skip_to_next_record(header_end):
-            return None
-
-
-class _GzipMembers:
-    """A multi-member gzip stream decompressed member by member, in bounded chunks."""
-
-    def __init__(self, fh: BinaryIO):
-        self.fh = fh
-        self.buf = bytearray()  # compressed bytes not consumed yet
-        self.offset = 0  # file offset of buf[0]
-        self.error = ""  # why the last member ended early ('' if it ended cleanly)
-
-    def _refill(self) -> bool:
-        more = self.fh.read(_CHUNK)
-        self.buf += more
-        return bool(more)
-
-    def more(self) -> bool:
-        return bool(self.buf) or self._refill()
-
-    def member(self) -> Iterator[bytes]:
-        """The decompressed bytes of the member at `offset`; sets `error` if it is corrupt or truncated."""
-        decomp, self.error = zlib.decompressobj(31), ""
-        while not decomp.eof:
-            if not self.buf and not self._refill():
-                self.error = "truncated_gzip"
-                yield decomp.flush()  # what the compressor still holds of the intact part
-                return
-            try:
-                with memoryview(self.buf) as view:
-                    out = decomp.decompress(view, _CHUNK)
-            except zlib.error:
-                self.error = "bad_gzip"
-                return
-            used = len(self.buf) - len(decomp.unconsumed_tail) - len(decomp.unused_data)
-            del self.buf[:used]
-            self.offset += used
-            if out:
-                yield out
-
-    def skip_to_next_member(self) -> bool:
-        """Drop bytes up to the next gzip header after the current position; False at EOF."""
-        start = 1
-        while (found := self.buf.find(GZIP_MAGIC, start)) < 0:
-            keep = min(len(self.buf), len(GZIP_MAGIC) - 1)
-            self.offset += len(self.buf) - keep
-            del self.buf[: len(self.buf) - keep]
-            start = 0
-            if not self._refill():
-                return False
-        del self.buf[:found]
-        self.offset += found
-        return True
-
-
-def _file_chunks(fh: BinaryIO, head: bytes) -> Iterator[bytes]:
-    yield head
-    while chunk := fh.read(_CHUNK):
-        yield chunk
-
-
-def iter_raw_records(fh: BinaryIO) -> Iterator[bytes | Malformed]:
-    """Raw uncompressed WARC records of a gzipped or plain WARC stream, with Malformed for what is not one.
-
-    Each damaged stretch gives one Malformed; the records before and after it are kept.
-    """
-    head = fh.read(3)
-    if not head.startswith(b"\x1f\x8b"):
-        tail = yield from _split_records(_file_chunks(fh, head))
-        if tail is not None:
-            yield Malformed("truncated_record", tail)
-        return
-    members = _GzipMembers(fh)
-    members.buf += head
-    while members.more():
-        offset = members.offset
-        tail = yield from _split_records(members.member())
-        # offsets inside a member are of decompressed bytes: report the member's file offset
-        if members.error:
-            yield Malformed(members.error, offset)
-            if members.error == "truncated_gzip" or not members.skip_to_next_member():
-                return
-        elif tail is not None:
-            yield Malformed("truncated_record", offset)
 
 
 def _http_status(record) -> int | None:
@@ -300,7 +73,6 @@ def validate_record(raw: bytes) -> dict:
 
     Raises RecordRejected (a ValueError) with a reason from MALFORMED_REASONS if warcio rejects it.
     """
-    import io
 
     try:
         iterator = ArchiveIterator(io.BytesIO(raw), check_digests="raise")
@@ -308,7 +80,7 @@ def validate_record(raw: bytes) -> dict:
         record.raw_stream.read()  # reading the block is what checks the digests
     except StopIteration:
         raise RecordRejected("empty_record") from None
-    except _WARCIO_ERRORS as exc:
+    except WARCIO_ERRORS as exc:
         reason = "digest_mismatch" if "digest" in str(exc).lower() else "invalid_record"
         raise RecordRejected(reason, str(exc)[:200]) from exc
     http = record.http_headers

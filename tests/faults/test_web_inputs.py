@@ -7,7 +7,9 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
+import json
 import logging
+import random
 import re
 import socket
 import threading
@@ -401,3 +403,131 @@ def test_a_crawl_that_finds_nothing_fails_and_keeps_the_previous_output(tmp_path
     with pytest.raises(ValueError, match=r"no page.*'snap'.*allow_empty"):
         crawl_sites(tmp_path, [gone.url("/")])
     assert output_bytes(store) == before
+
+
+# ---------------------------------------------------------------- 18.8 / 25.6: extraction of hostile pages
+
+WARC = f"web/warc/{SNAPSHOT}"
+DOCS = f"web/extract/{SNAPSHOT}"
+
+CAFE = (
+    "The best café in town serves a crème brûlée that every visitor remembers. Our chef trained in Zürich "
+    "and Málaga before opening this small place near the station, and the menu changes every season."
+)
+MOSCOW = (
+    "Москва — столица России, крупнейший по численности населения город страны. В городе много музеев, "
+    "театров и парков, а метро считается одним из самых красивых в мире."
+)
+TOKYO = (
+    "東京は日本の首都であり、世界最大の都市圏の一つです。多くの企業や大学が集まっています。"
+    "電車の路線も多く、毎日たくさんの人が通勤しています。"
+)
+
+
+def article_html(text: str, head: str = "") -> str:
+    paragraphs = "".join(f"<p>{text}</p>" for _ in range(3))
+    return f"<!DOCTYPE html><html><head>{head}<title>Page</title></head><body><article>{paragraphs}</article></body></html>"
+
+
+def warc_of(responses: list[tuple[str, str, bytes]]) -> bytes:
+    """A gzipped WARC of (url, HTTP Content-Type, payload) response records."""
+    out = io.BytesIO()
+    writer = WARCWriter(out, gzip=True)
+    for url, content_type, body in responses:
+        http = StatusAndHeaders("200 OK", [("Content-Type", content_type)], protocol="HTTP/1.1")
+        writer.write_record(
+            writer.create_warc_record(
+                url, "response", payload=io.BytesIO(body), length=len(body), http_headers=http
+            )
+        )
+    return out.getvalue()
+
+
+def unparseable_response(url: str) -> bytes:
+    """A response record whose HTTP status line is free text, not `HTTP/1.1 200 OK`, gzipped."""
+    status = b"GARBAGE Internal-error-" + b"x" * 200
+    block = status + b"\r\nno colon in this header\r\n\r\n<html><body>hello</body></html>"
+    head = (
+        "WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: <urn:uuid:00000000-0000-0000-0000-000000000099>\r\n"
+        f"WARC-Date: 2026-01-01T00:00:00Z\r\nWARC-Target-URI: {url}\r\n"
+        f"Content-Type: application/http; msgtype=response\r\nContent-Length: {len(block)}\r\n\r\n"
+    )
+    return gzip.compress(head.encode() + block + b"\r\n\r\n", mtime=0)
+
+
+def extracted_docs(store: LocalStore, part: str) -> dict[str, dict]:
+    """Documents by URL in the shards of the extract output's `part` (`kept`, `dropped/read`)."""
+    docs = {}
+    for key in store.list(DOCS + "/"):
+        if f"/{part}/" in key and key.endswith(".jsonl.gz"):
+            for line in gzip.decompress(store.get_bytes(key)).decode().splitlines():
+                doc = json.loads(line)
+                docs[doc["metadata"]["url"]] = doc
+    return docs
+
+
+def extract(store: LocalStore):
+    from pipelines.web.extract import ExtractConfig, extract_documents
+
+    config = ExtractConfig(tasks=1, languages=["en", "ru", "ja"], language_threshold=0.3, min_doc_chars=50)
+    return extract_documents(config, store, SNAPSHOT, WARC, DOCS)
+
+
+def test_pages_are_decoded_with_their_declared_charset_or_dropped_as_undecodable(tmp_path):
+    rng = random.Random(0)
+    noise = bytes(rng.randrange(256) for _ in range(3000))  # binary sent as text/html
+    pages = [
+        ("http://site.test/cafe", "text/html; charset=ISO-8859-1", article_html(CAFE).encode("latin-1")),
+        ("http://site.test/moscow", "text/html; charset=windows-1251", article_html(MOSCOW).encode("cp1251")),
+        (
+            "http://site.test/tokyo",
+            "text/html",
+            article_html(
+                TOKYO, '<meta http-equiv="Content-Type" content="text/html; charset=Shift_JIS">'
+            ).encode("shift_jis"),
+        ),
+        ("http://site.test/noise", "text/html", noise),
+    ]
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes(f"{WARC}/part-00000.warc.gz", warc_of(pages))
+    result = extract(store)
+    kept = extracted_docs(store, "kept")
+    assert CAFE in kept["http://site.test/cafe"]["text"]
+    assert MOSCOW in kept["http://site.test/moscow"]["text"]
+    assert TOKYO in kept["http://site.test/tokyo"]["text"]
+    assert [kept[f"http://site.test/{p}"]["metadata"]["charset"] for p in ("cafe", "moscow", "tokyo")] == [
+        "cp1252",
+        "cp1251",
+        "cp932",
+    ]
+    dropped = extracted_docs(store, "dropped/read")
+    assert dropped["http://site.test/noise"]["metadata"]["drop_reason"] == "undecodable"
+    m = result.metrics
+    assert m["dropped/read/undecodable"] == 1 and m["docs_out"] == 3
+    assert (m["decoded/http_header"], m["decoded/meta"]) == (2, 1)
+
+
+def test_a_record_that_does_not_parse_is_counted_and_a_bug_in_extraction_fails_the_stage(
+    tmp_path, monkeypatch
+):
+    from pipelines.web.html_extraction import TrafilaturaWithDrops
+
+    store = LocalStore(tmp_path / "store")
+    first = warc_of([("http://site.test/a", "text/html; charset=utf-8", article_html(CAFE).encode())])
+    last = warc_of(
+        [("http://site.test/b", "text/html; charset=utf-8", article_html(CAFE + " Again.").encode())]
+    )
+    store.put_bytes(
+        f"{WARC}/part-00000.warc.gz", first + unparseable_response("http://site.test/broken") + last
+    )
+    m = extract(store).metrics
+    assert m["dropped/read/bad_http_status"] == 1
+    assert max(len(k) for k in m) <= 40  # the status line's text is not a metric key
+    assert m["docs_out"] == 2  # the record after the broken one is read too
+
+    def buggy_extract(self, text):
+        raise TypeError("a bug in our extractor")
+
+    monkeypatch.setattr(TrafilaturaWithDrops, "extract", buggy_extract)
+    with pytest.raises(Exception, match="TypeError: a bug in our extractor"):
+        extract(store)

@@ -49,6 +49,19 @@ log = logging.getLogger(__name__)
 WARC_SUFFIXES = (".warc.gz", ".warc")
 
 
+# WARC-Type values of WARC 1.1 (a record of another type is counted as `kept/other`).
+WARC_TYPES = (
+    "warcinfo",
+    "response",
+    "resource",
+    "request",
+    "metadata",
+    "revisit",
+    "conversion",
+    "continuation",
+)
+
+
 class RecordRejected(ValueError):
     """warcio rejected a record; `reason` is one of MALFORMED_REASONS."""
 
@@ -152,7 +165,7 @@ def _ingest_file(key: str, fh: BinaryIO, writer: WarcShardWriter, run: _Ingest, 
             log.warning("%s: invalid WARC record (%s)", key, exc)
             continue
         writer.write_raw(item)
-        run.stats[f"kept/{info['type']}"] += 1
+        run.stats[f"kept/{info['type'] if info['type'] in WARC_TYPES else 'other'}"] += 1
         if info["type"] == "response":
             run.pages += 1
             bar.update(1)

@@ -177,10 +177,16 @@ def test_a_free_text_status_line_is_counted_under_a_fixed_key(tmp_path):
     records = page_records(2)
     status = "Internal-error-" + "x" * 200 + " OK"
     records.append(response_record("https://example.org/odd", b"<html>odd</html>", status=status))
+    odd_type = io.BytesIO()
+    writer = WARCWriter(odd_type, gzip=False)
+    writer.write_record(
+        writer.create_warc_record("https://example.org/t", "a-type-nobody-knows-" + "y" * 100)
+    )
+    records.append(odd_type.getvalue())
     path = tmp_path / "in.warc.gz"
     path.write_bytes(b"".join(gzip.compress(r, mtime=0) for r in records))
     m = ingest(LocalStore(tmp_path / "store"), path).metrics
-    assert m["pages_fetched"] == 2 and m["malformed/bad_http_status"] == 1
+    assert m["pages_fetched"] == 2 and m["malformed/bad_http_status"] == 1 and m["kept/other"] == 1
     assert max(len(k) for k in m) <= 40
 
 

@@ -9,6 +9,7 @@ from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
 from assets.tracked import code_version, run_stage
+from infra.committed import is_committed
 from infra.settings import load_profile
 from infra.store import ObjectStore
 from training import data as token_data
@@ -33,11 +34,15 @@ def _snapshots(store: ObjectStore, prefix: str, marker: str) -> list[str]:
     return [s for s in store.list_prefixes(prefix) if store.exists(f"{prefix}/{s}/{marker}")]
 
 
+def _committed_snapshots(store: ObjectStore, prefix: str) -> list[str]:
+    return [s for s in store.list_prefixes(prefix) if is_committed(store, f"{prefix}/{s}")]
+
+
 def corpus_sources(store: ObjectStore) -> dict[str, list[str]]:
     """Source -> store prefixes of every curated partition present now: deduplicated where dedup ran,
     else the filtered documents; math and rescued knowledge as their own sources."""
-    deduped_web = set(_snapshots(store, "dedup/web", "_SUCCESS.json"))
-    deduped_code = set(_snapshots(store, "dedup/code", "_SUCCESS.json"))
+    deduped_web = set(_committed_snapshots(store, "dedup/web"))
+    deduped_code = set(_committed_snapshots(store, "dedup/code"))
     web = [f"dedup/web/{s}/kept/" for s in sorted(deduped_web)] + [
         f"web/filtered/{s}/kept/"
         for s in _snapshots(store, "web/filtered", "manifest.json")

@@ -138,6 +138,52 @@ def commit(
     return out
 
 
+def commit_uploaded(
+    store: ObjectStore,
+    prefix: str,
+    version: str,
+    files: Mapping[str, CommittedFile],
+    meta: dict[str, Any] | None = None,
+    allow_empty: bool = False,
+) -> CommittedOutput:
+    """Switch the pointer of `prefix` to files a stage's workers already wrote under `<prefix>/v-<version>/`
+    (Spark tasks on a cluster write straight to the store); `files` are their sizes and hashes as written.
+    The version names the inputs (a deterministic output of them), so a rerun rewrites the same bytes.
+    Every file must be there with its size before the switch; older versions are collected as in `commit`."""
+    prefix = _normalise_prefix(prefix)
+    if not files and not allow_empty:
+        raise CommitError(f"refusing to commit an empty output to {store.uri(prefix)}")
+    out = CommittedOutput(
+        prefix=prefix,
+        version=version,
+        files=dict(files),
+        producer=getattr(store, "producer", None) or Producer(),
+        meta=meta or {},
+        committed_at=time.time(),
+    )
+    for name, entry in out.files.items():
+        if store.size(out.key(name)) != entry.bytes:
+            raise CommitError(
+                f"{store.uri(out.key(name))} is missing or not {entry.bytes} bytes: not committing"
+            )
+    previous = _read_pointer(store, prefix)
+    store.put_bytes(f"{prefix}/{POINTER}", out.model_dump_json(indent=1).encode())  # the commit point
+    _collect_garbage(store, prefix, keep={out.version, previous.version if previous else ""})
+    log.info("committed %s version %s (%d files)", store.uri(prefix), out.version, len(files))
+    return out
+
+
+def committed_keys(store: ObjectStore, prefix: str, suffix: str | tuple[str, ...] = "") -> list[str] | None:
+    """Store keys of the committed files under `prefix`, where `prefix` is a committed output or a folder of
+    one (`dedup/web/s1/kept/` of the output `dedup/web/s1`); None if no enclosing output is committed."""
+    parts = [p for p in prefix.strip("/").split("/") if p]
+    for depth in range(len(parts), 0, -1):
+        root = "/".join(parts[:depth])
+        if is_committed(store, root):
+            return read_committed(store, root).keys(suffix, under="/".join(parts[depth:]))
+    return None
+
+
 def _collect_garbage(store: ObjectStore, prefix: str, keep: Iterable[str]) -> None:
     keep_dirs = {f"{VERSION_DIR}{v}" for v in keep if v}
     for child in store.list_prefixes(prefix):
@@ -215,3 +261,15 @@ def record_read(store: ObjectStore, out: CommittedOutput) -> None:
     reads = getattr(store, "reads", None)
     if reads is not None:
         reads[out.prefix] = out
+
+
+def committed_shards(store: ObjectStore, path: str, suffix: str | tuple[str, ...] = "") -> list[str]:
+    """Like `committed_keys`, but a path that no committed output holds is an error (readers of stage
+    outputs never fall back to listing: a listing would also see a killed writer's partial files)."""
+    keys = committed_keys(store, path, suffix)
+    if keys is None:
+        raise CommitError(
+            f"{store.uri(path.strip('/'))}: no committed output holds this path ({POINTER} missing): "
+            "materialize the asset that writes it first"
+        )
+    return keys

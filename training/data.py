@@ -30,6 +30,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from infra.committed import committed_keys
 from infra.schemas import CodeSamplingWeights, parse_document
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
@@ -95,7 +96,10 @@ def group_key(doc: Mapping[str, Any]) -> str:
 
 
 def document_keys(store: ObjectStore, prefix: str) -> list[str]:
-    return [k for k in store.list(prefix) if k.endswith(DOC_SUFFIXES)]
+    """Document shards under `prefix`: the files of the committed output that holds it (e.g. `dedup/web/s1/kept/`
+    of `dedup/web/s1`), else (a producer that does not commit yet) every shard listed under it."""
+    keys = committed_keys(store, prefix, DOC_SUFFIXES)
+    return keys if keys is not None else [k for k in store.list(prefix) if k.endswith(DOC_SUFFIXES)]
 
 
 def iter_documents(store: ObjectStore, key: str) -> Iterator[dict]:

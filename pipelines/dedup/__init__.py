@@ -23,7 +23,7 @@ transitive: a document linked to a dropped document of an earlier partition is d
 
 Cross-snapshot, incremental, backfill
 -------------------------------------
-Each processed partition is committed to `dedup/<kind>/index/<snapshot>/` with a `seq` (processing order)
+Each processed partition is committed to the index `dedup/<kind>/index/` with a `seq` (processing order)
 that reruns keep. A partition is deduplicated against exactly the partitions with a smaller seq, so:
 - a new snapshot is deduplicated against every snapshot processed before it;
 - backfilling an OLDER snapshot after newer ones: the backfilled snapshot loses its copies of documents the
@@ -32,15 +32,18 @@ that reruns keep. A partition is deduplicated against exactly the partitions wit
   the newer crawl of it;
 - rerunning a partition is idempotent: same seq, same earlier partitions, same output, and its index entry
   is replaced. If its input changed, later partitions that were deduplicated against the old version are
-  reported as `stale_partitions` (metric, report, _SUCCESS.json) and should be rerun.
-Runs of the same kind must be serialised (two concurrent new partitions would not see each other).
+  reported as `stale_partitions` (metric, report, the output's meta) and should be rerun.
+Concurrent runs of one kind (two Dagster runs, or `crucible run` in process beside one) are safe: the index
+commit is a create-only append to a log (index.py), so two partitions never take the same seq, and a run
+that loses the race is recomputed against the winner's documents (`attempts` metric).
 
 Crash safety
 ------------
-Every object is published atomically; the index manifest (the commit) and `_SUCCESS.json` are written after
-all shard outputs, and `_SUCCESS.json` is deleted when a run starts. Index parts live in a version directory
-that only the manifest points to. A killed run therefore leaves no success marker and no committed index
-change, and rerunning it overwrites everything with the same bytes an uninterrupted run writes.
+Shard outputs go to version directories (`v-<version>`, named by config, inputs and the earlier index), then
+the index log record is appended, then the output pointer `dedup/<kind>/<snapshot>/_committed.json`
+(`infra.committed`) is switched. Readers go through the pointer and the log, which list every file with its
+size. A killed run leaves the previous version readable (or the new one, whole), and rerunning it writes the
+same bytes an uninterrupted run writes (tests/faults/test_dedup_kill.py).
 """
 
 from pipelines.dedup.config import DedupConfig

@@ -51,7 +51,8 @@ INDEX_FIELDS = (
     "exact_match_on",
     "url_dedup",
 )
-# Fields that change which documents are kept: they make the fingerprint of the index and the outputs.
+# Fields that change which documents are kept, or the bytes of the kept shards (gzip_level): the output's
+# version directory is named by them, so a rerun that would write other bytes never rewrites a committed one.
 RESULT_FIELDS = (
     "kind",
     "ngram_size",
@@ -67,6 +68,7 @@ RESULT_FIELDS = (
     "url_dedup",
     "verify_threshold",
     "quality_field",
+    "gzip_level",
 )
 
 

@@ -3,13 +3,17 @@ keys) of all its documents, so later partitions are deduplicated against it.
 
 Layout in the store, per kind:
 
-    dedup/<kind>/index/<snapshot>/manifest.json          the commit point (seq, version, parts, counts)
+    dedup/<kind>/index/_log/0000000000.json               the commit log: one record per committed entry
     dedup/<kind>/index/<snapshot>/v-<version>/<shard>.parquet   one part per input shard
 
-A partition's `seq` is its position in processing order, assigned on its first run and kept by reruns.
+A partition's `seq` is its position in processing order, assigned on its first commit and kept by reruns.
 Document node ids are `seq << 40 | rank` where `rank` orders the partition's documents by the keep rule,
-so "smaller node id" means "wins the cluster" everywhere. The manifest is written last; parts of an
-unfinished run sit in a version directory no manifest points to and are ignored (and later deleted).
+so "smaller node id" means "wins the cluster" everywhere. The current entry of a snapshot is its latest
+log record. A record is appended only with a create-only write (`put_bytes_if_absent`) at the log's next
+position, after validating that the log still says what the entry was computed from (its seq and the
+versions of the entries before it): two runs can never take the same seq, and a run that loses the race
+recomputes against the winner. Parts are written before the record and listed in it with their sizes;
+readers check them. Parts of an unfinished run sit in a version directory no record names (later deleted).
 """
 
 from __future__ import annotations
@@ -22,14 +26,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infra.committed import CommitError
 from infra.store import ObjectStore
 
 NODE_SHIFT = 40  # up to 2^40 documents per partition, 2^23 partitions
-MANIFEST = "manifest.json"
+LOG = "_log"
+_MAX_APPENDS = 50  # log appends lost to other runs before giving up (each loss is another run's commit)
 
 
 class IndexMismatchError(ValueError):
     """The index was built with a different dedup config; mixing them would compare unlike signatures."""
+
+
+class IndexConflictError(RuntimeError):
+    """Other runs kept committing to the index while this one tried to: rerun the stage."""
 
 
 @dataclass
@@ -41,6 +51,7 @@ class IndexEntry:
     version: str
     config: str  # DedupConfig.index_fingerprint()
     parts: list[str] = field(default_factory=list)
+    part_bytes: list[int] = field(default_factory=list)  # size of each part, checked by readers
     docs: int = 0
     kept: int = 0
     deduped_against: list[dict] = field(default_factory=list)  # [{snapshot, seq, version}] of earlier entries
@@ -49,15 +60,36 @@ class IndexEntry:
     def ref(self) -> dict:
         return {"snapshot": self.snapshot, "seq": self.seq, "version": self.version}
 
+    def record(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+
+@dataclass
+class IndexLog:
+    """The index as its log says now: the current entry per snapshot and where the next record goes."""
+
+    entries: list[IndexEntry]  # by seq
+    next_position: int
+
+
+def log_key(index_prefix: str, position: int) -> str:
+    return f"{index_prefix}/{LOG}/{position:010d}.json"
+
+
+def read_index(store: ObjectStore, index_prefix: str) -> IndexLog:
+    """Replay the commit log: a snapshot's latest record is its entry."""
+    current: dict[str, IndexEntry] = {}
+    keys = sorted(store.list(f"{index_prefix}/{LOG}/"))
+    for key in keys:
+        entry = IndexEntry(**json.loads(store.get_bytes(key)))
+        current[entry.snapshot] = entry
+    last = int(keys[-1].rsplit("/", 1)[1].split(".")[0]) if keys else -1
+    return IndexLog(sorted(current.values(), key=lambda e: e.seq), last + 1)
+
 
 def list_entries(store: ObjectStore, index_prefix: str) -> list[IndexEntry]:
-    """Committed entries (those with a manifest), by seq."""
-    entries = []
-    for snapshot in store.list_prefixes(index_prefix):
-        key = f"{index_prefix}/{snapshot}/{MANIFEST}"
-        if store.exists(key):
-            entries.append(IndexEntry(**store.get_json(key)))
-    return sorted(entries, key=lambda e: e.seq)
+    """Committed entries, by seq."""
+    return read_index(store, index_prefix).entries
 
 
 def check_compatible(entries: list[IndexEntry], config_fingerprint: str, index_prefix: str) -> None:
@@ -67,6 +99,21 @@ def check_compatible(entries: list[IndexEntry], config_fingerprint: str, index_p
             f"{index_prefix}: snapshots {bad} were fingerprinted with another config (index fingerprint is not "
             f"{config_fingerprint}); use the same ngram/bands/rows/seed/normalisation, or a new index_prefix"
         )
+
+
+def verify_parts(store: ObjectStore, entries: list[IndexEntry], index_prefix: str) -> None:
+    """Every part of `entries` must exist with the size its record lists (else the index is damaged)."""
+    for entry in entries:
+        if len(entry.part_bytes) != len(entry.parts):
+            raise CommitError(f"{index_prefix}: the entry of {entry.snapshot} lists parts without sizes")
+        for key, size in zip(entry.parts, entry.part_bytes, strict=True):
+            found = store.size(key)
+            if found != size:
+                raise CommitError(
+                    f"{store.uri(key)}: {'missing' if found is None else f'{found} bytes'}, the index entry "
+                    f"of {entry.snapshot} says {size} bytes: the dedup index is damaged; rerun dedup of "
+                    f"{entry.snapshot}"
+                )
 
 
 def assign_seq(entries: list[IndexEntry], snapshot: str) -> int:
@@ -104,14 +151,40 @@ def stale_partitions(entries: list[IndexEntry], snapshot: str, new_version: str)
     return sorted(set(stale))
 
 
-def commit_entry(store: ObjectStore, index_prefix: str, entry: IndexEntry) -> None:
-    """Publish the manifest (the commit), then drop this snapshot's parts of other versions."""
+def commit_entry(store: ObjectStore, index_prefix: str, entry: IndexEntry) -> tuple[bool, IndexEntry | None]:
+    """Append `entry` to the log if the log still agrees with what it was computed from.
+
+    Returns (True, the snapshot's previous entry or None) once committed, or (False, None) if the index
+    changed under it (another partition took its seq, or an entry before it has a new version): recompute.
+    An identical entry is not appended again (a rerun with the same inputs changes nothing)."""
+    for _ in range(_MAX_APPENDS):
+        state = read_index(store, index_prefix)
+        previous = next((e for e in state.entries if e.snapshot == entry.snapshot), None)
+        if assign_seq(state.entries, entry.snapshot) != entry.seq:
+            return False, None
+        if [e.ref for e in earlier_entries(state.entries, entry.seq)] != entry.deduped_against:
+            return False, None
+        if previous == entry:
+            return True, previous
+        key, record = log_key(index_prefix, state.next_position), entry.record()
+        # a lost response can make a retried PUT find its own record: that is a commit too
+        if store.put_bytes_if_absent(key, record) or store.get_bytes(key) == record:
+            _drop_other_versions(store, index_prefix, entry, previous)
+            return True, previous
+    raise IndexConflictError(
+        f"{store.uri(index_prefix)}: {_MAX_APPENDS} other commits landed while {entry.snapshot} tried to commit"
+    )
+
+
+def _drop_other_versions(
+    store: ObjectStore, index_prefix: str, entry: IndexEntry, previous: IndexEntry | None
+) -> None:
+    """Delete this snapshot's parts of versions other than the new and the previous one (readers mid-read)."""
+    keep = {f"v-{entry.version}", f"v-{previous.version}" if previous else ""}
     prefix = f"{index_prefix}/{entry.snapshot}"
-    store.put_json(f"{prefix}/{MANIFEST}", asdict(entry))
-    keep = set(entry.parts) | {f"{prefix}/{MANIFEST}"}
-    for key in store.list(prefix + "/"):
-        if key not in keep:
-            store.delete(key)
+    for child in store.list_prefixes(prefix):
+        if child not in keep:
+            store.delete_prefix(f"{prefix}/{child}/")
 
 
 @dataclass

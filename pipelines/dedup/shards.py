@@ -5,6 +5,7 @@ datatrove engine inside PipelineSteps."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import math
 from collections.abc import Iterator
@@ -65,23 +66,32 @@ CLUSTER_COLUMNS = ["doc_id", "node", "kept", "reason", "root", "root_doc_id", "r
 
 @dataclass(frozen=True)
 class PartitionLayout:
-    """Where one partition's outputs live in the store."""
+    """Where one partition's outputs live in the store: everything under version directories that only a
+    commit (index log record, output pointer `infra.committed`) makes visible."""
 
     kind: str
     snapshot: str
-    out_prefix: str  # dedup/<kind>/<snapshot>
+    out_prefix: str  # dedup/<kind>/<snapshot>: a committed output (kept/, clusters/)
     index_prefix: str  # dedup/<kind>/index
     version: str = ""
 
+    @property
+    def version_prefix(self) -> str:
+        return f"{self.out_prefix}/v-{self.version}"
+
+    @staticmethod
+    def kept_name(shard_key: str) -> str:
+        return f"kept/{PurePosixPath(shard_key).name}"
+
+    @staticmethod
+    def clusters_name(shard_key: str) -> str:
+        return f"clusters/{shard_stem(shard_key)}.parquet"
+
     def kept_key(self, shard_key: str) -> str:
-        return f"{self.out_prefix}/kept/{PurePosixPath(shard_key).name}"
+        return f"{self.version_prefix}/{self.kept_name(shard_key)}"
 
     def clusters_key(self, shard_key: str) -> str:
-        return f"{self.out_prefix}/clusters/{shard_stem(shard_key)}.parquet"
-
-    @property
-    def success_key(self) -> str:
-        return f"{self.out_prefix}/_SUCCESS.json"
+        return f"{self.version_prefix}/{self.clusters_name(shard_key)}"
 
     @property
     def entry_prefix(self) -> str:
@@ -180,11 +190,15 @@ def apply_shard(
         for line, keep in zip(lines, kept, strict=True):
             if keep:
                 gz.write(line + b"\n")
-    store.put_bytes(layout.kept_key(shard_key), buf.getvalue())
-
-    store.put_bytes(layout.index_part_key(shard_key), _parquet_bytes(plan.select(INDEX_COLUMNS)))
     in_cluster = plan.filter(pc.greater(plan.column("cluster_size"), 1))
-    store.put_bytes(layout.clusters_key(shard_key), _parquet_bytes(in_cluster.select(CLUSTER_COLUMNS)))
+    outputs = {
+        layout.kept_name(shard_key): buf.getvalue(),
+        layout.clusters_name(shard_key): _parquet_bytes(in_cluster.select(CLUSTER_COLUMNS)),
+    }
+    for name, data in outputs.items():
+        store.put_bytes(f"{layout.version_prefix}/{name}", data)
+    index_part = _parquet_bytes(plan.select(INDEX_COLUMNS))
+    store.put_bytes(layout.index_part_key(shard_key), index_part)
 
     tokens = plan.column("tokens").to_pylist()
     reasons = plan.column("reason").to_pylist()
@@ -192,6 +206,9 @@ def apply_shard(
     own_seq = plan.column("node")[0].as_py() >> NODE_SHIFT if plan.num_rows else 0
     return {
         "shard": shard_key,
+        # what the stage's commit lists: sizes and hashes of the files as written
+        "files": {n: {"bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in outputs.items()},
+        "index_part_bytes": len(index_part),
         "docs_in": len(lines),
         "docs_out": sum(kept),
         "tokens_in": sum(tokens),

@@ -1,10 +1,12 @@
 """`dedup_partition`: one snapshot of web documents or code files -> kept documents, clusters, index entry.
 
 Inputs (datatrove JSONL.gz shards): web `web/filtered/<snapshot>/kept/*.jsonl.gz`, code
-`code/files/<snapshot>/*.jsonl.gz`. Outputs: `dedup/<kind>/<snapshot>/kept/<shard>.jsonl.gz` (the input
-lines of the kept documents, in order), `dedup/<kind>/<snapshot>/clusters/<shard>.parquet` (every document
-in a cluster of two or more: its root, the root's snapshot, the reason it was dropped), the index entry
-`dedup/<kind>/index/<snapshot>/` and `dedup/<kind>/<snapshot>/_SUCCESS.json`, written last.
+`code/files/<snapshot>/*.jsonl.gz` (the files of the producer's committed version when it has one). Outputs:
+the committed output `dedup/<kind>/<snapshot>` (`infra.committed`; read it with `read_committed`) holding
+`kept/<shard>.jsonl.gz` (the input lines of the kept documents, in order) and `clusters/<shard>.parquet`
+(every document in a cluster of two or more: its root, the root's snapshot, the reason it was dropped), its
+`meta` the seq, metrics and stale partitions; and the index entry under `dedup/<kind>/index/` (index.py).
+Order: shard outputs, then the index log record (the compare-and-swap), then the output pointer.
 """
 
 from __future__ import annotations
@@ -17,17 +19,20 @@ from pathlib import Path, PurePosixPath
 
 import pyarrow.parquet as pq
 
+from infra.committed import CommittedFile, commit_uploaded, committed_keys
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.dedup.config import DedupConfig
 from pipelines.dedup.index import (
+    IndexConflictError,
     IndexEntry,
     assign_seq,
     check_compatible,
     commit_entry,
     earlier_entries,
-    list_entries,
+    read_index,
     stale_partitions,
+    verify_parts,
 )
 from pipelines.dedup.job import EngineResult, PartitionJob
 from pipelines.dedup.shards import SHARD_SUFFIX, PartitionLayout
@@ -44,6 +49,8 @@ _COUNTS = (
     "near_dups",
     "cross_partition_dups",
 )
+# Times a run recomputes after another partition committed first (each time it dedups against that one too).
+MAX_ATTEMPTS = 3
 
 
 def default_input_prefix(kind: str, snapshot: str) -> str:
@@ -51,7 +58,11 @@ def default_input_prefix(kind: str, snapshot: str) -> str:
 
 
 def list_shards(store: ObjectStore, prefix: str) -> list[str]:
-    keys = [k for k in store.list(prefix.rstrip("/") + "/") if k.endswith(SHARD_SUFFIX)]
+    """The input shards: those of the committed output enclosing `prefix` if there is one, else a listing."""
+    prefix = prefix.rstrip("/") + "/"
+    keys = committed_keys(store, prefix, SHARD_SUFFIX)
+    if keys is None:  # a producer that does not commit yet (plain shards under the prefix)
+        keys = [k for k in store.list(prefix) if k.endswith(SHARD_SUFFIX)]
     if not keys:
         raise FileNotFoundError(f"no *{SHARD_SUFFIX} shards under {store.uri(prefix)}")
     names = [PurePosixPath(k).name for k in keys]
@@ -76,68 +87,78 @@ def dedup_partition(
     """Deduplicate one snapshot against itself and every partition committed to the index before it.
 
     `config.kind` picks the default prefixes; `spark` is an existing SparkSession for `engine="spark"`
-    (else one is built from `config.spark_master`). Runs of the same kind must not overlap (serialise them).
-    """
+    (else one is built from `config.spark_master`). Concurrent runs of one kind are safe: the index commit
+    is a compare-and-swap, and a run that loses it is recomputed against the winner."""
     kind = config.kind
     input_prefix = (input_prefix or default_input_prefix(kind, snapshot)).rstrip("/")
     out_prefix = (out_prefix or f"dedup/{kind}/{snapshot}").rstrip("/")
     index_prefix = (index_prefix or f"dedup/{kind}/index").rstrip("/")
     shard_keys = list_shards(store, input_prefix)
-    entries = list_entries(store, index_prefix)
-    check_compatible(entries, config.index_fingerprint(), index_prefix)
-    seq = assign_seq(entries, snapshot)
-    earlier = earlier_entries(entries, seq)
-    layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix)
-    store.delete(layout.success_key)  # an interrupted run must not look finished
-    job = PartitionJob(config=config, layout=layout, seq=seq, shard_keys=shard_keys, earlier=earlier)
-
     started = time.perf_counter()
-    if config.engine == "spark":
-        from pipelines.dedup.spark_engine import run_spark, spark_session
-
-        result = run_spark(spark or spark_session(config), store, job)
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        entries = read_index(store, index_prefix).entries
+        check_compatible(entries, config.index_fingerprint(), index_prefix)
+        seq = assign_seq(entries, snapshot)
+        earlier = earlier_entries(entries, seq)
+        verify_parts(store, earlier, index_prefix)
+        layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix)
+        job = PartitionJob(config=config, layout=layout, seq=seq, shard_keys=shard_keys, earlier=earlier)
+        result = _run_engine(config, store, job, spark, scratch)
+        layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix, result.version)
+        stats = {s["shard"]: s for s in result.shard_stats}
+        entry = IndexEntry(
+            snapshot=snapshot,
+            seq=seq,
+            version=result.version,
+            config=config.index_fingerprint(),
+            parts=[layout.index_part_key(k) for k in shard_keys],
+            part_bytes=[stats[k]["index_part_bytes"] for k in shard_keys],
+            docs=sum(s["docs_in"] for s in result.shard_stats),
+            kept=sum(s["docs_out"] for s in result.shard_stats),
+            deduped_against=[e.ref for e in earlier],
+        )
+        committed, _ = commit_entry(store, index_prefix, entry)
+        if committed:
+            break
+        log.warning(
+            "dedup %s %s: another partition committed to %s first (attempt %d/%d): recomputing against it",
+            kind,
+            snapshot,
+            store.uri(index_prefix),
+            attempt,
+            MAX_ATTEMPTS,
+        )
     else:
-        from pipelines.dedup.local_engine import run_local
-
-        result = run_local(store, job, scratch)
+        raise IndexConflictError(
+            f"dedup {kind} {snapshot}: other partitions committed to {store.uri(index_prefix)} during each of "
+            f"{MAX_ATTEMPTS} attempts; rerun it when fewer dedup runs of kind {kind!r} overlap"
+        )
     seconds = time.perf_counter() - started
-    layout = PartitionLayout(kind, snapshot, out_prefix, index_prefix, result.version)
-
-    _drop_orphans(store, layout, shard_keys)
     metrics = _metrics(result, seconds, earlier)
-    entry = IndexEntry(
-        snapshot=snapshot,
-        seq=seq,
-        version=result.version,
-        config=config.index_fingerprint(),
-        parts=[layout.index_part_key(k) for k in shard_keys],
-        docs=int(metrics["docs_in"]),
-        kept=int(metrics["docs_out"]),
-        deduped_against=[e.ref for e in earlier],
-    )
-    commit_entry(store, index_prefix, entry)
+    metrics["attempts"] = float(attempt)
     stale = stale_partitions([e for e in entries if e.snapshot != snapshot], snapshot, result.version)
     metrics["stale_partitions"] = float(len(stale))
+    files = {n: CommittedFile(**f) for s in result.shard_stats for n, f in s["files"].items()}
+    meta = {
+        "kind": kind,
+        "snapshot": snapshot,
+        "seq": seq,
+        "index_version": result.version,
+        "metrics": metrics,
+        "stale_partitions": stale,
+        "histogram": {str(k): v for k, v in sorted(result.histogram.items())},
+    }
+    committed_out = commit_uploaded(store, out_prefix, result.version, files, meta)
 
     out_dir = Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
     histogram_png = plot_cluster_sizes(result.histogram, out_dir / "cluster_sizes.png", f"{kind} {snapshot}")
     check = check_dedup_rate(metrics, config)
     report = _report(config, snapshot, seq, metrics, result, earlier, stale, check)
-    store.put_json(
-        layout.success_key,
-        {
-            "version": result.version,
-            "seq": seq,
-            "metrics": metrics,
-            "stale_partitions": stale,
-            "histogram": {str(k): v for k, v in sorted(result.histogram.items())},
-        },
-    )
     return StageResult(
         metrics=metrics,
         outputs={
-            "kept": store.uri(f"{out_prefix}/kept/"),
-            "clusters": store.uri(f"{out_prefix}/clusters/"),
+            "kept": store.uri(f"{committed_out.version_prefix}/kept/"),
+            "clusters": store.uri(f"{committed_out.version_prefix}/clusters/"),
             "index": store.uri(layout.entry_prefix + "/"),
         },
         report_md=report,
@@ -154,13 +175,14 @@ def dedup_partition(
     )
 
 
-def _drop_orphans(store: ObjectStore, layout: PartitionLayout, shard_keys: list[str]) -> None:
-    """Remove outputs of shards that are no longer in the input (a rerun on a changed snapshot)."""
-    expected = {layout.kept_key(k) for k in shard_keys} | {layout.clusters_key(k) for k in shard_keys}
-    for sub in ("kept/", "clusters/"):
-        for key in store.list(f"{layout.out_prefix}/{sub}"):
-            if key not in expected:
-                store.delete(key)
+def _run_engine(config: DedupConfig, store: ObjectStore, job: PartitionJob, spark, scratch) -> EngineResult:
+    if config.engine == "spark":
+        from pipelines.dedup.spark_engine import run_spark, spark_session
+
+        return run_spark(spark or spark_session(config), store, job)
+    from pipelines.dedup.local_engine import run_local
+
+    return run_local(store, job, scratch)
 
 
 def _metrics(result: EngineResult, seconds: float, earlier: list[IndexEntry]) -> dict[str, float]:

@@ -26,6 +26,11 @@ import json
 import random
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
+from infra.committed import committed_keys
+from infra.store import LocalStore
+
 WORDS = 200
 _rng_vocab = random.Random(1234)
 VOCAB = sorted(
@@ -143,16 +148,32 @@ def write_shards(root: Path, prefix: str, docs: list[dict], shards: int) -> list
     return keys
 
 
+def committed_files(root: Path, prefix: str, suffix: str) -> list[Path]:
+    """Local paths of the committed files under `prefix` (a folder of a committed output), checked sizes."""
+    keys = committed_keys(LocalStore(root), prefix, suffix)
+    assert keys is not None, f"{prefix}: no committed output"
+    return [root / key for key in keys]
+
+
 def read_kept_ids(root: Path, prefix: str) -> list[str]:
     ids = []
-    for path in sorted((root / prefix).glob("*.jsonl.gz")):
+    for path in committed_files(root, prefix, ".jsonl.gz"):
         with gzip.open(path, "rt") as fh:
             ids += [json.loads(line)["id"] for line in fh]
     return ids
 
 
-def tree_bytes(root: Path, prefix: str, skip: tuple[str, ...] = ("_SUCCESS.json",)) -> dict[str, bytes]:
-    """{relative path: bytes} of every file under root/prefix (minus files named in `skip`)."""
+def cluster_rows(root: Path, prefix: str) -> dict[str, dict]:
+    """{doc_id: row} of the committed cluster files under `prefix`."""
+    rows = {}
+    for path in committed_files(root, prefix, ".parquet"):
+        rows.update({r["doc_id"]: r for r in pq.read_table(path).to_pylist()})
+    return rows
+
+
+def tree_bytes(root: Path, prefix: str, skip: tuple[str, ...] = ("_committed.json",)) -> dict[str, bytes]:
+    """{relative path: bytes} of every file under root/prefix (minus files named in `skip`: a pointer holds
+    its commit time)."""
     base = root / prefix
     return {
         p.relative_to(root).as_posix(): p.read_bytes()

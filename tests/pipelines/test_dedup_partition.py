@@ -12,11 +12,11 @@ import sys
 import textwrap
 import time
 
-import pyarrow.parquet as pq
 import pytest
 from conftest_dedup import (  # tests/pipelines is on sys.path (prepend import mode)
     A_DROPPED,
     B_DROPPED,
+    cluster_rows,
     read_kept_ids,
     snapshot_a,
     snapshot_b,
@@ -24,10 +24,11 @@ from conftest_dedup import (  # tests/pipelines is on sys.path (prepend import m
     write_shards,
 )
 
+from infra.committed import is_committed, read_committed
 from infra.settings import StoreSettings, load_profile, validate_stage
 from infra.store import LocalStore, S3Store
 from pipelines.dedup import DedupConfig, dedup_partition
-from pipelines.dedup.index import IndexMismatchError
+from pipelines.dedup.index import IndexMismatchError, list_entries
 
 A, B = "2024-10", "2024-05"
 
@@ -60,9 +61,7 @@ def test_planted_duplicates_are_removed_by_the_keep_rule(corpus, tmp_path):
     assert result.extra["histogram"] == {2: 32, 3: 1} and m["clusters"] == 33 and m["largest_cluster"] == 3
     assert m["tokens_in"] == 166 * 200  # punctuation is not a token
     assert m["unique_tokens"] == m["tokens_out"] == 132 * 200
-    rows = {}
-    for path in (store.root / f"dedup/web/{A}/clusters").glob("*.parquet"):
-        rows.update({r["doc_id"]: r for r in pq.read_table(path).to_pylist()})
+    rows = cluster_rows(store.root, f"dedup/web/{A}/clusters")
     assert rows["chain-1"]["root_doc_id"] == "base-060" and rows["chain-1"]["cluster_size"] == 3
     assert rows["base-050"]["root_doc_id"] == "best-00" and rows["base-050"]["reason"] == "near"
     assert rows["url-03"]["reason"] == "url" and rows["exact-04"]["reason"] == "exact"
@@ -71,8 +70,12 @@ def test_planted_duplicates_are_removed_by_the_keep_rule(corpus, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| exact (normalised content) | 156 | 10 |" in result.report_md
     assert result.extra["check_passed"] and result.data_version
-    success = json.loads((store.root / f"dedup/web/{A}/_SUCCESS.json").read_text())
-    assert success["version"] == result.data_version and success["seq"] == 0
+    out = read_committed(store, f"dedup/web/{A}")
+    assert out.version == result.data_version and out.meta["seq"] == 0
+    assert out.meta["metrics"]["docs_out"] == 132 and out.meta["histogram"] == {"2": 32, "3": 1}
+    assert out.names() == [f"clusters/{i:05d}.parquet" for i in range(4)] + [
+        f"kept/{i:05d}.jsonl.gz" for i in range(4)
+    ]
 
 
 def test_backfill_first_processed_wins_reruns_are_idempotent_and_changes_flag_stale(corpus, tmp_path):
@@ -88,9 +91,7 @@ def test_backfill_first_processed_wins_reruns_are_idempotent_and_changes_flag_st
         b.metrics["cross_partition_dups"] == 12 and b.metrics["near_dups"] == 9
     )  # 5 cross + 4 within 2024-05
     assert set(read_kept_ids(store.root, f"dedup/web/{B}/kept")) == {d["id"] for d in b_docs} - B_DROPPED
-    rows = {}
-    for path in (store.root / f"dedup/web/{B}/clusters").glob("*.parquet"):
-        rows.update({r["doc_id"]: r for r in pq.read_table(path).to_pylist()})
+    rows = cluster_rows(store.root, f"dedup/web/{B}/clusters")
     assert rows["bexact-0"]["root_doc_id"] == "base-070" and rows["bexact-0"]["root_snapshot"] == A
     assert rows["bdropped-1"]["root_doc_id"] == "base-000"  # transitively: exact-00 was a copy of base-000
     assert (
@@ -117,10 +118,12 @@ def test_backfill_first_processed_wins_reruns_are_idempotent_and_changes_flag_st
     changed = dedup_partition(cfg, store, A, scratch=tmp_path)
     assert changed.extra["stale_partitions"] == [B] and changed.metrics["stale_partitions"] == 1
     assert changed.metrics["docs_out"] == 131 and "**stale**: 2024-05" in changed.report_md
-    manifest = json.loads((store.root / f"dedup/web/index/{A}/manifest.json").read_text())
-    assert manifest["version"] == changed.data_version and manifest["seq"] == 0
-    versions = {p.parent.name for p in (store.root / f"dedup/web/index/{A}").rglob("*.parquet")}
-    assert versions == {f"v-{changed.data_version}"}  # the replaced entry's parts are gone
+    entry = {e.snapshot: e for e in list_entries(store, "dedup/web/index")}[A]
+    assert entry.version == changed.data_version and entry.seq == 0
+    assert read_committed(store, f"dedup/web/{A}").version == changed.data_version
+    # the replaced version stays for readers mid-read (index parts and outputs alike), older ones are gone
+    for prefix in (f"dedup/web/index/{A}", f"dedup/web/{A}"):
+        assert set(store.list_prefixes(prefix)) == {f"v-{changed.data_version}", f"v-{a_again.data_version}"}
 
     # an index built with other shingles cannot be mixed in
     with pytest.raises(IndexMismatchError, match="2024-05"):
@@ -185,22 +188,21 @@ def test_killed_run_then_rerun_equals_uninterrupted_run(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=log.open("wb"),
     )
-    kept_dir = killed.root / f"dedup/web/{A}/kept"
+    out_dir = killed.root / f"dedup/web/{A}"
     deadline = time.time() + 120
-    while time.time() < deadline and len(list(kept_dir.glob("*.jsonl.gz"))) < 3:
+    while time.time() < deadline and len(list(out_dir.glob("v-*/kept/*.jsonl.gz"))) < 3:
         assert proc.poll() is None, f"the run ended before it could be killed: {log.read_text()[-3000:]}"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    written = len(list(kept_dir.glob("*.jsonl.gz")))
+    written = len(list(out_dir.glob("v-*/kept/*.jsonl.gz")))
     assert 3 <= written < 8  # killed midway through publishing the shards
-    assert not (killed.root / f"dedup/web/{A}/_SUCCESS.json").exists()
-    assert not (killed.root / f"dedup/web/index/{A}/manifest.json").exists()  # nothing committed
+    assert not is_committed(killed, f"dedup/web/{A}")  # nothing readable
+    assert list_entries(killed, "dedup/web/index") == []  # nothing committed to the index
 
     dedup_partition(cfg, killed, A, scratch=tmp_path)
     assert tree_bytes(killed.root, "dedup") == tree_bytes(clean.root, "dedup")
-    with gzip.open(killed.root / f"dedup/web/{A}/kept/00000.jsonl.gz", "rt") as fh:
-        assert all(json.loads(line)["text"] for line in fh)
+    assert read_committed(killed, f"dedup/web/{A}").files == read_committed(clean, f"dedup/web/{A}").files
 
 
 def test_datatrove_engine_on_an_s3_store(s3_bucket, tmp_path):
@@ -213,8 +215,8 @@ def test_datatrove_engine_on_an_s3_store(s3_bucket, tmp_path):
         store.put_file(key, local / key)
     result = dedup_partition(micro_config(), store, A, scratch=tmp_path)
     assert (result.metrics["docs_out"], result.metrics["near_dups"]) == (132, 18)
-    assert store.exists(f"dedup/web/index/{A}/manifest.json") and store.exists(f"dedup/web/{A}/_SUCCESS.json")
+    assert [e.snapshot for e in list_entries(store, "dedup/web/index")] == [A]
     kept = []
-    for key in store.list(f"dedup/web/{A}/kept/"):
+    for key in read_committed(store, f"dedup/web/{A}").keys(".jsonl.gz", under="kept"):
         kept += [json.loads(line)["id"] for line in gzip.decompress(store.get_bytes(key)).splitlines()]
     assert set(kept) == {d["id"] for d in snapshot_a()} - A_DROPPED

@@ -5,7 +5,7 @@ import dagster as dg
 from assets import code_corpus, dedup, knowledge, midtraining, pretraining, web_crawl, web_extract
 from assets.resources import resources_for
 from assets.sensors import web_snapshot_sensor
-from infra.settings import load_profile
+from infra.settings import Profile, load_profile
 
 PROFILE = load_profile()
 
@@ -28,23 +28,41 @@ training_assets = [
 ]
 
 
-def _job(name: str, assets: list, resource: str, description: str):
-    # Run tags drive the queue limits in dagster.yaml (`crucible/resource`).
+def job_resources(profile: Profile) -> dict[str, str]:
+    """Each job's `crucible/resource` run tag, which the run queue limits (dagster.yaml, infra/deploy):
+    the corpus jobs hold a Spark session when the profile dedups with Spark, else CPU cores."""
+
+    def corpus(stage: str) -> str:
+        return "spark" if profile.stage(stage).get("engine") == "spark" else "cpu"
+
+    return {
+        "web_corpus": corpus("dedup_web"),
+        "code_corpus": corpus("dedup_code"),
+        "knowledge": "llm",
+        "web_rescue": "cpu",
+        "training": "gpu",
+    }
+
+
+RESOURCES = job_resources(PROFILE)
+
+
+def _job(name: str, assets: list, description: str):
     return dg.define_asset_job(
         name,
         selection=dg.AssetSelection.assets(*assets),
         description=description,
-        tags={"crucible/resource": resource},
+        tags={"crucible/resource": RESOURCES[name]},
     )
 
 
 # In graph order; `crucible run` materializes them one after the other.
 JOBS = [
-    _job("web_corpus", web_assets, "cpu", "Crawl, extract, filter and dedup one web snapshot"),
-    _job("code_corpus", code_assets, "cpu", "Crawl, language-ID, fix, score and dedup one code snapshot"),
-    _job("knowledge", knowledge_assets, "llm", "World-knowledge classifier and LLM-judge math filter"),
-    _job("web_rescue", rescue_assets, "cpu", "Rescue long-tail knowledge from one snapshot's dropped pages"),
-    _job("training", training_assets, "gpu", "Tokenizer, token shards, pretraining, midtraining, evals"),
+    _job("web_corpus", web_assets, "Crawl, extract, filter and dedup one web snapshot"),
+    _job("code_corpus", code_assets, "Crawl, language-ID, fix, score and dedup one code snapshot"),
+    _job("knowledge", knowledge_assets, "World-knowledge classifier and LLM-judge math filter"),
+    _job("web_rescue", rescue_assets, "Rescue long-tail knowledge from one snapshot's dropped pages"),
+    _job("training", training_assets, "Tokenizer, token shards, pretraining, midtraining, evals"),
 ]
 
 defs = dg.Definitions(

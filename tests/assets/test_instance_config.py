@@ -27,7 +27,7 @@ def test_local_instance_config(tmp_path, monkeypatch):
     config, _ = dagster_instance_config(str(tmp_path))
     runs = config["concurrency"]["runs"]
     limits = {(t["key"], t["value"]): t["limit"] for t in runs["tag_concurrency_limits"]}
-    assert set(limits) == {("crucible/resource", v) for v in ("gpu", "spark", "llm")}
+    assert set(limits) == {("crucible/resource", v) for v in ("cpu", "gpu", "spark", "llm")}
     assert config["concurrency"]["pools"]["default_limit"] == 1
     assert config["run_monitoring"]["enabled"] is True and config["telemetry"]["enabled"] is False
 

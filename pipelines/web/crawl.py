@@ -74,7 +74,7 @@ FETCH_ERROR_KINDS = (
     "invalid_request",
 )
 HTTP_ERROR_CLASSES = ("3xx", "4xx", "5xx", "other")
-ROBOTS_FAILURES = (*FETCH_ERROR_KINDS, "private_address")
+ROBOTS_FAILURES = (*FETCH_ERROR_KINDS, *HTTP_ERROR_CLASSES, "private_address")
 # What the crawler did, besides dropping.
 ACTIVITY_COUNTS = (
     "requests",

@@ -157,15 +157,7 @@ def run_stage(
                 mlflow_run_id=run.run_id,
                 dagster_run_id=context.run_id,
             )
-            object_store.begin_stage(producer)
-            started = time.time()
-            try:
-                result = fn(cfg, object_store, part, run)
-            finally:  # a failed run also records what it read
-                lineage = read_lineage(object_store.reads, upstream)
-                run.set_tags(lineage)
-            result.metrics.setdefault("wall_time_s", round(time.time() - started, 3))
-            _log_result(run, result)
+            result, lineage = _run_partition(fn, cfg, object_store, part, run, producer, upstream)
             for name, subpath in (register(result) if register else {}).items():
                 version = tracker.register_model(
                     name,
@@ -193,6 +185,28 @@ def run_stage(
                 },
             )
     yield _materialize_result(results, cfg, checks, per_partition_events=len(partitions) > 1)
+
+
+def _run_partition(
+    fn: StageFn,
+    cfg: Any,
+    object_store: ObjectStore,
+    part: str | None,
+    run: StageRun,
+    producer: Producer,
+    upstream: Sequence[dg.AssetKey],
+) -> tuple[StageResult, dict[str, str]]:
+    """One stage call: its commits carry `producer`, its reads become the run's lineage tags."""
+    object_store.begin_stage(producer)
+    started = time.time()
+    try:
+        result = fn(cfg, object_store, part, run)
+    finally:  # a failed run also records what it read
+        lineage = read_lineage(object_store.reads, upstream)
+        run.set_tags(lineage)
+    result.metrics.setdefault("wall_time_s", round(time.time() - started, 3))
+    _log_result(run, result)
+    return result, lineage
 
 
 def _partition_metadata(run: StageRun, result: StageResult, lineage: dict[str, str]) -> dict[str, Any]:

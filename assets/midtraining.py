@@ -12,9 +12,10 @@ from assets.pretraining import SHARDS_PREFIX, local_tokenizer, tokenizer_files
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
 from assets.tracked import code_version, run_stage
+from infra.committed import commit, fetch_committed, read_committed
 from infra.settings import SettingsError, load_profile, validate_stage
 from infra.stage import StageResult, markdown_table
-from infra.store import LocalStore, ObjectStore
+from infra.store import ObjectStore
 from training import context_extension, evals
 from training import data as token_data
 from training.context_extension import ContextExtensionConfig
@@ -40,12 +41,14 @@ def checkpoint_prefix(asset: str) -> str:
 
 
 def local_checkpoint(store: ObjectStore, asset: str) -> Path:
-    return store.get_dir(checkpoint_prefix(asset), PROFILE.state_path / "cache" / "checkpoints" / asset)
+    version = read_committed(store, checkpoint_prefix(asset)).version
+    cache = PROFILE.state_path / "cache" / "checkpoints" / asset / version
+    return fetch_committed(store, checkpoint_prefix(asset), cache)[1]
 
 
 def _heldout(store: ObjectStore) -> dict[str, list[str]]:
     cache = PROFILE.state_path / "cache" / "token_shards"
-    paths = token_data.shard_paths(store, f"{SHARDS_PREFIX}/manifest.json", "heldout", cache)
+    paths = token_data.shard_paths(store, SHARDS_PREFIX, "heldout", cache)
     return {k: [str(p) for p in v] for k, v in paths.items()}
 
 
@@ -85,13 +88,15 @@ def _midtrain_asset(index: int):
                 cfg,
                 ctx.name,
                 s,
-                f"{SHARDS_PREFIX}/manifest.json",
+                SHARDS_PREFIX,
                 tok / "tokenizer.json",
                 f"training/midtrain_rows/{ctx.name}",
                 PROFILE.state_path / "cache" / "midtrain_rows",
             )
-            shard_path = _local_shard(s, rows.outputs["shard"])
-            recall = {n: [_local_shard(s, k)] for n, k in rows.extra["manifest"]["recall_shards"].items()}
+            shard_path, recall_paths = context_extension.midtrain_shard_paths(
+                s, rows.outputs["prefix"], PROFILE.state_path / "cache" / "midtrain_rows"
+            )
+            recall = {n: [p] for n, p in recall_paths.items()}
             parent_dir = local_checkpoint(s, parent)
             # the run dir names the whole job (rows, parent weights, settings): a rerun resumes only the same job
             key = job_key(rows.data_version, tree_digest(parent_dir), cfg.model_dump(mode="json"),
@@ -127,7 +132,7 @@ def _midtrain_asset(index: int):
             report = f"## {name}: {ctx.name} (seq_len {ctx.seq_len}, {cfg.rope_method})\n\n{rows.report_md}"
             return StageResult(
                 metrics=metrics,
-                outputs={"checkpoint": s.put_dir(checkpoint_prefix(name), hf_dir)},
+                outputs={"checkpoint": s.uri(commit(s, checkpoint_prefix(name), hf_dir).version_prefix)},
                 report_md=report,
                 artifacts={"checkpoint": hf_dir},
                 data_version=rows.data_version + ":" + str(final.get("step", "")),
@@ -148,15 +153,6 @@ def _midtrain_asset(index: int):
 
 def token_data_json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _local_shard(store: ObjectStore, key: str) -> Path:
-    """A token shard (+ its doc index) as local files: in place for a local store, else cached copies."""
-    if isinstance(store, LocalStore):
-        return store.local_path(key)
-    cache = PROFILE.state_path / "cache"
-    store.download(key.replace(".tokens.npy", ".docs.npy"), cache / key.replace(".tokens.npy", ".docs.npy"))
-    return store.download(key, cache / key)
 
 
 midtrain_assets = [_midtrain_asset(i) for i in range(1, STAGES + 1)]

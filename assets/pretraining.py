@@ -9,7 +9,7 @@ from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
 from assets.tracked import code_version, run_stage
-from infra.committed import is_committed
+from infra.committed import commit, fetch_committed, is_committed, read_committed
 from infra.settings import load_profile
 from infra.store import ObjectStore
 from training import data as token_data
@@ -65,7 +65,8 @@ def _dirs(store: ObjectStore, prefix: str) -> list[str]:
 
 
 def local_tokenizer(store: ObjectStore) -> Path:
-    return store.get_dir(TOKENIZER_PREFIX, PROFILE.state_path / "cache" / "tokenizer")
+    version = read_committed(store, TOKENIZER_PREFIX).version
+    return fetch_committed(store, TOKENIZER_PREFIX, PROFILE.state_path / "cache" / "tokenizer" / version)[1]
 
 
 @dg.asset(**_train, deps=CORPUS, code_version=code_version(tokenizer))
@@ -82,7 +83,6 @@ def corpus_tokenizer(
         context.log.info("tokenizer sources: %s", sources)
         out_dir = PROFILE.state_path / "runs" / "tokenizer"
         result = tokenizer.tokenizer_stage(cfg, s, sources, out_dir, TOKENIZER_PREFIX)
-        s.put_dir(TOKENIZER_PREFIX, result.outputs["tokenizer_dir"])
         result.artifacts["tokenizer"] = Path(result.outputs["tokenizer_dir"])
         return result
 
@@ -122,15 +122,14 @@ def token_shards(
 def shard_specs(s: ObjectStore, seed: int, repeat_share: float = 0.0) -> tuple[DataSpec, DataSpec, str]:
     """Train / held-out batch factories over the current token shards, and the shards' data version.
     `repeat_share` of the training rows repeat a passage (see `training.data.TokenBatches`)."""
-    manifest_key = f"{SHARDS_PREFIX}/manifest.json"
     cache = PROFILE.state_path / "cache" / "token_shards"
     train = {
-        k: [str(p) for p in v] for k, v in token_data.shard_paths(s, manifest_key, "train", cache).items()
+        k: [str(p) for p in v] for k, v in token_data.shard_paths(s, SHARDS_PREFIX, "train", cache).items()
     }
     held = {
-        k: [str(p) for p in v] for k, v in token_data.shard_paths(s, manifest_key, "heldout", cache).items()
+        k: [str(p) for p in v] for k, v in token_data.shard_paths(s, SHARDS_PREFIX, "heldout", cache).items()
     }
-    manifest = s.get_json(manifest_key)
+    manifest = token_data.token_manifest(s, SHARDS_PREFIX)
     weights = {k: w for k, w in manifest.get("weights", {}).items() if k in train}
     version = manifest.get("data_version", "")
     kwargs = {"shard_paths": train, "seed": seed, "weights": weights or None, "repeat_share": repeat_share}
@@ -185,7 +184,7 @@ def base_checkpoint(
             launch=PipesLaunch(context, pipes),
         )
         hf_dir = Path(result.outputs["hf_dir"])
-        result.outputs["checkpoint"] = s.put_dir("checkpoints/base", hf_dir)
+        result.outputs["checkpoint"] = s.uri(commit(s, "checkpoints/base", hf_dir).version_prefix)
         result.artifacts["checkpoint"] = hf_dir
         return result
 

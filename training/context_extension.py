@@ -9,7 +9,10 @@ new checkpoint).
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,9 +22,10 @@ import numpy as np
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from infra.committed import commit, fetch_file, read_committed
 from infra.stage import StageResult, markdown_table
-from infra.store import ObjectStore
-from training.data import iter_shard_documents, mixture_weights, shard_paths
+from infra.store import LocalStore, ObjectStore
+from training.data import iter_shard_documents, mixture_weights, shard_paths, token_manifest
 from training.recall_tasks import FillerText, synthetic_recall_rows
 
 log = logging.getLogger(__name__)
@@ -424,18 +428,19 @@ def build_midtrain_shards(
     config: ContextExtensionConfig,
     stage_name: str,
     store: ObjectStore,
-    manifest_key: str,
+    shards_prefix: str,
     tokenizer_path: str | Path,
     out_prefix: str,
     cache_dir: str | Path | None = None,
 ) -> StageResult:
-    """Build one stage's packed rows from the token shards of `manifest_key` and publish them as a token shard
-    of `seq_len`-aligned rows under `out_prefix` (read with `TokenBatches(..., aligned=True)`)."""
+    """Build one stage's packed rows from the committed token shards at `shards_prefix` and commit them as a
+    token shard of `seq_len`-aligned rows (plus the recall curriculum's) at `out_prefix`; read them back with
+    `midtrain_shard_paths` and `TokenBatches(..., aligned=True)`."""
     from training.data import load_corpus_tokenizer
 
     stage = config.stage(stage_name)
-    manifest = store.get_json(manifest_key)
-    train = shard_paths(store, manifest_key, "train", cache_dir)
+    manifest = token_manifest(store, shards_prefix)
+    train = shard_paths(store, shards_prefix, "train", cache_dir)
     docs_by_source = {s: list(iter_shard_documents(p)) for s, p in train.items()}
     weights = mixture_weights(manifest.get("weights") or {s: 1.0 for s in train}, {s: 1 for s in train})
     tok = load_corpus_tokenizer(tokenizer_path)
@@ -462,65 +467,80 @@ def build_midtrain_shards(
         config,
         stage,
     )
-    out_prefix = out_prefix.strip("/")
-    base = _write_rows(store, f"{out_prefix}/shard-00000", rows, manifest["tokenizer"]["vocab_size"])
-    digest = xxhash.xxh64(rows.tobytes())
-    recall_shards: dict[int, str] = {}
-    for i, phase in enumerate(stage.recall_curriculum):
-        recall = synthetic_recall_rows(
-            encode,
-            filler,
-            phase.steps * phase.batch_size,
-            phase.seq_len,
-            eos_id,
-            config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}"),
-            config.curriculum_multikey_share,
-        )
-        key = _write_rows(
-            store,
-            f"{out_prefix}/recall-{phase.seq_len}/shard-00000",
-            recall,
-            manifest["tokenizer"]["vocab_size"],
-        )
-        recall_shards[phase.seq_len] = key
-        digest.update(recall.tobytes())
-        metrics[f"recall_rows/{phase.seq_len}"] = float(len(recall))
-    data_version = digest.hexdigest()
-    stage_manifest = {
-        "stage": stage.model_dump(),
-        "config": config.model_dump(),
-        "token_manifest": manifest_key,
-        "token_data_version": manifest.get("data_version"),
-        "shards": [base],
-        "recall_shards": recall_shards,
-        "rows": len(rows),
-        "seq_len": stage.seq_len,
-        "data_version": data_version,
-    }
-    store.put_json(f"{out_prefix}/manifest.json", stage_manifest)
+    staging = Path(tempfile.mkdtemp(prefix="crucible-midtrain-rows-"))
+    try:
+        base = _write_rows(staging, "shard-00000", rows, manifest["tokenizer"]["vocab_size"])
+        digest = xxhash.xxh64(rows.tobytes())
+        recall_shards: dict[int, str] = {}
+        for i, phase in enumerate(stage.recall_curriculum):
+            recall = synthetic_recall_rows(
+                encode,
+                filler,
+                phase.steps * phase.batch_size,
+                phase.seq_len,
+                eos_id,
+                config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}"),
+                config.curriculum_multikey_share,
+            )
+            recall_shards[phase.seq_len] = _write_rows(
+                staging, f"recall-{phase.seq_len}/shard-00000", recall, manifest["tokenizer"]["vocab_size"]
+            )
+            digest.update(recall.tobytes())
+            metrics[f"recall_rows/{phase.seq_len}"] = float(len(recall))
+        data_version = digest.hexdigest()
+        stage_manifest = {
+            "stage": stage.model_dump(),
+            "config": config.model_dump(),
+            "token_shards": shards_prefix,
+            "token_data_version": manifest.get("data_version"),
+            "shards": [base],
+            "recall_shards": {str(n): name for n, name in recall_shards.items()},
+            "rows": len(rows),
+            "seq_len": stage.seq_len,
+            "data_version": data_version,
+        }
+        out = commit(store, out_prefix, staging, meta=json.loads(json.dumps(stage_manifest, default=str)))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     metrics.update({"rows": float(len(rows)), "tokens": float(rows.size), "seq_len": float(stage.seq_len)})
     table = [{"metric": k, "value": round(v, 4)} for k, v in sorted(metrics.items())]
     return StageResult(
         metrics=metrics,
-        outputs={
-            "manifest": f"{out_prefix}/manifest.json",
-            "shard": base,
-            **{f"recall_{n}": k for n, k in recall_shards.items()},
-        },
+        outputs={"prefix": out.prefix, "version": out.version},
         report_md=f"## Midtraining data `{stage.name}` ({stage.seq_len} tokens)\n\n" + markdown_table(table),
         data_version=data_version,
         extra={"manifest": stage_manifest},
     )
 
 
-def _write_rows(store: ObjectStore, base: str, rows: np.ndarray, vocab_size: int) -> str:
-    """Publish [n, seq_len] rows as a token shard (+ doc index, one doc per row); returns the tokens key."""
+def midtrain_shard_paths(
+    store: ObjectStore, prefix: str, cache_dir: str | Path | None = None
+) -> tuple[Path, dict[int, Path]]:
+    """Local paths of the committed rows shard at `prefix` and of its recall curriculum shards by row length
+    (read in place on a local store; else downloaded, hash-checked, to `cache_dir`)."""
+    out = read_committed(store, prefix)
+    cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-rows-")) / out.prefix / out.version
+
+    def local(name: str) -> Path:  # the tokens file, with its doc index beside it
+        paths = [
+            store.local_path(out.key(n))
+            if isinstance(store, LocalStore)
+            else fetch_file(store, out, n, cache / n)
+            for n in (name, name.replace(".tokens.npy", ".docs.npy"))
+        ]
+        return paths[0]
+
+    recall = {int(n): local(name) for n, name in out.meta["recall_shards"].items()}
+    return local(out.meta["shards"][0]), recall
+
+
+def _write_rows(root: Path, base: str, rows: np.ndarray, vocab_size: int) -> str:
+    """Write [n, seq_len] rows as a token shard (+ doc index, one doc per row) under `root`; returns its name."""
     from training.data import token_dtype
 
-    with store.writer(f"{base}.tokens.npy", suffix=".npy") as tmp:
-        np.save(tmp, rows.reshape(-1).astype(token_dtype(vocab_size)))
-    with store.writer(f"{base}.docs.npy", suffix=".npy") as tmp:
-        np.save(tmp, np.arange(len(rows) + 1, dtype=np.int64) * rows.shape[1])
+    (root / base).parent.mkdir(parents=True, exist_ok=True)
+    np.save(root / f"{base}.tokens.npy", rows.reshape(-1).astype(token_dtype(vocab_size)))
+    np.save(root / f"{base}.docs.npy", np.arange(len(rows) + 1, dtype=np.int64) * rows.shape[1])
     return f"{base}.tokens.npy"
 
 

@@ -1,11 +1,14 @@
 """Token shards with document boundaries, a per-source mixture, and a deterministic, resumable batch iterator.
 
-Layout under `out_prefix` (one directory per split and source):
+Layout: a committed output (`infra.committed`) at `out_prefix`, whose meta is the manifest (what was read:
+prefixes, partitions, files, hashes; the shards per source; the weights) and whose files are, per split and
+source:
 
-    <out_prefix>/manifest.json                          what was read (prefixes, partitions, files, hashes)
-    <out_prefix>/{train,heldout}/<source>/shard-00000.tokens.npy   uint16/uint32 token ids, EOS after each doc
-    <out_prefix>/{train,heldout}/<source>/shard-00000.docs.npy     int64 doc start offsets (n_docs + 1)
-    <out_prefix>/{train,heldout}/<source>/shard-00000.meta.jsonl.gz  per doc: id, partition, group
+    {train,heldout}/<source>/shard-00000.tokens.npy     uint16/uint32 token ids, EOS after each doc
+    {train,heldout}/<source>/shard-00000.docs.npy       int64 doc start offsets (n_docs + 1)
+    {train,heldout}/<source>/shard-00000.meta.jsonl.gz  per doc: id, partition, group
+
+Shards are written to a local staging directory and committed together: a reader sees one whole shard set.
 
 The mixture is applied when batches are drawn: each row picks a source with the configured weight, so the
 shards stay one-per-source and a new weight needs no re-tokenization.
@@ -17,6 +20,7 @@ import gzip
 import json
 import logging
 import math
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -30,7 +34,7 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from infra.committed import committed_keys
+from infra.committed import CommittedOutput, commit, committed_keys, fetch_file, read_committed
 from infra.schemas import CodeSamplingWeights, parse_document
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
@@ -132,9 +136,10 @@ def copies_for_weight(weight: float, doc_id: str, seed: int) -> int:
 
 @dataclass
 class _ShardBuffer:
-    """Docs of one (split, source) until `shard_tokens` is reached; then one shard file set is published."""
+    """Docs of one (split, source) until `shard_tokens` is reached; then one shard file set is written to the
+    staging directory `root` (names relative to it, as the committed output lists them)."""
 
-    store: ObjectStore
+    root: Path
     prefix: str
     dtype: np.dtype
     shard_tokens: int
@@ -156,13 +161,11 @@ class _ShardBuffer:
         base = f"{self.prefix}/shard-{len(self.keys):05d}"
         offsets = np.zeros(len(self.chunks) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(c) for c in self.chunks])
-        with self.store.writer(f"{base}.tokens.npy", suffix=".npy") as tmp:
-            np.save(tmp, np.concatenate(self.chunks))
-        with self.store.writer(f"{base}.docs.npy", suffix=".npy") as tmp:
-            np.save(tmp, offsets)
-        with self.store.writer(f"{base}.meta.jsonl.gz") as tmp:
-            with gzip.open(tmp, "wt", encoding="utf-8") as fh:
-                fh.writelines(json.dumps(m) + "\n" for m in self.meta)
+        (self.root / base).parent.mkdir(parents=True, exist_ok=True)
+        np.save(self.root / f"{base}.tokens.npy", np.concatenate(self.chunks))
+        np.save(self.root / f"{base}.docs.npy", offsets)
+        with gzip.open(self.root / f"{base}.meta.jsonl.gz", "wt", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(m) + "\n" for m in self.meta)
         self.keys.append(f"{base}.tokens.npy")
         self.chunks, self.meta, self.n_tokens = [], [], 0
 
@@ -276,8 +279,9 @@ def build_token_shards(
     """Tokenize every doc under each source's store prefixes into train/held-out token shards.
 
     sources: source name (a key of `config.weights`) -> store prefixes holding JSONL(.gz) doc shards.
-    Returns a StageResult whose `outputs["manifest"]` is the manifest key; metrics count docs and tokens per
-    source and per partition; the manifest lists every input file with its size and hash.
+    Commits the shards as one version of `out_prefix` with the manifest as its meta (it lists every input
+    file with its size and hash); `outputs["prefix"]` (also `"manifest"`) names it for `shard_paths`. Metrics
+    count docs and tokens per source and per partition.
     """
     from training.tokenizer import EOS
 
@@ -299,11 +303,43 @@ def build_token_shards(
     }
     metrics: dict[str, float] = {}
     stats: Counter = Counter()
+    staging = Path(tempfile.mkdtemp(prefix="crucible-token-shards-"))
+    try:
+        _tokenize_sources(config, store, sources, tok, eos_id, dtype, staging, manifest, metrics, stats)
+        out = _commit_shards(config, store, out_prefix, staging, manifest, metrics, stats)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    rows = [
+        {
+            "source": source,
+            "partitions": ", ".join(i["partition"] for i in entry["inputs"]),
+            "train tokens": entry["train_tokens"],
+            "held-out tokens": entry["heldout_tokens"],
+            "weight": round(manifest["weights"].get(source, 0.0), 4),
+            "up-sampling": round(metrics[f"mixture_upsampling/{source}"], 3),
+        }
+        for source, entry in manifest["sources"].items()
+    ]
+    report = (
+        f"## Token shards\n\n{markdown_table(rows)}\n\nTokenizer xxh64 `{tokenizer_hash}`, dtype {dtype}."
+    )
+    return StageResult(
+        metrics=metrics,
+        outputs={"manifest": out_prefix, "prefix": out_prefix, "version": out.version},
+        report_md=report,
+        sample=rows,
+        data_version=manifest["data_version"],
+        extra={"manifest": manifest},
+    )
+
+
+def _tokenize_sources(config, store, sources, tok, eos_id, dtype, staging, manifest, metrics, stats) -> None:
+    """Tokenize every source into train / held-out shards under `staging`; fills the manifest's sources."""
     for source, prefixes in sources.items():
         if not prefixes:
             continue
         buffers = {
-            split: _ShardBuffer(store, f"{out_prefix}/{split}/{source}", dtype, config.shard_tokens)
+            split: _ShardBuffer(staging, f"{split}/{source}", dtype, config.shard_tokens)
             for split in ("train", "heldout")
         }
         run = _SourceRun(source, buffers)
@@ -324,44 +360,21 @@ def build_token_shards(
             "heldout_tokens": int(metrics[f"heldout_tokens/{source}"]),
         }
 
+
+def _commit_shards(config, store, out_prefix, staging, manifest, metrics, stats) -> CommittedOutput:
+    """Mixture weights and metrics into the manifest, then commit the staged shards with it as meta."""
     available = {s: v["train_tokens"] for s, v in manifest["sources"].items()}
     weights = manifest["weights"] = mixture_weights(config.weights, available)
     total = sum(available.values())
     metrics["train_tokens/total"] = float(total)
-    rows = []
     for source, entry in manifest["sources"].items():
-        weight = weights.get(source, 0.0)
         share = entry["train_tokens"] / total if total else 0.0
-        metrics[f"mixture/{source}"] = weight
+        metrics[f"mixture/{source}"] = weights.get(source, 0.0)
         # Passes over this source's tokens per pass over all tokens (>1 = up-sampled by the mixture).
-        metrics[f"mixture_upsampling/{source}"] = weight / share if share else 0.0
-        rows.append(
-            {
-                "source": source,
-                "partitions": ", ".join(i["partition"] for i in entry["inputs"]),
-                "train tokens": entry["train_tokens"],
-                "held-out tokens": entry["heldout_tokens"],
-                "weight": round(weight, 4),
-                "up-sampling": round(metrics[f"mixture_upsampling/{source}"], 3),
-            }
-        )
+        metrics[f"mixture_upsampling/{source}"] = weights.get(source, 0.0) / share if share else 0.0
     metrics.update({k: float(v) for k, v in stats.items()})
-    data_version = manifest["data_version"] = xxhash.xxh64_hexdigest(
-        json.dumps(manifest, sort_keys=True, default=str)
-    )
-    manifest_key = f"{out_prefix}/manifest.json"
-    store.put_json(manifest_key, manifest)
-    report = (
-        f"## Token shards\n\n{markdown_table(rows)}\n\nTokenizer xxh64 `{tokenizer_hash}`, dtype {dtype}."
-    )
-    return StageResult(
-        metrics=metrics,
-        outputs={"manifest": manifest_key, "prefix": out_prefix},
-        report_md=report,
-        sample=rows,
-        data_version=data_version,
-        extra={"manifest": manifest},
-    )
+    manifest["data_version"] = xxhash.xxh64_hexdigest(json.dumps(manifest, sort_keys=True, default=str))
+    return commit(store, out_prefix, staging, meta=json.loads(json.dumps(manifest, default=str)))
 
 
 def mixture_weights(weights: Mapping[str, float], available: Mapping[str, int]) -> dict[str, float]:
@@ -377,31 +390,34 @@ def mixture_weights(weights: Mapping[str, float], available: Mapping[str, int]) 
 
 
 def shard_paths(
-    store: ObjectStore, manifest_key: str, split: str = "train", cache_dir: str | Path | None = None
+    store: ObjectStore, prefix: str, split: str = "train", cache_dir: str | Path | None = None
 ) -> dict[str, list[Path]]:
-    """Local paths of a manifest's token shards per source (downloaded to `cache_dir` for remote stores)."""
-    manifest = store.get_json(manifest_key)
-    out: dict[str, list[Path]] = {}
-    for source, entry in manifest["sources"].items():
-        paths = []
-        for key in entry[f"{split}_shards"]:
-            for k in (
-                key,
-                key.replace(".tokens.npy", ".docs.npy"),
-                key.replace(".tokens.npy", ".meta.jsonl.gz"),
+    """Local paths of the committed token shards at `prefix` per source (`outputs["prefix"]` of
+    `build_token_shards`); a remote store's files are downloaded, hash-checked, to `cache_dir`."""
+    out = read_committed(store, prefix)
+    cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-shards-")) / out.prefix / out.version
+    paths: dict[str, list[Path]] = {}
+    for source, entry in out.meta["sources"].items():
+        for name in entry[f"{split}_shards"]:
+            for n in (
+                name,
+                name.replace(".tokens.npy", ".docs.npy"),
+                name.replace(".tokens.npy", ".meta.jsonl.gz"),
             ):
                 if isinstance(store, LocalStore):
-                    path = store.local_path(k)
+                    path = store.local_path(out.key(n))  # read in place: its size was just checked
+                elif not (cache / n).exists() or (cache / n).stat().st_size != out.files[n].bytes:
+                    path = fetch_file(store, out, n, cache / n)
                 else:
-                    cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-shards-"))
-                    path = cache / k
-                    if not path.exists():
-                        store.download(k, path)
-                if k == key:
-                    paths.append(path)
-        if paths:
-            out[source] = paths
-    return out
+                    path = cache / n
+                if n == name:
+                    paths.setdefault(source, []).append(path)
+    return paths
+
+
+def token_manifest(store: ObjectStore, prefix: str) -> dict[str, Any]:
+    """The manifest of the committed token shards at `prefix` (tokenizer, sources, weights, data_version)."""
+    return read_committed(store, prefix).meta
 
 
 def load_shard(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -597,5 +613,6 @@ __all__ = [
     "partition_of",
     "shard_paths",
     "token_batches",
+    "token_manifest",
     "heldout_batches",
 ]

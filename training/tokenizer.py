@@ -165,6 +165,7 @@ def tokenizer_stage(
     report chars/token per source on a sample. Returns a StageResult (outputs: local dir and store prefix)."""
     import xxhash
 
+    from infra.committed import commit
     from infra.stage import StageResult, markdown_table
     from training.data import document_keys, iter_documents
 
@@ -190,12 +191,10 @@ def tokenizer_stage(
                 "chars/token": round(chars / max(tokens, 1), 3),
             }
         )
-    out_prefix = out_prefix.strip("/")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        store.put_file(f"{out_prefix}/{name}", path / name)
+    out = commit(store, out_prefix, path)  # the whole HF tokenizer dir as one version, pointer last
     return StageResult(
         metrics=metrics,
-        outputs={"tokenizer_dir": str(path), "prefix": out_prefix},
+        outputs={"tokenizer_dir": str(path), "prefix": out.prefix, "version": out.version},
         report_md=f"## Tokenizer ({len(tok)} tokens)\n\n{markdown_table(rows)}",
         sample=rows,
         artifacts={f"tokenizer/{n}": path / n for n in ("tokenizer.json", "tokenizer_config.json")},

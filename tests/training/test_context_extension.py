@@ -348,3 +348,44 @@ def test_repeat_rows_copy_a_passage():
     # fall back to passkey).
     assert 80 - 17 <= n_repeat <= 80 + 17
     assert 60 - 16 <= n_passkey <= 60 + 16
+
+
+def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
+    """The stage's rows and its recall-curriculum rows are one committed version: read back through the
+    pointer they have the built shapes, and a rebuild with the same inputs is the same version."""
+    import gzip
+
+    from infra.committed import read_committed
+    from infra.store import LocalStore
+    from training.context_extension import RecallPhase, build_midtrain_shards, midtrain_shard_paths
+    from training.data import MixtureConfig, build_token_shards, load_shard
+    from training.tokenizer import TokenizerConfig, train_tokenizer
+
+    store = LocalStore(tmp_path / "store")
+    rng = random.Random(0)
+    words = "river stone light paper code math sum prime graph node alpha beta".split()
+    docs = [{"id": str(i), "text": " ".join(rng.choices(words, k=rng.randint(20, 400)))} for i in range(60)]
+    with store.writer("web/filtered/s1/kept/00000.jsonl.gz") as tmp, gzip.open(tmp, "wt") as fh:
+        fh.writelines(json.dumps(d) + "\n" for d in docs)
+    tok = train_tokenizer((d["text"] for d in docs), TokenizerConfig(vocab_size=300), tmp_path / "tok")
+    build_token_shards(
+        MixtureConfig(weights={"web": 1.0}, heldout_fraction=0.0), store, {"web": ["web/filtered/s1/kept/"]},
+        tok, "tokens",
+    )  # fmt: skip
+    stage = ContextStage(
+        name="s1", seq_len=512, recall_curriculum=[RecallPhase(seq_len=256, steps=2, batch_size=3)]
+    )  # the passkey template alone is ~190 tokens of this 300-token vocabulary
+    config = ContextExtensionConfig(base_seq_len=128, rows_per_stage=10, synthetic_share=0.2, stages=[stage])
+    result = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/s1", tmp_path)
+    out = read_committed(store, "rows/s1")
+    assert out.version == result.outputs["version"] and out.meta["data_version"] == result.data_version
+    assert out.names() == [
+        "recall-256/shard-00000.docs.npy", "recall-256/shard-00000.tokens.npy",
+        "shard-00000.docs.npy", "shard-00000.tokens.npy",
+    ]  # fmt: skip
+    rows_path, recall = midtrain_shard_paths(store, "rows/s1")
+    tokens, offsets = load_shard(rows_path)
+    assert tokens.shape == (10 * 512,) and list(offsets) == list(range(0, 11 * 512, 512))
+    assert list(recall) == [256] and load_shard(recall[256])[0].shape == (2 * 3 * 256,)
+    again = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/s1", tmp_path)
+    assert again.outputs["version"] == out.version  # seeded: same rows, same content hash

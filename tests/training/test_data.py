@@ -21,6 +21,7 @@ from training.data import (
     load_shard_meta,
     partition_of,
     shard_paths,
+    token_manifest,
 )
 from training.tokenizer import EOS, TokenizerConfig, load_tokenizer, train_tokenizer
 
@@ -120,7 +121,7 @@ def test_shard_tokens_equal_doc_tokens_plus_eos(corpus):
 
 
 def test_manifest_records_inputs_and_versions(corpus):
-    manifest = corpus["store"].get_json(corpus["result"].outputs["manifest"])
+    manifest = token_manifest(corpus["store"], corpus["result"].outputs["prefix"])
     web_inputs = manifest["sources"]["web"]["inputs"]
     assert [i["partition"] for i in web_inputs] == ["2026-10", "2026-11"]
     assert [f["key"] for f in web_inputs[0]["files"]] == [
@@ -248,3 +249,24 @@ def test_ranks_draw_different_rows_and_heldout_batches_are_fixed(corpus):
     )
     halves = [heldout_batches(held, 16, 2, 2, rank=r, world_size=2) for r in (0, 1)]
     assert sum(len(h) for h in halves) == len(a)
+
+
+def test_a_failed_rebuild_leaves_the_committed_shards_readable_and_unchanged(corpus, tmp_path):
+    """On 98a639e shards were written in place and the manifest last: a rebuild that failed midway had already
+    replaced the files the old manifest names, so readers got the new run's tokens under the old manifest."""
+    store = LocalStore(tmp_path / "store")
+    for snap, docs in corpus["web"].items():
+        _write_shard(store, f"web/filtered/{snap}/kept/00000.jsonl.gz", docs)
+    cfg = MixtureConfig(weights={"web": 1.0, "code": 1.0}, heldout_fraction=0.0, shard_tokens=1024)
+    first = build_token_shards(cfg, store, {"web": ["web/filtered/2026-10/kept/"]}, corpus["tok_dir"], "tok")
+
+    def tokens() -> list[bytes]:
+        return [np.load(p).tobytes() for p in shard_paths(store, first.outputs["manifest"], "train")["web"]]
+
+    before = tokens()
+    assert len(before) > 1  # several shard files, so a partial rewrite would show
+    store.put_bytes("code/files/broken/00000.jsonl.gz", b"not gzip")  # fails after web's shards are written
+    sources = {"web": ["web/filtered/2026-11/kept/"], "code": ["code/files/broken/"]}
+    with pytest.raises(gzip.BadGzipFile):
+        build_token_shards(cfg, store, sources, corpus["tok_dir"], "tok")
+    assert tokens() == before

@@ -102,7 +102,8 @@ def test_chat_template_renders_roles_tools_and_thinking(tokenizer_dir):
 def test_tokenizer_stage_reads_all_sources_and_publishes(tmp_path):
     import gzip
 
-    from infra.store import LocalStore
+    from infra.committed import fetch_committed, read_committed
+    from infra.store import LocalStore, StoreError
     from training.tokenizer import round_robin_texts, tokenizer_stage
 
     store = LocalStore(tmp_path / "store")
@@ -119,8 +120,35 @@ def test_tokenizer_stage_reads_all_sources_and_publishes(tmp_path):
     result = tokenizer_stage(
         TokenizerConfig(vocab_size=320), store, sources, tmp_path / "tok", "tokenizer/v1"
     )
-    assert store.exists("tokenizer/v1/tokenizer.json") and store.exists("tokenizer/v1/tokenizer_config.json")
+    # one committed version holds the whole tokenizer dir; a reader fetches it hash-checked
+    out = read_committed(store, "tokenizer/v1")
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(out.names())
+    assert result.outputs["version"] == out.version
+    _, fetched = fetch_committed(store, "tokenizer/v1", tmp_path / "fetched")
     # 256 bytes + 13 specials + the merges this small corpus supports (capped at 320)
-    assert result.metrics["vocab_size"] == len(load_tokenizer(tmp_path / "tok")) == 318
+    assert result.metrics["vocab_size"] == len(load_tokenizer(fetched)) == 318
+
+    # a retrain whose publish dies after its first file leaves the previous tokenizer whole and readable
+    # (on 98a639e the files were put in place one by one: a new tokenizer.json beside the old config)
+    class DiesAfterOneFile(LocalStore):
+        puts = 0
+
+        def put_file(self, key, path):
+            DiesAfterOneFile.puts += 1
+            if DiesAfterOneFile.puts == 2:
+                raise StoreError(f"S3 upload {key} failed: connection reset")
+            return super().put_file(key, path)
+
+    with pytest.raises(StoreError, match="connection reset"):
+        tokenizer_stage(
+            TokenizerConfig(vocab_size=300),
+            DiesAfterOneFile(store.root),
+            sources,
+            tmp_path / "t2",
+            "tokenizer/v1",
+        )
+    assert read_committed(store, "tokenizer/v1").version == out.version
+    _, again = fetch_committed(store, "tokenizer/v1", tmp_path / "again")
+    assert len(load_tokenizer(again)) == 318
     assert result.metrics["chars_per_token/web"] > 2 and result.metrics["chars_per_token/code"] > 1.5
     assert len(result.data_version) == 16

@@ -17,7 +17,6 @@ from pipelines.math.math_filter import MathFilterConfig
 PROFILE = load_profile()
 WorldKnowledgeRunConfig = launchpad_config("world_knowledge", WorldKnowledgeConfig, PROFILE)
 MathFilterRunConfig = launchpad_config("math_filter", MathFilterConfig, PROFILE)
-CURRENT_MODEL = "classifiers/world_knowledge/current.json"
 
 
 def _work_dir(name: str):
@@ -42,11 +41,7 @@ def world_knowledge_classifier(
     """fastText world-knowledge classifier (and a MiniLM head for comparison), held out by source."""
 
     def stage(cfg: WorldKnowledgeConfig, s, _, run):
-        result = world_knowledge.train_world_knowledge(s, cfg, _work_dir("world_knowledge"))
-        s.put_json(
-            CURRENT_MODEL, {"model_card": result.outputs["model_card"], "data_version": result.data_version}
-        )
-        return result
+        return world_knowledge.train_world_knowledge(s, cfg, _work_dir("world_knowledge"))
 
     def models(result) -> dict[str, str]:
         names = [k for k in result.outputs if k != "model_card"]  # one per classifier (fastText, MiniLM head)
@@ -82,13 +77,10 @@ def web_rescued(
     """Dropped web documents of one snapshot that the world-knowledge classifier rescues."""
 
     def stage(cfg: WorldKnowledgeConfig, s, snapshot, run):
-        card = s.get_json(s.get_json(CURRENT_MODEL)["model_card"])
-        name = next(k for k in card if k != "data_version")  # fastText first: the fast one applied at scale
-        run.set_tags({"crucible.classifier_version": card["data_version"], "crucible.classifier": name})
-        result = world_knowledge.rescue_documents(
-            s, cfg, card[name]["model_key"], card[name]["threshold"], snapshot
-        )
-        result.metrics["classifier_threshold"] = float(card[name]["threshold"])
+        name, model_key, threshold, version = world_knowledge.current_classifier(s, cfg)
+        run.set_tags({"crucible.classifier_version": version, "crucible.classifier": name})
+        result = world_knowledge.rescue_documents(s, cfg, model_key, threshold, snapshot)
+        result.metrics["classifier_threshold"] = threshold
         return result
 
     return run_stage(

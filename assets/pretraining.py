@@ -30,10 +30,6 @@ SHARDS_PREFIX = "training/token_shards"
 _train = {"group_name": "training", "kinds": {"python"}}
 
 
-def _snapshots(store: ObjectStore, prefix: str, marker: str) -> list[str]:
-    return [s for s in store.list_prefixes(prefix) if store.exists(f"{prefix}/{s}/{marker}")]
-
-
 def _committed_snapshots(store: ObjectStore, prefix: str) -> list[str]:
     return [s for s in store.list_prefixes(prefix) if is_committed(store, f"{prefix}/{s}")]
 
@@ -44,9 +40,7 @@ def corpus_sources(store: ObjectStore) -> dict[str, list[str]]:
     deduped_web = set(_committed_snapshots(store, "dedup/web"))
     deduped_code = set(_committed_snapshots(store, "dedup/code"))
     web = [f"dedup/web/{s}/kept/" for s in sorted(deduped_web)] + [
-        f"web/filtered/{s}/kept/"
-        for s in _snapshots(store, "web/filtered", "manifest.json")
-        if s not in deduped_web
+        f"web/filtered/{s}/kept/" for s in _committed_snapshots(store, "web/filtered") if s not in deduped_web
     ]
     code = [f"dedup/code/{s}/kept/" for s in sorted(deduped_code)] + [
         f"code/files/{s}/" for s in store.list_prefixes("code/files") if s not in deduped_code
@@ -54,14 +48,10 @@ def corpus_sources(store: ObjectStore) -> dict[str, list[str]]:
     sources = {
         "web": web,
         "code": code,
-        "math": [p + "/" for p in _dirs(store, "math/filtered")],
-        "knowledge": [f"knowledge/rescued/{s}/" for s in store.list_prefixes("knowledge/rescued")],
+        "math": [f"math/filtered/{tag}/kept/" for tag in _committed_snapshots(store, "math/filtered")],
+        "knowledge": [f"knowledge/rescued/{s}/" for s in _committed_snapshots(store, "knowledge/rescued")],
     }
     return {name: prefixes for name, prefixes in sources.items() if prefixes}
-
-
-def _dirs(store: ObjectStore, prefix: str) -> list[str]:
-    return sorted({k.rsplit("/", 1)[0] for k in store.list(prefix + "/") if k.endswith(".jsonl.gz")})
 
 
 def local_tokenizer(store: ObjectStore) -> Path:

@@ -1,8 +1,10 @@
 """Judge answers cached in the object store, keyed by (judge model, prompt version, document hash).
 
 Layout: `<prefix>/<model>/<prompt>/part-<time>-<uuid>.jsonl.gz`, one line per answered document. Parts are
-append-only and published atomically, so concurrent or interrupted runs never corrupt the cache and a rerun
-with the same judge and prompt asks nothing it has asked before. Transport failures are never cached (a
+append-only, each one object put atomically and self-validating (gzip CRC, one JSON answer per line), so the
+cache is not a committed output (`infra.committed`): listing the parts is safe, concurrent or interrupted runs
+never corrupt it, a damaged part is skipped (its answers are asked again), and a rerun with the same judge
+and prompt asks nothing it has asked before. Transport failures are never cached (a
 rerun retries them); unparseable answers are (the model would say the same again).
 """
 
@@ -51,18 +53,21 @@ class JudgeCache:
         self.prefix = f"{prefix.rstrip('/')}/{_slug(model_id)}/{_slug(prompt_id)}/"
         self._answers: dict[str, CachedAnswer] = {}
         self._pending: list[CachedAnswer] = []
-        self.parts_read = 0
+        self.parts_read = self.parts_skipped = 0
         self._load()
 
     def _load(self) -> None:
         for key in self.store.list(self.prefix):
             if not key.endswith(".jsonl.gz"):
                 continue
-            with gzip.open(io.BytesIO(self.store.get_bytes(key)), "rt", encoding="utf-8") as fh:
-                for line in fh:
-                    if line.strip():
-                        entry = CachedAnswer(**json.loads(line))
-                        self._answers[entry.doc_hash] = entry
+            try:
+                with gzip.open(io.BytesIO(self.store.get_bytes(key)), "rt", encoding="utf-8") as fh:
+                    entries = [CachedAnswer(**json.loads(line)) for line in fh if line.strip()]
+            except (OSError, EOFError, ValueError, TypeError) as exc:  # truncated/garbled: ask those again
+                log.warning("judge cache part %s is damaged, skipped: %s", self.store.uri(key), exc)
+                self.parts_skipped += 1
+                continue
+            self._answers.update((e.doc_hash, e) for e in entries)
             self.parts_read += 1
         log.info("judge cache %s: %d answers in %d parts", self.prefix, len(self._answers), self.parts_read)
 

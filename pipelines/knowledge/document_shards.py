@@ -1,28 +1,37 @@
-"""Read and write datatrove-style JSONL.gz document shards in the object store.
+"""Read and write datatrove-style JSONL.gz document shards.
 
-A document is `{"text", "id", "metadata": {...}}`, one per line; a shard is `<prefix>/<name>.jsonl.gz`.
+A document is `{"text", "id", "metadata": {...}}`, one per line. Readers take store paths of committed outputs
+(`infra.committed`: `web/filtered/s1/kept/` is the `kept/` folder of the output `web/filtered/s1`); writers
+write local files that the stage then commits as one version.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import gzip
 import io
 import json
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
+from infra.committed import committed_keys, committed_shards
 from infra.store import ObjectStore
+
+DOC_SUFFIXES = (".jsonl.gz", ".jsonl")
 
 
 def shard_keys(store: ObjectStore, prefix: str) -> list[str]:
-    """JSONL(.gz) shard keys under `prefix`; `*` in the prefix matches one path level (e.g. snapshots)."""
+    """JSONL(.gz) keys of the committed output(s) holding `prefix` (CommitError if none does); one `*` path
+    segment matches every child that holds a committed output (e.g. `web/filtered/*/kept/`: every snapshot
+    committed so far; a snapshot whose first run was killed before its commit has none and is skipped)."""
     if "*" not in prefix:
-        return [k for k in store.list(prefix) if k.endswith((".jsonl.gz", ".jsonl"))]
-    root = prefix.split("*", 1)[0].rsplit("/", 1)[0]
-    pattern = prefix.rstrip("/") + "/*"
-    return [
-        k for k in store.list(root) if k.endswith((".jsonl.gz", ".jsonl")) and fnmatch.fnmatch(k, pattern)
-    ]
+        return committed_shards(store, prefix, DOC_SUFFIXES)
+    head, _, tail = prefix.partition("*")
+    if not head.endswith("/") or not (tail == "" or tail.startswith("/")) or "*" in tail:
+        raise ValueError(f"{prefix!r}: '*' must be one whole path segment, e.g. 'web/filtered/*/kept/'")
+    keys = []
+    for child in store.list_prefixes(head):
+        keys += committed_keys(store, f"{head}{child}{tail}", DOC_SUFFIXES) or []
+    return keys
 
 
 def read_documents(store: ObjectStore, prefix: str, limit: int | None = None) -> Iterator[dict]:
@@ -47,13 +56,13 @@ def read_documents(store: ObjectStore, prefix: str, limit: int | None = None) ->
                     return
 
 
-def write_documents(store: ObjectStore, key: str, docs: Iterable[dict]) -> int:
-    """Publish `docs` as one gzip JSONL shard under `key` (atomically); returns the count written."""
-    buf = io.BytesIO()
+def write_documents(path: str | Path, docs: Iterable[dict]) -> int:
+    """Write `docs` as one gzip JSONL shard at local `path` (same docs, same bytes); returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:  # mtime=0: same docs, same bytes
+    with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", filename="", mtime=0) as gz:
         for doc in docs:
             gz.write((json.dumps(doc, ensure_ascii=False) + "\n").encode("utf-8"))
             n += 1
-    store.put_bytes(key, buf.getvalue())
     return n

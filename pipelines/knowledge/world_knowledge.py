@@ -3,11 +3,12 @@
 `train_world_knowledge(store, config, work_dir)`: assemble positives (Wikipedia dump, dict-* dictionaries,
 optionally judge-labelled web samples) and negatives (crawled web documents, fortune cookies), split by
 group (article / dictionary passage / page), train fastText and a MiniLM linear head on the same split,
-and compare them on the same held-out set. The model goes to `<output_prefix>/<data_version>/`.
+and compare them on the same held-out set. The models and `model_card.json` are committed as one version of
+`<output_prefix>` (`infra.committed`; the card is also the version's `meta`); `current_classifier` reads it.
 
 `rescue_documents(store, config, model_key, threshold, snapshot)`: score the web documents the heuristic
-filters dropped (`web/filtered/<snapshot>/dropped/`) and publish the ones the classifier calls knowledge
-to `knowledge/rescued/<snapshot>/`, with counts per drop reason and samples.
+filters dropped (`web/filtered/<snapshot>/dropped/`) and commit the ones the classifier calls knowledge
+as the output `knowledge/rescued/<snapshot>`, with counts per drop reason and samples.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +33,7 @@ from classifiers.world_knowledge import (
     WorldKnowledgeParams,
     train_world_knowledge_classifier,
 )
+from infra.committed import commit, read_committed
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -265,28 +268,27 @@ def train_world_knowledge(
     if judge is not None:
         metrics.update(judge.metrics())
 
-    prefix = f"{config.output_prefix.rstrip('/')}/{data_version}/"
     outputs, artifacts = {}, {}
-    for clf in trained:
-        key = f"{prefix}{clf.model_path.name}"
-        store.put_file(key, clf.model_path)
-        outputs[clf.name] = key
-        artifacts[f"{clf.name}/{clf.model_path.name}"] = clf.model_path
     card = {
         c.name: {
             "threshold": c.threshold,
-            "model_key": outputs[c.name],
+            "model": c.model_path.name,  # a file of the committed version (its key: out.key(name))
             "metrics": c.metrics,
             "per_source": c.per_source,
         }
         for c in trained
     }
     card["data_version"] = data_version
-    store.put_json(f"{prefix}model_card.json", card)
-    outputs["model_card"] = f"{prefix}model_card.json"
+    files = {c.model_path.name: c.model_path for c in trained}
+    (work_dir / "model_card.json").write_text(json.dumps(card, indent=2, default=float))
+    files["model_card.json"] = work_dir / "model_card.json"
+    out = commit(store, config.output_prefix, files, meta=json.loads(files["model_card.json"].read_text()))
+    for clf in trained:
+        outputs[clf.name] = out.key(clf.model_path.name)
+        artifacts[f"{clf.name}/{clf.model_path.name}"] = clf.model_path
+    outputs["model_card"] = out.key("model_card.json")
     table = markdown_table(rows)
     (work_dir / "classifier_comparison.md").write_text(table + "\n")
-    (work_dir / "model_card.json").write_text(json.dumps(card, indent=2, default=float))
     artifacts["classifier_comparison.md"] = work_dir / "classifier_comparison.md"
     artifacts["model_card.json"] = work_dir / "model_card.json"
     report = "\n".join(
@@ -314,6 +316,15 @@ def train_world_knowledge(
         data_version,
         extra={"thresholds": {c.name: c.threshold for c in trained}, "comparison": rows},
     )
+
+
+def current_classifier(store: ObjectStore, config: WorldKnowledgeConfig) -> tuple[str, str, float, str]:
+    """(name, model key, threshold, training data version) of the committed classifier the rescue applies:
+    the first by name (fastText, the fast one applied at scale)."""
+    out = read_committed(store, config.output_prefix)
+    name = min(k for k in out.meta if k != "data_version")
+    entry = out.meta[name]
+    return name, out.key(entry["model"]), float(entry["threshold"]), str(out.meta["data_version"])
 
 
 def rescue_documents(
@@ -349,8 +360,10 @@ def rescue_documents(
             )
             rescued.append(doc)
             stats[f"rescued/{reason}"] += 1
-    key = f"{partition_prefix(config.rescued_prefix, snapshot)}/part-00000.jsonl.gz"
-    write_documents(store, key, rescued)
+    prefix = partition_prefix(config.rescued_prefix, snapshot)
+    with tempfile.TemporaryDirectory(prefix="crucible-rescue-") as tmp:
+        write_documents(Path(tmp) / "part-00000.jsonl.gz", rescued)
+        out = commit(store, prefix, Path(tmp), meta={"snapshot": snapshot, "model": model_key})
     metrics = {k: float(v) for k, v in stats.items()}
     metrics.update(
         dropped_docs=float(len(docs)),
@@ -393,4 +406,6 @@ def rescue_documents(
         ]
     )
     digest = hashlib.sha256("".join(sorted(str(d.get("id")) for d in rescued)).encode()).hexdigest()[:16]
-    return StageResult(metrics, {"rescued": key}, report, samples, {}, digest)
+    return StageResult(
+        metrics, {"rescued": f"{prefix}/", "committed": out.version}, report, samples, {}, digest
+    )

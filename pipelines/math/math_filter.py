@@ -2,9 +2,9 @@
 sample (chunk-and-aggregate, 0-5 additive educational rubric) -> judge distilled into a fast classifier ->
 classifier applied to every candidate -> documents above the threshold kept.
 
-Outputs under `math/filtered/<tag>/`: `kept/part-*.jsonl.gz` (metadata gains `math_score`, `judge_score`
-when judged, `math_classifier`), `dropped/part-*.jsonl.gz` (with `drop_reason`), `model/` (the distilled
-classifier). The judge quality gate runs first; its result comes back in `extra["judge_gate"]` and in the
+Output: the committed output `math/filtered/<tag>` (`infra.committed`, one version, pointer last) holding
+`kept/part-*.jsonl.gz` (metadata gains `math_score`, `judge_score` when judged, `math_classifier`),
+`dropped/part-*.jsonl.gz` (with `drop_reason`) and `model/` (the distilled classifier). The judge quality gate runs first; its result comes back in `extra["judge_gate"]` and in the
 metrics (`judge_gate/*`) so the asset layer can turn it into a blocking (cluster) or warning (tiny) check.
 """
 
@@ -14,6 +14,8 @@ import hashlib
 import json
 import logging
 import random
+import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -26,6 +28,7 @@ from classifiers.fasttext_text import FastTextParams
 from classifiers.judge.client import JudgeClient
 from classifiers.judge.judge_config import JudgeConfig, build_judge
 from classifiers.judge.quality_gate import run_quality_gate
+from infra.committed import commit
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.knowledge.document_shards import write_documents
@@ -159,7 +162,7 @@ def run_math_filter(
             dropped.append(doc)
             stats["dropped/below_math_threshold"] += 1
 
-    out_prefix = f"{config.output_prefix.rstrip('/')}/{tag}/"
+    out_prefix = f"{config.output_prefix.rstrip('/')}/{tag}"
     outputs = _publish(store, out_prefix, kept, dropped, config.shard_docs, applied)
     metrics = _metrics(stats, candidates, natural, kept, judge, gate, distill_stats, students, started)
     report = _report(stats, gate, students, applied, judge, metrics)
@@ -232,21 +235,21 @@ def judge_documents(
 def _publish(
     store: ObjectStore, prefix: str, kept: list[dict], dropped: list[dict], shard_docs: int, applied
 ) -> dict[str, str]:
-    stale = set(store.list(prefix))
-    written = set()
-    for name, docs in (("kept", kept), ("dropped", dropped)):
-        for n, start in enumerate(range(0, max(len(docs), 1), shard_docs)):
-            key = f"{prefix}{name}/part-{n:05d}.jsonl.gz"
-            write_documents(store, key, docs[start : start + shard_docs])
-            written.add(key)
-    outputs = {"kept": f"{prefix}kept/", "dropped": f"{prefix}dropped/"}
+    """Commit kept/dropped shards (and the applied classifier) as one version of `prefix`."""
+    prefix = prefix.rstrip("/")
+    with tempfile.TemporaryDirectory(prefix="crucible-math-") as tmp:
+        root = Path(tmp)
+        for name, docs in (("kept", kept), ("dropped", dropped)):
+            for n, start in enumerate(range(0, max(len(docs), 1), shard_docs)):
+                write_documents(root / f"{name}/part-{n:05d}.jsonl.gz", docs[start : start + shard_docs])
+        if applied is not None:
+            (root / "model").mkdir()
+            shutil.copyfile(applied.model_path, root / "model" / applied.model_path.name)
+        out = commit(store, prefix, root, meta={"kept": len(kept), "dropped": len(dropped)})
+    # `kept`/`dropped` are paths inside the committed output (read them with document_shards.read_documents)
+    outputs = {"kept": f"{prefix}/kept/", "dropped": f"{prefix}/dropped/", "committed": out.version}
     if applied is not None:
-        key = f"{prefix}model/{applied.model_path.name}"
-        store.put_file(key, applied.model_path)
-        written.add(key)
-        outputs["classifier"] = key
-    for key in stale - written:  # a rerun replaces the tag's outputs
-        store.delete(key)
+        outputs["classifier"] = out.key(f"model/{applied.model_path.name}")
     return outputs
 
 

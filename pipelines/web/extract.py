@@ -7,8 +7,9 @@
 
 Every step sends what it drops to `<out>/dropped/<step>/*.jsonl.gz` with `metadata.drop_reason`, and the
 funnel (docs in, dropped per step and reason, kept) comes back as metrics and a Markdown table. Both stages
-work in a temp dir (datatrove's completion markers and logs stay there) and then replace `<out>/` in the store,
-so a rerun starts from scratch and the same input gives byte-identical shards.
+work in a temp dir (datatrove's completion markers and logs stay there) and then commit `<out>/` as a new
+version of the output (`infra.committed`: files under `<out>/v-<hash>/`, the pointer `<out>/_committed.json`
+switched last), so a kill never leaves a partial output readable and the same input gives byte-identical shards.
 
 Metrics: `docs_in`, `docs_out` (kept), `docs_dropped`, `drop_rate`, `seconds`, `docs_per_s`,
 `dropped/<step>` and `dropped/<step>/<reason>`, `kept_language_docs/<lang>`; the extract stage adds
@@ -37,6 +38,7 @@ from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.committed import POINTER, commit
 from infra.packaged import LID_176, packaged_file
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -45,12 +47,9 @@ from pipelines.web.filters import CountLanguages, DropWriter, MinLengthFilter
 from pipelines.web.html_extraction import DECODED_BY, HtmlWarcReader, TrafilaturaWithDrops
 from pipelines.web.lid import LanguageIdFilter
 from pipelines.web.stage_io import (
-    data_version,
     first_per_reason,
     output_files,
-    publish,
     sample_docs,
-    shard_manifest,
     stage_inputs,
     zero_gzip_mtime,
 )
@@ -377,17 +376,16 @@ def _finish(
     suffixes: tuple[str, ...],
     out_prefix: str,
     extra_metrics: Callable | None = None,
+    input_committed: bool = True,
 ) -> StageResult:
     with tempfile.TemporaryDirectory(prefix="crucible-web-") as tmp_name:
         tmp = Path(tmp_name)
-        folder, paths_file = stage_inputs(store, input_prefix, suffixes, tmp)
+        folder, paths_file = stage_inputs(store, input_prefix, suffixes, tmp, require_commit=input_committed)
         out = tmp / "out"
         steps = steps_fn(folder, paths_file, out)
         funnel, lang_counts, seconds, step_stats = _run(config, steps, out, tmp / "datatrove_logs")
         for path in output_files(out):
             zero_gzip_mtime(path)
-        shards = shard_manifest(out)
-        version = data_version(shards)
         kept_paths = output_files(out / KEPT) if (out / KEPT).exists() else []
         dropped_paths = output_files(out / DROPPED) if (out / DROPPED).exists() else []
         kept = sample_docs(kept_paths, config.sample_size, config.seed)
@@ -398,16 +396,15 @@ def _finish(
             metrics[f"kept_language_docs/{lang}"] = n
         if extra_metrics:
             metrics.update(extra_metrics(step_stats))
-        manifest = {
+        meta = {
             "snapshot": snapshot,
             "input": store.uri(input_prefix),
-            "data_version": version,
-            "shards": shards,
             "funnel": [vars(s) for s in funnel],
             "kept_languages": lang_counts,
             "config": config.model_dump(),
         }
-        keys = publish(store, out, out_prefix, manifest)
+        # new version under <out_prefix>/v-<hash>/, pointer switched last: a kill leaves the old one readable
+        committed = commit(store, out_prefix, out, meta=meta)
 
     out_prefix = out_prefix.rstrip("/")
     log.info(
@@ -421,18 +418,18 @@ def _finish(
     return StageResult(
         metrics=metrics,
         outputs={
-            "kept": store.uri(f"{out_prefix}/{KEPT}/"),
-            "dropped": store.uri(f"{out_prefix}/{DROPPED}/"),
-            "manifest": store.uri(f"{out_prefix}/manifest.json"),
+            "kept": store.uri(f"{committed.version_prefix}/{KEPT}/"),
+            "dropped": store.uri(f"{committed.version_prefix}/{DROPPED}/"),
+            "manifest": store.uri(f"{out_prefix}/{POINTER}"),
         },
         report_md=_report(f"{title} ({snapshot})", funnel, lang_counts, dropped),
         sample=_kept_sample(kept) + _drop_sample(dropped),
-        data_version=version,
+        data_version=committed.version,
         extra={
             "funnel": [vars(s) for s in funnel],
             "kept_languages": lang_counts,
-            "kept_prefix": f"{out_prefix}/{KEPT}/",
-            "shard_keys": sorted(keys.values()),
+            "kept_prefix": f"{out_prefix}/{KEPT}/",  # resolve with infra.committed.committed_shards
+            "shard_keys": committed.keys(),
         },
     )
 
@@ -445,9 +442,9 @@ def extract_documents(
 ) -> StageResult:
     """Main text of the HTML responses in the WARC files under `warc_prefix`, in `config.languages`.
 
-    Writes `<out_prefix>/kept/NNNNN.jsonl.gz` (metadata url, date, snapshot, warc_file, language,
-    language_score), `<out_prefix>/dropped/{read,extract,min_length,language}/NNNNN.jsonl.gz` (with
-    `drop_step`, `drop_reason`) and `<out_prefix>/manifest.json`. WARC files are split between
+    Commits `kept/NNNNN.jsonl.gz` (metadata url, date, snapshot, warc_file, language, language_score) and
+    `dropped/{read,extract,min_length,language}/NNNNN.jsonl.gz` (with `drop_step`, `drop_reason`) as the
+    output `<out_prefix>` (its `meta`: funnel, languages, config). WARC files are split between
     `config.tasks` tasks; with more than one worker, a calling script needs an `if __name__ == "__main__"` guard.
     """
     lid_model = packaged_file(LID_176)  # resolved before the run: nothing downloads inside the pipeline
@@ -481,6 +478,7 @@ def extract_documents(
         WARC_SUFFIXES,
         out_prefix,
         language_metrics,
+        input_committed=False,  # WARC files of a crawl or an upload
     )
 
 

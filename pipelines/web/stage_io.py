@@ -1,34 +1,46 @@
 """Moving a web stage's files between the object store and the local directory datatrove works in, and
-describing its output (content hash, samples)."""
+describing its output (samples).
+
+A stage reads its input through the producer's committed output (`infra.committed`), never by listing a
+prefix, and publishes its own output with `commit`: files under `<prefix>/v-<version>/`, pointer last."""
 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import itertools
 import json
+import posixpath
 import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra.packaged import file_sha256
+from infra.committed import committed_keys, committed_shards
 from infra.store import LocalStore, ObjectStore
 
 
 def stage_inputs(
-    store: ObjectStore, prefix: str, suffixes: tuple[str, ...], scratch: Path
+    store: ObjectStore, prefix: str, suffixes: tuple[str, ...], scratch: Path, require_commit: bool = True
 ) -> tuple[Path, Path]:
-    """(folder, paths file) listing the store's objects under `prefix` that end in `suffixes`, sorted.
+    """(folder, paths file) listing the input files under `prefix` that end in `suffixes`, sorted.
 
-    A LocalStore's directory is read in place; other stores are copied to `scratch` first.
+    The files are those of the committed output holding `prefix` (CommitError if none). Without
+    `require_commit` (WARC files: a crawl or an upload does not commit) a prefix no output holds is listed.
+    A LocalStore's files are read in place; other stores are copied to `scratch` first.
     """
     prefix = prefix.rstrip("/") + "/"
-    keys = [k for k in store.list(prefix) if k.endswith(suffixes)]
+    keys = (
+        committed_shards(store, prefix, suffixes)
+        if require_commit
+        else committed_keys(store, prefix, suffixes)
+    )
+    if keys is None:
+        keys = [k for k in store.list(prefix) if k.endswith(suffixes)]
     if not keys:
         raise FileNotFoundError(f"no {'/'.join(suffixes)} files under {store.uri(prefix)}")
-    rel = [k[len(prefix) :] for k in keys]
+    root = posixpath.commonpath([k.rsplit("/", 1)[0] for k in keys]) + "/"
+    rel = [k[len(root) :] for k in keys]
     if isinstance(store, LocalStore):
-        folder = store.local_path(prefix.rstrip("/"))
+        folder = store.local_path(root.rstrip("/"))
     else:
         folder = scratch / "input"
         for key, name in zip(keys, rel, strict=True):
@@ -49,36 +61,6 @@ def zero_gzip_mtime(path: Path) -> None:
 
 def output_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
-
-
-def shard_manifest(root: Path) -> dict[str, dict]:
-    """{relative name: {bytes, sha256}} of every file under `root`, sorted by name."""
-    return {
-        p.relative_to(root).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
-        for p in output_files(root)
-    }
-
-
-def data_version(manifest: dict[str, dict]) -> str:
-    """Content hash of a stage's output: sorted shard names with their sizes and hashes."""
-    h = hashlib.sha256()
-    for name in sorted(manifest):
-        h.update(f"{name}\t{manifest[name]['bytes']}\t{manifest[name]['sha256']}\n".encode())
-    return h.hexdigest()
-
-
-def publish(store: ObjectStore, root: Path, out_prefix: str, manifest: dict) -> dict[str, str]:
-    """Replace everything under `out_prefix` with the files under `root`, then write `manifest.json` last
-    (its presence marks a complete output). Returns {relative name: key}."""
-    out_prefix = out_prefix.rstrip("/")
-    store.delete_prefix(out_prefix + "/")
-    keys = {}
-    for path in output_files(root):
-        name = path.relative_to(root).as_posix()
-        keys[name] = f"{out_prefix}/{name}"
-        store.put_file(keys[name], path)
-    store.put_json(f"{out_prefix}/manifest.json", manifest)
-    return keys
 
 
 def iter_docs(paths: list[Path]) -> Iterator[dict]:

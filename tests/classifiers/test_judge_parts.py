@@ -84,6 +84,19 @@ def test_cache_is_keyed_by_model_prompt_and_document(tmp_path):
     assert JudgeCache(store, "judge/cache", "openai:m1", "edu_math_v2-abc").get(document_hash("doc")) is None
 
 
+def test_damaged_cache_part_is_skipped_not_fatal(tmp_path):
+    """On 98a639e one truncated part (a damaged object) made every judge run fail to load its cache."""
+    store = LocalStore(tmp_path)
+    cache = JudgeCache(store, "judge/cache", "openai:m1", "p-1")
+    for doc in ("a", "b"):
+        cache.put(CachedAnswer(document_hash(doc), "3", 3.0, "text", None, 10, 1))
+        key = cache.flush()
+    store.put_bytes(key, store.get_bytes(key)[:-6])  # the part with "b" loses its gzip trailer
+    again = JudgeCache(store, "judge/cache", "openai:m1", "p-1")
+    assert (again.parts_read, again.parts_skipped, len(again)) == (1, 1, 1)
+    assert again.get(document_hash("a")).score == 3.0 and again.get(document_hash("b")) is None
+
+
 def test_probe_set_and_gate_arithmetic():
     probes = load_probe_set()
     kinds = {p["kind"] for p in probes}

@@ -9,6 +9,7 @@ import pytest
 
 from classifiers.embedding_quality import SentenceEmbedder
 from classifiers.labelled_text import LabelledText
+from infra.committed import commit
 from infra.local_web import fetch_doc_package
 from infra.settings import load_profile, validate_stage
 from infra.store import LocalStore
@@ -16,7 +17,12 @@ from pipelines.knowledge.dictd import decode_dictd_number, read_dictd
 from pipelines.knowledge.document_shards import read_documents, write_documents
 from pipelines.knowledge.fortunes import read_fortunes
 from pipelines.knowledge.wikipedia_dump import gensim_sample_dump, read_wikipedia_articles, strip_wiki_markup
-from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig, rescue_documents, train_world_knowledge
+from pipelines.knowledge.world_knowledge import (
+    WorldKnowledgeConfig,
+    current_classifier,
+    rescue_documents,
+    train_world_knowledge,
+)
 from pipelines.math.doc_pages import iter_doc_pages
 
 
@@ -86,8 +92,10 @@ def web_store(tmp_path_factory, debian_cache) -> LocalStore:
         }
         for a in wiki
     ]
-    write_documents(store, "web/filtered/s1/kept/00000.jsonl.gz", kept)
-    write_documents(store, "web/filtered/s1/dropped/00000.jsonl.gz", dropped)
+    out = tmp_path_factory.mktemp("web_filtered")
+    write_documents(out / "kept/00000.jsonl.gz", kept)
+    write_documents(out / "dropped/00000.jsonl.gz", dropped)
+    commit(store, "web/filtered/s1", out)  # as the web_filtered stage does
     return store
 
 
@@ -113,6 +121,12 @@ def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cach
     )
 
     threshold = result.extra["thresholds"]["world_knowledge_fasttext"]
+    assert current_classifier(web_store, config) == (
+        "world_knowledge_fasttext",
+        result.outputs["world_knowledge_fasttext"],
+        threshold,
+        result.data_version,
+    )
     rescue = rescue_documents(web_store, config, result.outputs["world_knowledge_fasttext"], threshold, "s1")
     rescued = list(read_documents(web_store, rescue.outputs["rescued"]))
     wiki_rescued = sum(d["id"].startswith("wiki/") for d in rescued)

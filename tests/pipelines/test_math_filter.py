@@ -14,6 +14,7 @@ from classifiers.judge.backends import OpenAIChatBackend
 from classifiers.judge.client import JudgeClient
 from classifiers.judge.judge_config import prompt_name
 from classifiers.judge.prompt_files import load_prompt
+from infra.committed import commit, read_committed
 from infra.llm_server import llm_server_process
 from infra.local_web import fetch_doc_package
 from infra.settings import REPO_ROOT, load_profile, validate_stage
@@ -51,7 +52,8 @@ def web_store(root: Path) -> LocalStore:
     pages += [
         {"text": t, "id": f"synthetic/{i}", "metadata": {"url": f"s{i}"}} for i, t in enumerate(SYNTHETIC)
     ]
-    write_documents(store, "web/filtered/s1/kept/00000.jsonl.gz", pages)
+    write_documents(root.parent / "web_input" / "kept/00000.jsonl.gz", pages)
+    commit(store, "web/filtered/s1", root.parent / "web_input")  # as the web_filtered stage does
     return store
 
 
@@ -94,6 +96,9 @@ def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url,
     assert m["judge_gate/n_probes"] == 24 and "judge_gate/auc" in m
     assert "| fasttext |" in result.report_md and result.extra["applied_student"] == "fasttext"
     assert store.exists(result.outputs["classifier"])
+    committed = read_committed(store, "math/filtered/t1")
+    assert committed.names(under="model") == [f"model/{Path(result.outputs['classifier']).name}"]
+    assert committed.meta == {"kept": len(kept), "dropped": len(dropped)}
 
     before = chat_requests(judge_url)
     rerun = run_math_filter(store, config, tmp_path / "work2", tag="t1", judge=judge(), debian_cache=CACHE)

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from web_extract_pages import PAGES, write_warc  # tests/pipelines is on sys.path (prepend import mode)
 
+from infra.committed import committed_shards, read_committed
 from infra.packaged import LID_176, packaged_file
 from infra.settings import SettingsError, load_profile, validate_stage
 from infra.store import LocalStore
@@ -21,14 +22,15 @@ WARC, DOCS, FILTERED = f"web/warc/{SNAPSHOT}", f"web/extract/{SNAPSHOT}", f"web/
 
 def read_docs(store, prefix: str) -> list[dict]:
     out = []
-    for key in store.list(prefix.rstrip("/") + "/"):
-        if key.endswith(".jsonl.gz"):
-            out += [json.loads(line) for line in gzip.decompress(store.get_bytes(key)).decode().splitlines()]
+    for key in committed_shards(store, prefix, ".jsonl.gz"):
+        out += [json.loads(line) for line in gzip.decompress(store.get_bytes(key)).decode().splitlines()]
     return out
 
 
 def shard_bytes(store, prefix: str) -> dict[str, bytes]:
-    return {k: store.get_bytes(k) for k in store.list(prefix + "/")}
+    """{name: bytes} of the committed version of an output."""
+    out = read_committed(store, prefix)
+    return {f"{prefix}/{name}": store.get_bytes(out.key(name)) for name in out.names()}
 
 
 class NetworkAttempt(AssertionError):
@@ -167,9 +169,10 @@ def test_language_mix_sample_and_manifest(run_once):
         "line_punct_ratio",
     }
 
-    manifest = store.get_json(f"{FILTERED}/manifest.json")
-    assert manifest["data_version"] == filtered.data_version and len(filtered.data_version) == 64
-    assert sorted(manifest["shards"]) == [
+    committed = read_committed(store, FILTERED)
+    assert committed.version == filtered.data_version and len(filtered.data_version) == 32
+    assert committed.meta["funnel"] == filtered.extra["funnel"] and committed.meta["snapshot"] == SNAPSHOT
+    assert committed.names() == [
         "dropped/c4_quality/00000.jsonl.gz",
         "dropped/fineweb_quality/00000.jsonl.gz",
         "dropped/gopher_quality/00000.jsonl.gz",
@@ -177,19 +180,21 @@ def test_language_mix_sample_and_manifest(run_once):
         "kept/00000.jsonl.gz",
     ]
     assert filtered.extra["kept_prefix"] == f"{FILTERED}/kept/"
-    assert filtered.outputs["kept"] == store.uri(f"{FILTERED}/kept/")
+    assert filtered.outputs["kept"] == store.uri(f"{FILTERED}/v-{filtered.data_version}/kept/")
+    assert filtered.extra["shard_keys"] == committed.keys()
 
 
 def test_rerun_is_byte_identical_and_replaces_old_output(run_once, monkeypatch):
     store, config, extracted, filtered, _ = run_once
     attempts = block_network(monkeypatch)
     first = shard_bytes(store, DOCS) | shard_bytes(store, FILTERED)
-    store.put_bytes(f"{FILTERED}/kept/99999.jsonl.gz", b"stale output of an older run")
+    stray = f"{FILTERED}/v-{filtered.data_version}/kept/99999.jsonl.gz"
+    store.put_bytes(stray, b"a file no commit lists (a killed writer's)")
     again_x = extract_documents(config, store, SNAPSHOT, WARC, DOCS)
     again_f = filter_documents(config, store, SNAPSHOT, DOCS, FILTERED)
     assert (again_x.data_version, again_f.data_version) == (extracted.data_version, filtered.data_version)
     assert shard_bytes(store, DOCS) | shard_bytes(store, FILTERED) == first
-    assert not store.exists(f"{FILTERED}/kept/99999.jsonl.gz")
+    assert stray not in committed_shards(store, FILTERED)
     assert not any("datatrove" in k or "completions" in k for k in store.list("web/"))
     assert attempts == []
 
@@ -206,7 +211,7 @@ def test_two_tasks_in_worker_processes_give_the_same_documents(tmp_path, run_onc
         assert [(s["name"], s["docs_in"], s["dropped"], s["reasons"]) for s in one.extra["funnel"]] == [
             (s["name"], s["docs_in"], s["dropped"], s["reasons"]) for s in two.extra["funnel"]
         ]
-    assert [k.rsplit("/", 1)[1] for k in store.list(f"{DOCS}/kept/")] == ["00000.jsonl.gz", "00001.jsonl.gz"]
+    assert read_committed(store, DOCS).names(under="kept") == ["kept/00000.jsonl.gz", "kept/00001.jsonl.gz"]
     kept_one = {d["metadata"]["url"] for d in read_docs(run_once[0], f"{FILTERED}/kept")}
     assert {d["metadata"]["url"] for d in read_docs(store, f"{FILTERED}/kept")} == kept_one
 
@@ -238,7 +243,10 @@ def test_s3_store_gives_the_same_data_version(s3_bucket, run_once, tmp_path):
     x = extract_documents(config, store, SNAPSHOT, WARC, DOCS)
     f = filter_documents(config, store, SNAPSHOT, DOCS, FILTERED)
     assert (x.data_version, f.data_version) == (extracted.data_version, filtered.data_version)
-    assert store.exists(f"{FILTERED}/manifest.json") and len(read_docs(store, f"{FILTERED}/kept")) == 3
+    assert (
+        read_committed(store, FILTERED).version == f.data_version
+        and len(read_docs(store, f"{FILTERED}/kept")) == 3
+    )
 
 
 def test_profiles_and_bad_values():

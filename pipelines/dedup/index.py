@@ -80,11 +80,26 @@ def read_index(store: ObjectStore, index_prefix: str) -> IndexLog:
     """Replay the commit log: a snapshot's latest record is its entry."""
     current: dict[str, IndexEntry] = {}
     keys = sorted(store.list(f"{index_prefix}/{LOG}/"))
+    if not keys:
+        _refuse_legacy_index(store, index_prefix)
     for key in keys:
         entry = IndexEntry(**json.loads(store.get_bytes(key)))
         current[entry.snapshot] = entry
     last = int(keys[-1].rsplit("/", 1)[1].split(".")[0]) if keys else -1
     return IndexLog(sorted(current.values(), key=lambda e: e.seq), last + 1)
+
+
+def _refuse_legacy_index(store: ObjectStore, index_prefix: str) -> None:
+    """An index written before the log (per-snapshot manifest.json) would be silently ignored: refuse it."""
+    legacy = [
+        s for s in store.list_prefixes(index_prefix) if store.exists(f"{index_prefix}/{s}/manifest.json")
+    ]
+    if legacy:
+        raise IndexMismatchError(
+            f"{store.uri(index_prefix)} holds entries of the old layout (manifest.json per snapshot: {legacy}) "
+            f"that new runs cannot see; delete {store.uri(index_prefix.rsplit('/', 1)[0])} and rerun dedup "
+            "for those snapshots"
+        )
 
 
 def list_entries(store: ObjectStore, index_prefix: str) -> list[IndexEntry]:

@@ -19,7 +19,7 @@ from infra.committed import read_committed
 from infra.settings import StoreSettings, load_profile, validate_stage
 from infra.store import LocalStore, S3Store
 from pipelines.dedup import DedupConfig, dedup_partition
-from pipelines.dedup.index import list_entries
+from pipelines.dedup.index import IndexEntry, IndexMismatchError, commit_entry, list_entries
 
 A, B = "2024-10", "2024-05"
 
@@ -149,3 +149,32 @@ def test_two_concurrent_dedup_runs_take_distinct_seqs_and_the_later_sees_the_ear
     for snap in (first, second):
         assert _kept_ids(store, snap) == _kept_ids(serial, snap)
     assert results[second]["metrics"]["cross_partition_dups"] == 12 if first == A else 16
+
+
+def test_commit_entry_appends_only_onto_the_index_it_was_computed_from(tmp_path):
+    """The protocol under the concurrency test, step by step on the local store."""
+    store = LocalStore(tmp_path / "store")
+    for snap, d in {A: snapshot_a(), B: snapshot_b(snapshot_a())}.items():
+        write_shards(store.root, f"web/filtered/{snap}/kept", d, shards=2)
+    cfg = micro_config()
+    dedup_partition(cfg, store, A, scratch=tmp_path)
+    (a,) = list_entries(store, "dedup/web/index")
+    # an entry computed before A committed (seq 0, nothing earlier) must not land on top of A
+    stale = IndexEntry(snapshot=B, seq=0, version="0" * 16, config=a.config)
+    assert commit_entry(store, "dedup/web/index", stale) == (False, None)
+    # nor one that claims A at another version
+    moved = IndexEntry(B, 1, "1" * 16, a.config, deduped_against=[{**a.ref, "version": "f" * 16}])
+    assert commit_entry(store, "dedup/web/index", moved) == (False, None)
+    # an identical rerun appends nothing; the log still has A's one record
+    assert commit_entry(store, "dedup/web/index", a) == (True, a)
+    assert store.list("dedup/web/index/_log/") == ["dedup/web/index/_log/0000000000.json"]
+    b = dedup_partition(cfg, store, B, scratch=tmp_path)
+    assert b.extra["seq"] == 1 and b.metrics["attempts"] == 1
+    assert [e.snapshot for e in list_entries(store, "dedup/web/index")] == [A, B]
+
+    # an index of the old layout (manifest.json per snapshot) is refused, not silently ignored
+    legacy = LocalStore(tmp_path / "legacy")
+    legacy.put_json(f"dedup/web/index/{A}/manifest.json", {"snapshot": A, "seq": 0})
+    write_shards(legacy.root, f"web/filtered/{B}/kept", snapshot_a(), shards=1)
+    with pytest.raises(IndexMismatchError, match="old layout"):
+        dedup_partition(cfg, legacy, B, scratch=tmp_path)

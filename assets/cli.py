@@ -99,9 +99,10 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"crucible lineage: {exc}", file=sys.stderr)
         return 2
+    broken = _broken_links(tree)
     if args.json:
         print(json.dumps(tree, indent=2))
-        return 0
+        return 3 if broken else 0
 
     def show(node: dict, depth: int) -> None:
         part = f"[{node['partition']}]" if node["partition"] else ""
@@ -115,7 +116,15 @@ def cmd_lineage(args: argparse.Namespace) -> int:
             print(f"{'  ' * (depth + 1)}{asset}: no recorded read (lineage broken)")
 
     show(tree, 0)
+    if broken:  # a stage declared an upstream it recorded no read of: the walk cannot say what it used
+        print(f"crucible lineage: incomplete, no recorded read of {', '.join(broken)}", file=sys.stderr)
+        return 3
     return 0
+
+
+def _broken_links(node: dict) -> list[str]:
+    here = [f"{asset} (by {node['asset']})" for asset in node.get("missing", [])]
+    return here + [link for child in node["upstream"] for link in _broken_links(child)]
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

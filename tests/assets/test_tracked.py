@@ -45,7 +45,7 @@ def _write(store, prefix: str, text: str, tmp) -> str:
 
 
 @dg.asset(partitions_def=PARTS, backfill_policy=dg.BackfillPolicy.single_run(), group_name="test")
-def up(context, config: UpConfig, store: ObjectStoreResource, mlflow: MlflowResource):
+def up(context, config: UpConfig, store: ObjectStoreResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     def stage(cfg, object_store, part, run):
         if part == cfg.fail_on:
             raise RuntimeError(f"partition {part} fails")
@@ -58,7 +58,9 @@ def up(context, config: UpConfig, store: ObjectStoreResource, mlflow: MlflowReso
 
 
 @dg.asset(partitions_def=PARTS, backfill_policy=dg.BackfillPolicy.single_run(), group_name="test", deps=[up])
-def down(context, config: DownConfig, store: ObjectStoreResource, mlflow: MlflowResource):
+def down(
+    context, config: DownConfig, store: ObjectStoreResource, mlflow: MlflowResource
+) -> dg.MaterializeResult:
     def stage(cfg, object_store, part, run):
         if cfg.race:  # another run rematerializes the upstream after this stage started
             _materialize([up], context.instance, part, {"ops": {"up": {"config": {"text": "v2"}}}})
@@ -148,9 +150,10 @@ def test_a_declared_upstream_that_was_not_read_is_a_broken_link_not_a_guess(inst
 
     from assets.cli import main
 
-    assert main(["lineage", run.info.run_id]) == 0
-    out = capsys.readouterr().out
-    assert "up: no recorded read (lineage broken)" in out
+    assert main(["lineage", run.info.run_id]) == 3  # the walk fails rather than guess
+    printed = capsys.readouterr()
+    assert "up: no recorded read (lineage broken)" in printed.out
+    assert "incomplete, no recorded read of up (by down)" in printed.err
 
 
 def test_each_partition_of_a_range_gets_its_own_materialization(instance):

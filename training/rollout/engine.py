@@ -1,0 +1,145 @@
+"""Rollout engines: `generate(prompts, params) -> generations` with the exact token ids and the engine's own
+per-token log-probs, and `sync_weights` so the trainer can push new weights (the policy version is stamped
+on every generation).
+
+The local engine keeps its own copy of the policy in another precision than the trainer (bf16 vs fp32), so
+the train / inference mismatch that IcePop corrects (docs/recipe.md, Eq. 1) is real here too."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]  # log π_engine(token) at temperature T (1 when greedy), without top-p truncation
+    finish_reason: str  # "stop" (a stop token, included) or "length"
+    policy_version: int
+    stop_token: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutEngine(Protocol):
+    policy_version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]: ...
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix reaching top_p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+class LocalRolloutEngine:
+    """Batched sampling with a KV cache on an in-process copy of the policy held in `dtype`."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, pad_id: int = 1):
+        self.dtype, self.pad_id = dtype, pad_id
+        self.model = copy.deepcopy(model).to(dtype).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.policy_version = 0
+
+    def sync_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """In-process weight sync: copy (and cast) the trainer's weights into the engine's copy."""
+        with torch.no_grad():
+            own = self.model.state_dict()
+            missing = set(own) - set(state_dict)
+            if missing:
+                raise KeyError(f"weight sync is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+            for name, tensor in own.items():
+                tensor.copy_(state_dict[name].to(tensor.dtype))
+        self.policy_version = version
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        n, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding: every row's next token is at the same column
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attention[i, width - len(p) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        gen = torch.Generator().manual_seed(params.seed)
+        stops = torch.tensor(params.stop_token_ids or [-1])
+        out_ids = torch.full((n, params.max_new_tokens), self.pad_id, dtype=torch.long)
+        out_lp = torch.zeros((n, params.max_new_tokens))
+        done = torch.zeros(n, dtype=torch.bool)
+        lengths = torch.zeros(n, dtype=torch.long)
+        past, step_ids, step_pos = None, ids, positions
+        for t in range(params.max_new_tokens):
+            out = self.model(
+                input_ids=step_ids,
+                attention_mask=attention,
+                position_ids=step_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1].float()
+            temperature = params.temperature if params.temperature > 0 else 1.0
+            logprobs_all = torch.log_softmax(logits / temperature, dim=-1)
+            if params.temperature == 0:
+                token = logits.argmax(-1)
+            else:
+                probs = _top_p_filter(logits / temperature, params.top_p).softmax(-1)
+                token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            token = torch.where(done, torch.full_like(token, self.pad_id), token)
+            out_ids[:, t] = token
+            out_lp[:, t] = logprobs_all.gather(1, token.unsqueeze(1)).squeeze(1)
+            lengths += (~done).long()
+            done |= torch.isin(token, stops)
+            if bool(done.all()):
+                break
+            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long)], dim=1)
+            step_ids, step_pos = token.unsqueeze(1), step_pos[:, -1:] + 1
+        results = []
+        for i in range(n):
+            k = int(lengths[i])
+            toks = out_ids[i, :k].tolist()
+            stopped = bool(k) and toks[-1] in params.stop_token_ids
+            results.append(
+                Generation(
+                    token_ids=toks,
+                    logprobs=out_lp[i, :k].tolist(),
+                    finish_reason="stop" if stopped else "length",
+                    policy_version=self.policy_version,
+                    stop_token=toks[-1] if stopped else None,
+                )
+            )
+        return results
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    model: nn.Module, prompt: list[int], completion: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """log π(completion_t | prompt, completion_<t) under `model`, one forward pass (the trainer's view)."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    logp = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
+    return logp.gather(1, torch.tensor(completion).unsqueeze(1)).squeeze(1)

@@ -32,7 +32,7 @@ LINEAGE_MISSING_TAG = "crucible.lineage_missing"
 HOST_TAG, PID_TAG = "crucible.host", "crucible.pid"
 _SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|access[_-]?key|auth)", re.I)
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s:]+:[^/@\s]+@")
-_METRIC_SPELLED = {"+": "p", "#": "sharp", " ": "_"}
+_METRIC_SPELLED = {"+": "p", "#": "sharp", " ": "_", ":": "/"}  # labels: C++, Emacs Lisp, source:label
 _METRIC_KEY = re.compile(r"[A-Za-z0-9_/.-]{1,64}")
 
 
@@ -57,7 +57,7 @@ def redact(params: dict[str, Any]) -> dict[str, str]:
 
 def metric_name(key: str) -> str | None:
     """A metric key from the fixed vocabulary, or None for free text (longer than 64 characters, or other
-    characters than [A-Za-z0-9_/.-] once labels are spelled out: `C++` -> `Cpp`, `C#` -> `Csharp`)."""
+    characters than [A-Za-z0-9_/.-] once labels are spelled out: `C++` -> `Cpp`, `web:0` -> `web/0`)."""
     name = "".join(_METRIC_SPELLED.get(c, c) for c in key)
     return name if _METRIC_KEY.fullmatch(name) else None
 

@@ -88,11 +88,13 @@ def test_free_text_metric_keys_are_not_logged_but_named_once():
     tracker = Tracker.from_profile(load_profile())
     free_text = "fetch_error/ConnectionError: [Errno 111] Connection refused by 127.0.0.1:8080 " * 3
     with tracker.stage_run("web", "crawl", {}) as run:
-        run.log_metrics({"pages/kept": 4, free_text: 1, "x" * 65: 2, "language_files/Emacs Lisp": 3})
+        run.log_metrics(
+            {"pages/kept": 4, free_text: 1, "x" * 65: 2, "language_files/Emacs Lisp": 3, "ex/web:0": 5}
+        )
         run.log_metrics({free_text: 1})
     data = tracker.get_run(run.run_id).data
     # on 98a639e both free-text keys were logged (the first as 'fetch_error/ConnectionError: _Errno 111_ ...')
-    assert data.metrics == {"pages/kept": 4, "language_files/Emacs_Lisp": 3}
+    assert data.metrics == {"pages/kept": 4, "language_files/Emacs_Lisp": 3, "ex/web/0": 5}
     assert json.loads(data.tags["crucible.rejected_metric_keys"]) == [free_text, "x" * 65]
 
 

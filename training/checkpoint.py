@@ -4,7 +4,10 @@ A checkpoint is a directory `<root>/step_<N>/` holding the model and optimizer s
 engine), `trainer_state.json` (step, tokens seen, config) and per rank `rng_rank<r>.pt` (torch, numpy,
 python RNG states) and `data_rank<r>.json` (the batch source's position). It is written under
 `<root>/.tmp_step_<N>/` and renamed into place once every rank has finished, so a process killed at any
-moment leaves either the previous checkpoint or the new one, never a half-written one.
+moment leaves either the previous checkpoint or the new one, never a half-written one. Its last file,
+`checkpoint.json`, lists every file with its size: only a directory whose list verifies is a checkpoint.
+Deletion (pruning, replacing a step) first renames the directory out of the `step_*` namespace, so a kill
+during `rmtree` leaves a `.trash_*` directory, never a `step_*` one with files missing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
+MANIFEST = "checkpoint.json"
 
 
 class CheckpointEngine(Protocol):
@@ -68,6 +72,55 @@ def _fsync_tree(directory: Path) -> None:
                 os.fsync(f.fileno())
 
 
+def _fsync_dir(directory: Path) -> None:
+    """Make renames inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_manifest(directory: Path, step: int) -> None:
+    """`checkpoint.json`: every file of the checkpoint with its size, written (and synced) last."""
+    files = {
+        str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()
+    }
+    path = directory / MANIFEST
+    with open(path, "w") as fh:
+        json.dump({"step": step, "files": files}, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def checkpoint_problem(directory: Path) -> str | None:
+    """Why `directory` is not a complete checkpoint (None if it is)."""
+    try:
+        manifest = json.loads((Path(directory) / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        return f"no readable {MANIFEST} ({exc.__class__.__name__})"
+    for name, size in manifest["files"].items():
+        path = Path(directory) / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} missing or not {size} bytes"
+    return None
+
+
+def _delete_dir(directory: Path) -> None:
+    """Rename out of the `step_*` namespace first (atomic), then remove: a kill never leaves a torn step dir."""
+    trash = directory.with_name(f".trash_{directory.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(directory, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _clear_leftovers(root: Path) -> None:
+    """Temp and trash dirs of a run killed while saving or deleting."""
+    for path in root.iterdir():
+        if path.is_dir() and path.name.startswith((".tmp_step_", ".trash_step_")):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -82,7 +135,7 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step:08d}"
     if engine.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # a previous run killed while writing this step
+        _clear_leftovers(root)
         tmp.mkdir()
     engine.barrier()
     engine.save_state(tmp)
@@ -93,21 +146,31 @@ def save_checkpoint(
     engine.barrier()
     if engine.rank == 0:
         _fsync_tree(tmp)
+        _write_manifest(tmp, step)
         if final.exists():  # same step saved before (e.g. rerun of a finished run): replace it
-            shutil.rmtree(final)
+            _delete_dir(final)
         os.replace(tmp, final)
+        _fsync_dir(root)
         for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+            _delete_dir(old)
     engine.barrier()
     return final
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first (temp dirs of killed writes are ignored)."""
+    """Complete checkpoints under `root`, oldest first (temp dirs of killed writes are ignored, and so is a
+    `step_*` dir whose manifest does not verify, with a warning)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name))
+    complete = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)):
+        problem = checkpoint_problem(path)
+        if problem:
+            log.warning("ignoring incomplete checkpoint %s: %s", path, problem)
+        else:
+            complete.append(path)
+    return complete
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -118,6 +181,9 @@ def latest_checkpoint(root: Path) -> Path | None:
 def load_checkpoint(path: Path, engine: CheckpointEngine) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore model, optimizer and this rank's RNG from `path`; returns (trainer_state, data_state)."""
     path = Path(path)
+    problem = checkpoint_problem(path)
+    if problem:
+        raise ValueError(f"{path} is not a complete checkpoint: {problem}")
     engine.load_state(path)
     set_rng_state(torch.load(path / f"rng_rank{engine.rank}.pt", weights_only=False))
     trainer_state = json.loads((path / "trainer_state.json").read_text())

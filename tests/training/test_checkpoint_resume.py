@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from training.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from training.job import (
     TrainJobSpec,
     job_key,
@@ -60,8 +60,25 @@ def test_checkpoint_is_complete_atomic_and_pruned(tmp_path):
         "rng_rank0.pt",
         "data_rank0.json",
         "trainer_state.json",
+        "checkpoint.json",
     }
     assert json.loads((root / "step_00000012" / "data_rank0.json").read_text()) == {"index": 12}
+    manifest = json.loads((root / "step_00000012" / "checkpoint.json").read_text())
+    assert manifest["step"] == 12 and set(manifest["files"]) == files - {"checkpoint.json"}
+
+
+def test_a_step_dir_with_a_missing_or_short_file_is_not_a_checkpoint(tmp_path):
+    engine = LocalEngine(build_model(ModelConfig.for_size("micro")), OptimConfig())
+    root = tmp_path / "checkpoints"
+    for step in (4, 8):
+        save_checkpoint(root, step, engine, {"step": step}, {"index": step}, keep=2)
+    (root / "step_00000008" / "optimizer.pt").unlink()  # as a kill inside rmtree of this dir would
+    assert [p.name for p in list_checkpoints(root)] == ["step_00000004"]
+    with pytest.raises(ValueError, match="step_00000008 is not a complete checkpoint: optimizer.pt missing"):
+        load_checkpoint(root / "step_00000008", engine)
+    model = root / "step_00000004" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-10])
+    assert list_checkpoints(root) == []
 
 
 @pytest.fixture()

@@ -107,10 +107,16 @@ def describe_exit(returncode: int) -> str:
 
 
 def run_command(
-    cmd: LaunchCommand, *, log_path: Path | None = None, timeout_s: float | None = None, tail_lines: int = 40
+    cmd: LaunchCommand,
+    *,
+    log_path: Path | None = None,
+    timeout_s: float | None = None,
+    tail_lines: int = 40,
+    echo: bool = False,
 ) -> None:
-    """Run `cmd` in its own process group, tee its output to `log_path` and the logger; raise `LaunchError`
-    unless it exits 0. On timeout (or if the caller is interrupted) the whole process group is killed."""
+    """Run `cmd` in its own process group, tee its output to `log_path` and the logger (and stdout if `echo`,
+    e.g. for Dagster's captured logs); raise `LaunchError` unless it exits 0. On timeout (or if the caller is
+    interrupted) the whole process group is killed."""
     tail: deque[str] = deque(maxlen=tail_lines)
     log.info("launching: %s", " ".join(cmd.argv))
     proc = subprocess.Popen(
@@ -122,14 +128,18 @@ def run_command(
         text=True,
         start_new_session=True,  # own process group: a timeout kills every rank
     )
-    reader = threading.Thread(target=_pump, args=(proc, tail, log_path), daemon=True)
+    reader = threading.Thread(target=_pump, args=(proc, tail, log_path, echo), daemon=True)
     reader.start()
     try:
         returncode = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         reader.join(timeout=5)
-        raise LaunchError(f"training process timed out after {timeout_s} s", None, "\n".join(tail)) from None
+        raise LaunchError(
+            f"training process timed out after {timeout_s:g} s (timeout_s); its process group was killed",
+            None,
+            "\n".join(tail),
+        ) from None
     except BaseException:
         _kill_group(proc)
         raise
@@ -138,7 +148,7 @@ def run_command(
         raise LaunchError(f"training process {describe_exit(returncode)}", returncode, "\n".join(tail))
 
 
-def _pump(proc: subprocess.Popen, tail: deque, log_path: Path | None) -> None:
+def _pump(proc: subprocess.Popen, tail: deque, log_path: Path | None, echo: bool = False) -> None:
     log_file = open(log_path, "a") if log_path else None  # noqa: SIM115
     try:
         assert proc.stdout is not None
@@ -147,6 +157,8 @@ def _pump(proc: subprocess.Popen, tail: deque, log_path: Path | None) -> None:
             if log_file:
                 log_file.write(line)
                 log_file.flush()
+            if echo:
+                sys.stdout.write(line)
             log.debug("%s", line.rstrip("\n"))
     finally:
         if log_file:

@@ -6,7 +6,7 @@ A runner process imports the stage once and forks one child per kill point; the 
 deletes to the store and SIGKILLs itself just before operation k (so every point between two operations,
 including the index log append and the output pointer switch, can be hit). Two scenarios on the planted-
 duplicate corpus: a rerun of 2024-10 after its input changed (the previous version must stay readable), and
-the first run of 2024-05 against it (a new sequence number)."""
+the first run of 2024-05 against it (a new sequence number); on the local store and the moto S3 server."""
 
 from __future__ import annotations
 
@@ -24,51 +24,60 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "pipelines"))  # the planted-duplicate corpus
 from conftest_dedup import snapshot_a, snapshot_b, write_shards  # noqa: E402
 
-from infra.committed import CommitError, fetch_committed, read_committed  # noqa: E402
-from infra.settings import load_profile, validate_stage  # noqa: E402
-from infra.store import LocalStore  # noqa: E402
+from infra.committed import CommitError, read_committed  # noqa: E402
+from infra.settings import StoreSettings, load_profile, validate_stage  # noqa: E402
+from infra.store import LocalStore, S3Store  # noqa: E402
 from pipelines.dedup import DedupConfig, dedup_partition  # noqa: E402
 from pipelines.dedup.index import list_entries, verify_parts  # noqa: E402
 from training.data import document_keys  # noqa: E402
 
 A, B = "2024-10", "2024-05"
 SEED = 18
-KILLS_PER_SCENARIO = 3
+KILLS_PER_SCENARIO = {"local": 2, "s3": 1}  # random points per scenario, plus the two commit points
 
 _RUNNER = textwrap.dedent(
     """
     import gzip, json, os, signal, sys, tempfile
     from pathlib import Path
-    from infra.settings import load_profile, validate_stage
-    from infra.store import LocalStore
+    from infra.settings import StoreSettings, load_profile, validate_stage
+    from infra.store import LocalStore, S3Store
     from pipelines.dedup import DedupConfig, dedup_partition
 
-    class KillingStore(LocalStore):
-        # SIGKILL just before write/delete number `kill_at` (0: never); counts them either way
-        def __init__(self, root, kill_at):
-            super().__init__(root)
-            self.ops, self.kill_at = 0, kill_at
+    def killing(base):
+        class KillingStore(base):
+            # SIGKILL just before write/delete number `kill_at` (0: never); counts them either way
+            ops, kill_at = 0, 0
 
-        def _op(self):
-            self.ops += 1
-            if self.ops == self.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+            def _op(self):
+                self.ops += 1
+                if self.ops == self.kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
 
-        def put_file(self, key, path):
-            self._op()
-            return super().put_file(key, path)
+            def put_file(self, key, path):
+                self._op()
+                return super().put_file(key, path)
 
-        def put_bytes(self, key, data):
-            self._op()
-            return super().put_bytes(key, data)
+            def put_bytes(self, key, data):
+                self._op()
+                return super().put_bytes(key, data)
 
-        def put_bytes_if_absent(self, key, data):
-            self._op()
-            return super().put_bytes_if_absent(key, data)
+            def put_bytes_if_absent(self, key, data):
+                self._op()
+                return super().put_bytes_if_absent(key, data)
 
-        def delete(self, key):
-            self._op()
-            return super().delete(key)
+            def delete(self, key):
+                self._op()
+                return super().delete(key)
+
+        return KillingStore
+
+    def open_store(root, endpoint, kill_at):
+        if root.startswith("s3://"):
+            store = killing(S3Store)(root, StoreSettings(url=root, endpoint_url=endpoint))
+        else:
+            store = killing(LocalStore)(root)
+        store.kill_at = kill_at
+        return store
 
     cfg = validate_stage(load_profile("micro"), "dedup_web", DedupConfig)
     # warm up once (lazy imports, matplotlib's font cache) so each forked child starts warm
@@ -79,10 +88,10 @@ _RUNNER = textwrap.dedent(
     dedup_partition(cfg, LocalStore(warm / "store"), "warm", scratch=warm)
     print("ready", flush=True)
     for line in sys.stdin:
-        root, snapshot, scratch, kill_at = json.loads(line)
+        root, endpoint, snapshot, scratch, kill_at = json.loads(line)
         pid = os.fork()
-        if pid == 0:
-            store = KillingStore(root, kill_at)
+        if pid == 0:  # the child builds its own store (and S3 client) after the fork
+            store = open_store(root, endpoint, kill_at)
             dedup_partition(cfg, store, snapshot, scratch=Path(scratch))
             Path(scratch, "ops").write_text(str(store.ops))
             os._exit(0)
@@ -93,19 +102,41 @@ _RUNNER = textwrap.dedent(
 )
 
 
+class CountingStore(LocalStore):
+    """Counts writes and deletes the way the runner's KillingStore does (the reference runs' op totals)."""
+
+    ops = 0
+
+    def put_file(self, key, path):
+        self.ops += 1
+        return super().put_file(key, path)
+
+    def put_bytes(self, key, data):
+        self.ops += 1
+        return super().put_bytes(key, data)
+
+    def put_bytes_if_absent(self, key, data):
+        self.ops += 1
+        return super().put_bytes_if_absent(key, data)
+
+    def delete(self, key):
+        self.ops += 1
+        return super().delete(key)
+
+
 def _cfg() -> DedupConfig:
     return validate_stage(load_profile("micro"), "dedup_web", DedupConfig)
 
 
-def _committed_bytes(store: LocalStore, snapshot: str) -> dict[str, bytes]:
-    """The committed output of a snapshot, every file downloaded and sha256-checked, by name."""
+def _committed_bytes(store, snapshot: str) -> dict[str, bytes]:
+    """The committed output of a snapshot (sizes checked), every file's bytes by name, and its version."""
     out = read_committed(store, f"dedup/web/{snapshot}")
     return {name: store.get_bytes(out.key(name)) for name in out.names()} | {
         "<version>": out.version.encode()
     }
 
 
-def _index_state(store: LocalStore) -> tuple[list[bytes], dict[str, bytes]]:
+def _index_state(store) -> tuple[list[bytes], dict[str, bytes]]:
     """The index log records and the bytes of every part the current entries list."""
     log = [store.get_bytes(k) for k in store.list("dedup/web/index/_log/")]
     entries = list_entries(store, "dedup/web/index")
@@ -122,9 +153,10 @@ class Runner:
         )
         assert self.proc.stdout.readline().strip() == "ready", "the runner failed to start"
 
-    def run(self, store: LocalStore, snapshot: str, scratch: Path, kill_at: int = 0) -> dict:
+    def run(self, store, endpoint: str, snapshot: str, scratch: Path, kill_at: int = 0) -> dict:
         scratch.mkdir(parents=True, exist_ok=True)
-        self.proc.stdin.write(json.dumps([str(store.root), snapshot, str(scratch), kill_at]) + "\n")
+        root = str(store.root) if isinstance(store, LocalStore) else store.uri().rstrip("/")
+        self.proc.stdin.write(json.dumps([root, endpoint, snapshot, str(scratch), kill_at]) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         assert line, "the runner process died"
@@ -136,20 +168,36 @@ class Runner:
 
 
 @pytest.fixture
-def runner(tmp_path):
+def runner(kind, request, tmp_path):
+    if kind == "s3":
+        request.getfixturevalue("s3_bucket")  # the S3 endpoint's credentials are in the runner's environment
     r = Runner(tmp_path)
     yield r
     r.close()
 
 
-def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(tmp_path, runner):
+def _seeded(kind: str, request, tmp_path: Path, name: str, base: Path):
+    """A store of `kind` holding the files of the local store directory `base`."""
+    if kind == "local":
+        shutil.copytree(base, tmp_path / name, dirs_exist_ok=True)
+        return LocalStore(tmp_path / name), ""
+    endpoint, bucket = request.getfixturevalue("s3_bucket")
+    url = f"s3://{bucket}/{name}"
+    store = S3Store(url, StoreSettings(url=url, endpoint_url=endpoint))
+    for path in sorted(p for p in base.rglob("*") if p.is_file() and ".tmp" not in p.parts):
+        store.put_file(path.relative_to(base).as_posix(), path)
+    return store, endpoint
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(kind, request, tmp_path, runner):
     a_docs = snapshot_a()
     a_changed = [d for d in a_docs if d["id"] != "solo-0"]
     b_docs = snapshot_b(a_docs)
     cfg = _cfg()
 
     # the uninterrupted reference: 2024-10, its changed input, then 2024-05
-    clean = LocalStore(tmp_path / "clean")
+    clean = CountingStore(tmp_path / "clean")
     write_shards(clean.root, f"web/filtered/{A}/kept", a_docs, shards=4)
     write_shards(clean.root, f"web/filtered/{B}/kept", b_docs, shards=2)
     dedup_partition(cfg, clean, A, scratch=tmp_path)
@@ -158,32 +206,27 @@ def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(tmp_path, 
     shutil.copytree(clean.root, rerun_base)
     write_shards(clean.root, f"web/filtered/{A}/kept", a_changed, shards=4)
     write_shards(rerun_base, f"web/filtered/{A}/kept", a_changed, shards=4)
+    clean.ops = 0
     dedup_partition(cfg, clean, A, scratch=tmp_path)
-    a_new, index_after_a = _committed_bytes(clean, A), _index_state(clean)
+    rerun_ops, a_new, index_after_a = clean.ops, _committed_bytes(clean, A), _index_state(clean)
     assert a_new != a_old
     new_base = tmp_path / "new_base"  # 2024-10 at its new version, 2024-05 never processed
     shutil.copytree(clean.root, new_base)
+    clean.ops = 0
     dedup_partition(cfg, clean, B, scratch=tmp_path)
-    b_ref, index_after_b = _committed_bytes(clean, B), _index_state(clean)
+    new_ops, b_ref, index_after_b = clean.ops, _committed_bytes(clean, B), _index_state(clean)
 
     rng = random.Random(SEED)
     cases = 0
-    for base, snapshot, before, after, index_ref in (
-        (rerun_base, A, a_old, a_new, index_after_a),
-        (new_base, B, None, b_ref, index_after_b),
+    for base, snapshot, total, before, after, index_ref in (
+        (rerun_base, A, rerun_ops, a_old, a_new, index_after_a),
+        (new_base, B, new_ops, None, b_ref, index_after_b),
     ):
-        # how many store writes/deletes an uninterrupted run of this scenario makes
-        probe = LocalStore(tmp_path / f"probe-{snapshot}")
-        shutil.copytree(base, probe.root, dirs_exist_ok=True)
-        assert runner.run(probe, snapshot, tmp_path / "probe-scratch") == {"signal": 0, "exit": 0}
-        total = int((tmp_path / "probe-scratch" / "ops").read_text())
-        assert _committed_bytes(probe, snapshot) == after
         # seeded random points, plus the two commit points (index log append, output pointer switch)
-        points = sorted(set(rng.sample(range(1, total - 1), KILLS_PER_SCENARIO)) | {total - 1, total})
+        points = sorted(set(rng.sample(range(1, total - 1), KILLS_PER_SCENARIO[kind])) | {total - 1, total})
         for k in points:
-            store = LocalStore(tmp_path / f"killed-{snapshot}-{k}")
-            shutil.copytree(base, store.root, dirs_exist_ok=True)
-            outcome = runner.run(store, snapshot, tmp_path / f"scratch-{snapshot}-{k}", kill_at=k)
+            store, endpoint = _seeded(kind, request, tmp_path, f"killed-{snapshot}-{k}", base)
+            outcome = runner.run(store, endpoint, snapshot, tmp_path / f"scratch-{snapshot}-{k}", kill_at=k)
             assert outcome["signal"] == signal.SIGKILL, (snapshot, k, outcome)
 
             # after the kill: the previous version or the new one, whole; never a mix, never a damaged one
@@ -192,8 +235,7 @@ def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(tmp_path, 
             except CommitError:
                 seen = None
             assert seen in (before, after), (snapshot, k)
-            if seen is not None:
-                fetch_committed(store, f"dedup/web/{snapshot}", tmp_path / f"fetch-{snapshot}-{k}")
+            if seen is not None:  # and a corpus reader gets exactly that version's files
                 keys = document_keys(store, f"dedup/web/{snapshot}/kept/")
                 assert keys == read_committed(store, f"dedup/web/{snapshot}").keys(under="kept")
             _index_state(store)  # every listed index part exists with its size
@@ -202,4 +244,4 @@ def test_sigkill_at_random_points_then_rerun_equals_uninterrupted_run(tmp_path, 
             assert _committed_bytes(store, snapshot) == after, (snapshot, k)
             assert _index_state(store) == index_ref, (snapshot, k)
             cases += 1
-    assert cases >= 2 * KILLS_PER_SCENARIO
+    assert cases >= 2 * (KILLS_PER_SCENARIO[kind] + 2)

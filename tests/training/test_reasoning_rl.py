@@ -1,0 +1,71 @@
+"""The Reasoning RL loop on a micro model: it raises the reward of a verifiable task it starts out bad at,
+logs the IcePop statistics of a real bf16-engine / fp32-trainer mismatch, and never moves the DSA indexer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.model import ModelConfig, build_model
+from training.rl.reasoning import ReasoningRLConfig, mixed_batches, train_reasoning_rl
+from training.tasks.base import Task, Verdict
+from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
+
+
+class SayBlue:
+    """Reward 1 when the answer says 'blue': learnable by RL alone, starts near 1/len(WORDS) or below."""
+
+    domain, version = "color", "t1"
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        return Verdict(1.0, "correct") if "blue" in response else Verdict(0.0, "wrong_answer")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    corpus = [" ".join(WORDS) + " pick a color" for _ in range(50)]
+    tok = load_tokenizer(
+        train_tokenizer(corpus, TokenizerConfig(vocab_size=320), tmp_path_factory.mktemp("tok"))
+    )
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
+    )
+    tasks = [Task(f"c{i}", "color", f"pick a color {i}", "blue", 1, "train") for i in range(8)]
+    return tok, cfg, tasks
+
+
+def test_rl_raises_reward_and_keeps_the_indexer(setup):
+    tok, cfg, tasks = setup
+    model = build_model(cfg, seed=0)
+    indexer_before = {n: p.detach().clone() for n, p in model.named_parameters() if ".indexer." in n}
+    other_before = model.lm_head.weight.detach().clone() if not cfg.tie_word_embeddings else None
+    emb_before = model.get_input_embeddings().weight.detach().clone()
+    rows: list[tuple[int, dict]] = []
+    config = ReasoningRLConfig(
+        steps=30, prompts_per_step=4, group_size=8, max_new_tokens=4, max_turns=1,
+        learning_rate=3e-3, eval_every=30, eval_tasks_per_domain=8, filter_samples=0,
+    )  # fmt: skip
+    final = train_reasoning_rl(
+        model, tok, tasks, tasks, {"color": SayBlue()}, config, lambda m, s: rows.append((s, dict(m)))
+    )
+    rewards = [m["reward/color"] for s, m in rows if "reward/color" in m]
+    assert len(rewards) == 30
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.3, (first, last)
+    assert final["heldout/pass@1/color"] >= 0.75  # greedy decoding now says blue
+    for name, before in indexer_before.items():
+        assert torch.equal(dict(model.named_parameters())[name], before), name
+    assert not torch.equal(model.get_input_embeddings().weight, emb_before)
+    assert other_before is None or not torch.equal(model.lm_head.weight, other_before)
+    step_rows = [m for s, m in rows if "rho/mean" in m]
+    assert any(m["rho/min"] != m["rho/max"] for m in step_rows)  # bf16 engine vs fp32 trainer
+    assert all(0 <= m["icepop/masked_fraction"] <= 1 for m in step_rows)
+    assert all(k in step_rows[0] for k in ("entropy", "time/generate_s", "time/train_s", "tokens_per_s"))
+
+
+def test_batches_mix_domains():
+    tasks = [Task(f"{d}{i}", d, f"{d} {i}", "", 1, "train") for d in ("a", "b", "c") for i in range(5)]
+    batch = next(mixed_batches(tasks, 6, seed=0))
+    assert sorted(t.domain for t in batch) == ["a", "a", "b", "b", "c", "c"]

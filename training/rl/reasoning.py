@@ -1,0 +1,251 @@
+"""Reasoning RL (docs/recipe.md, Stage 1): GRPO with IcePop, no KL, fully on-policy, mixed domains in every
+batch, the DSA indexer frozen. One step = push weights to the rollout engine, sample a group per prompt,
+verify, normalise rewards per group, one update on Eq. 1.
+
+The loop is plain Python: `train_reasoning_rl(...)` takes a model, a tokenizer, task lists and a
+`log(metrics, step)` callback, and returns the final metrics."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from training.rl.losses import group_advantages, grpo_icepop_loss
+from training.rl.policy import freeze_indexer, response_batch, token_logprobs
+from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
+from training.rollout.multiturn import rollout
+from training.rollout.trajectory import Trajectory
+from training.tasks.base import Task, TaskSuite
+from training.tasks.tools import call_tool
+
+log = logging.getLogger(__name__)
+
+
+class ReasoningRLConfig(BaseModel):
+    """Reasoning RL settings (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(60, ge=1, description="Optimizer steps (each on a fresh on-policy batch)")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts per batch, spread over the domains")
+    group_size: int = Field(8, ge=2, description="Samples per prompt (G in Eq. 1)")
+    max_new_tokens: int = Field(48, ge=1, description="Tokens generated per turn")
+    max_turns: int = Field(3, ge=1, description="Assistant turns (tool calls) per trajectory")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts")
+    learning_rate: float = Field(3e-5, gt=0, description="AdamW learning rate")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
+    beta: float = Field(2.0, gt=1, description="IcePop band [1/beta, beta] on rho")
+    eps_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio")
+    eps_high: float = Field(0.28, gt=0, description="Upper clip of the policy ratio")
+    engine_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
+    )
+    eval_every: int = Field(20, ge=1, description="Held-out pass@1 every N steps (and at the end)")
+    eval_tasks_per_domain: int = Field(60, ge=1, description="Held-out tasks scored per domain")
+    filter_samples: int = Field(
+        4, ge=0, description="Difficulty filter: samples per train prompt before RL (0 = off)"
+    )
+    filter_prompts_per_domain: int = Field(64, ge=1, description="Train prompts per domain the filter scores")
+    seed: int = Field(0, description="Seed of prompt order and sampling")
+
+
+Log = Callable[[dict[str, float], int], None]
+
+
+def pass_at_1(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    suites: dict[str, TaskSuite],
+    max_new_tokens: int,
+    max_turns: int,
+) -> dict[str, float]:
+    """Greedy pass@1 per domain with its standard error: `pass@1/<domain>`, `pass@1_se/<domain>`, `n/<domain>`."""
+    trajs = rollout(
+        engine,
+        tokenizer,
+        tasks,
+        1,
+        SamplingParams(max_new_tokens=max_new_tokens, temperature=0),
+        lambda task, text: suites[task.domain].verify(task, text),
+        call_tool,
+        max_turns,
+        group_prefix="eval-",
+    )
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        by_domain[t.task].append(t.reward)
+    out = {}
+    for domain, rewards in sorted(by_domain.items()):
+        p = sum(rewards) / len(rewards)
+        out[f"pass@1/{domain}"] = p
+        out[f"pass@1_se/{domain}"] = math.sqrt(p * (1 - p) / len(rewards))
+        out[f"n/{domain}"] = float(len(rewards))
+    return out
+
+
+def mixed_batches(tasks: Sequence[Task], per_step: int, seed: int):
+    """Endless batches that cycle through the domains so every batch mixes them."""
+    rng = random.Random(seed)
+    pools: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        pools[t.domain].append(t)
+    domains = sorted(pools)
+    queues = {d: [] for d in domains}
+    turn = 0
+    while True:
+        batch = []
+        while len(batch) < per_step:
+            d = domains[turn % len(domains)]
+            turn += 1
+            if not queues[d]:
+                queues[d] = rng.sample(pools[d], len(pools[d]))
+            batch.append(queues[d].pop())
+        yield batch
+
+
+def _step_metrics(
+    trajs: list[Trajectory], stats, entropy: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        by_domain[t.task].append(t.reward)
+    for d, r in by_domain.items():
+        metrics[f"reward/{d}"] = sum(r) / len(r)
+    metrics["reward/mean"] = sum(t.reward for t in trajs) / len(trajs)
+    metrics["rho/mean"], metrics["rho/min"], metrics["rho/max"] = stats.rho_mean, stats.rho_min, stats.rho_max
+    metrics["icepop/masked_fraction"] = stats.masked_fraction
+    metrics["clip_fraction"] = stats.clip_fraction
+    metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
+    metrics["response_length"] = sum(sum(t.loss_mask) for t in trajs) / len(trajs)
+    metrics["truncated_fraction"] = sum(t.status == "truncated" for t in trajs) / len(trajs)
+    return metrics
+
+
+def difficulty_filter_rates(
+    engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig
+) -> dict[str, float]:
+    """Pass rate of each task over `cfg.filter_samples` samples of the current policy."""
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed + 7)
+    trajs = rollout(
+        engine, tokenizer, tasks, cfg.filter_samples, params,
+        lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, "filter-",
+    )  # fmt: skip
+    rates: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        rates[t.prompt_id].append(t.reward)
+    return {k: sum(v) / len(v) for k, v in rates.items()}
+
+
+def train_reasoning_rl(
+    model: nn.Module,
+    tokenizer: Any,
+    train_tasks: Sequence[Task],
+    heldout_tasks: Sequence[Task],
+    suites: dict[str, TaskSuite],
+    cfg: ReasoningRLConfig,
+    log_metrics: Log,
+    engine: RolloutEngine | None = None,
+    on_sample: Callable[[list[Trajectory], int], None] | None = None,
+) -> dict[str, float]:
+    """Train `model` in place; returns the last held-out evaluation and step metrics."""
+    torch.manual_seed(cfg.seed)
+    pad_id = tokenizer.pad_token_id
+    model.train()
+    frozen = freeze_indexer(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
+    engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
+    engine.sync_weights(model.state_dict(), 0)
+    log.info("reasoning RL: %d indexer tensors frozen, %d trainable tensors", frozen, len(params))
+
+    def evaluate(step: int) -> dict[str, float]:
+        out = pass_at_1(engine, tokenizer, heldout_tasks, suites, cfg.max_new_tokens, cfg.max_turns)
+        log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
+        return out
+
+    final = evaluate(0)
+    train = list(train_tasks)
+    if cfg.filter_samples:
+        pool = _per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
+        rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
+        kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
+        log_metrics(_filter_metrics(pool, rates, kept), 0)
+        # a domain the policy never or always solves gives no signal; keep the pool rather than nothing
+        train = kept if len({t.domain for t in kept}) == len({t.domain for t in pool}) else pool
+    batches = mixed_batches(train, cfg.prompts_per_step, cfg.seed)
+    metrics: dict[str, float] = {}
+    for step in range(1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        engine.sync_weights(model.state_dict(), step - 1)  # fully on-policy: the engine samples θ_old
+        sampling = SamplingParams(
+            cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step
+        )
+        trajs = rollout(
+            engine, tokenizer, next(batches), cfg.group_size, sampling,
+            lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, f"s{step}-",
+        )  # fmt: skip
+        t_rollout = time.perf_counter() - t0
+        rewards = torch.tensor([t.reward for t in trajs]).view(-1, cfg.group_size)
+        adv = group_advantages(rewards).flatten()
+        batch = response_batch(trajs, pad_id)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            logp_old, _ = token_logprobs(model, batch, cfg.temperature)
+        logp, entropy = token_logprobs(model, batch, cfg.temperature)
+        loss, stats = grpo_icepop_loss(
+            logp, logp_old, batch["logp_infer"], adv, batch["mask"], cfg.beta, cfg.eps_low, cfg.eps_high
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        optimizer.step()
+        t_train = time.perf_counter() - t1
+        metrics = _step_metrics(trajs, stats, entropy, batch["mask"])
+        gen_s = trajs[0].timings["generate_s"]
+        metrics.update(
+            {
+                "loss": float(loss.detach()),
+                "grad_norm": grad_norm,
+                "zero_advantage_groups": float((rewards.std(dim=1) == 0).float().mean()),
+                "time/generate_s": gen_s,
+                "time/verify_s": trajs[0].timings["verify_s"] + trajs[0].timings["environment_s"],
+                "time/train_s": t_train,
+                "tokens_per_s": sum(len(t.response_ids) for t in trajs) / max(gen_s, 1e-9),
+                "step_s": time.perf_counter() - t0,
+                "rollout_s": t_rollout,
+            }
+        )
+        log_metrics(metrics, step)
+        if on_sample is not None and step in (1, cfg.steps):
+            on_sample(trajs[: cfg.group_size], step)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            engine.sync_weights(model.state_dict(), step)
+            final = evaluate(step)
+    return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
+
+
+def _per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:
+    rng = random.Random(seed)
+    by: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by[t.domain].append(t)
+    return [t for d in sorted(by) for t in rng.sample(by[d], min(n, len(by[d])))]
+
+
+def _filter_metrics(pool: list[Task], rates: dict[str, float], kept: list[Task]) -> dict[str, float]:
+    out: dict[str, float] = {"filter/pool": float(len(pool)), "filter/kept": float(len(kept))}
+    for lo, hi, name in ((0.0, 0.0, "never"), (1.0, 1.0, "always")):
+        out[f"filter/{name}_solved"] = float(sum(lo <= rates.get(t.id, 0.0) <= hi for t in pool))
+    return out

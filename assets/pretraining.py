@@ -43,7 +43,7 @@ def corpus_sources(store: ObjectStore) -> dict[str, list[str]]:
         f"web/filtered/{s}/kept/" for s in _committed_snapshots(store, "web/filtered") if s not in deduped_web
     ]
     code = [f"dedup/code/{s}/kept/" for s in sorted(deduped_code)] + [
-        f"code/files/{s}/" for s in store.list_prefixes("code/files") if s not in deduped_code
+        f"code/files/{s}/" for s in _committed_snapshots(store, "code/files") if s not in deduped_code
     ]
     sources = {
         "web": web,

@@ -130,6 +130,7 @@ def commit(
         committed_at=time.time(),
     )
     previous = _read_pointer(store, prefix)
+    store.cleanup_orphans(prefix)  # multipart uploads an earlier, killed writer of this prefix left open
     for name, path in paths.items():
         store.put_file(out.key(name), path)
     store.put_bytes(f"{prefix}/{POINTER}", out.model_dump_json(indent=1).encode())  # the commit point

@@ -160,37 +160,6 @@ class ObjectStore(ABC):
         }
         return sorted(children)
 
-    def put_dir(self, prefix: str, local_dir: str | Path) -> str:
-        """Make `prefix` hold exactly the files of `local_dir`, then write `_COMPLETE` last: readers that wait
-        for the marker never see a half-copied directory, nor files of an earlier publish."""
-        prefix, local_dir = prefix.rstrip("/"), Path(local_dir)
-        files = {p.relative_to(local_dir).as_posix(): p for p in sorted(local_dir.rglob("*")) if p.is_file()}
-        self.delete(f"{prefix}/_COMPLETE")
-        for key in self.list(prefix + "/"):
-            if key[len(prefix) + 1 :] not in files:
-                self.delete(key)
-        for name, path in files.items():
-            self.put_file(f"{prefix}/{name}", path)
-        self.put_bytes(f"{prefix}/_COMPLETE", b"")
-        return self.uri(prefix)
-
-    def get_dir(self, prefix: str, local_dir: str | Path) -> Path:
-        """Make `local_dir` hold exactly the directory published with `put_dir` (fails if never completed)."""
-        prefix = prefix.rstrip("/")
-        if not self.exists(f"{prefix}/_COMPLETE"):
-            raise StoreError(
-                f"{self.uri(prefix)} is incomplete or missing (no _COMPLETE marker): rerun its asset"
-            )
-        local_dir = Path(local_dir)
-        names = [k[len(prefix) + 1 :] for k in self.list(prefix + "/") if k != f"{prefix}/_COMPLETE"]
-        if local_dir.is_dir():  # a reused cache dir: files of an earlier version are not part of this one
-            for path in [p for p in local_dir.rglob("*") if p.is_file()]:
-                if path.relative_to(local_dir).as_posix() not in names:
-                    path.unlink()
-        for name in names:
-            self.download(f"{prefix}/{name}", local_dir / name)
-        return local_dir
-
     def put_json(self, key: str, obj: Any) -> str:
         return self.put_bytes(key, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 

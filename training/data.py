@@ -34,7 +34,14 @@ import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from infra.committed import CommittedOutput, commit, committed_keys, fetch_file, read_committed
+from infra.committed import (
+    CommittedOutput,
+    commit,
+    committed_shards,
+    fetch_file,
+    is_committed,
+    read_committed,
+)
 from infra.schemas import CodeSamplingWeights, parse_document
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
@@ -101,9 +108,8 @@ def group_key(doc: Mapping[str, Any]) -> str:
 
 def document_keys(store: ObjectStore, prefix: str) -> list[str]:
     """Document shards under `prefix`: the files of the committed output that holds it (e.g. `dedup/web/s1/kept/`
-    of `dedup/web/s1`), else (a producer that does not commit yet) every shard listed under it."""
-    keys = committed_keys(store, prefix, DOC_SUFFIXES)
-    return keys if keys is not None else [k for k in store.list(prefix) if k.endswith(DOC_SUFFIXES)]
+    of `dedup/web/s1`); CommitError if none does (never a listing, which would see a killed writer's files)."""
+    return committed_shards(store, prefix, DOC_SUFFIXES)
 
 
 def iter_documents(store: ObjectStore, key: str) -> Iterator[dict]:
@@ -119,9 +125,15 @@ def iter_documents(store: ObjectStore, key: str) -> Iterator[dict]:
 def load_language_weights(store: ObjectStore, quality_root: str, partition: str) -> dict[str, float] | None:
     """{lower-cased language: weight} from the code quality stage's `sampling_weights.json`, None if absent.
     A file of any other shape than `CodeSamplingWeights` raises ValueError naming the file and the keys."""
-    key = f"{quality_root.strip('/')}/{partition}/sampling_weights.json"
-    if not store.exists(key):
+    prefix = f"{quality_root.strip('/')}/{partition}"
+    if not is_committed(store, prefix):
         return None
+    quality = read_committed(store, prefix)
+    if "sampling_weights.json" not in quality.files:
+        raise ValueError(
+            f"{store.uri(prefix)}: the committed code quality output has no sampling_weights.json"
+        )
+    key = quality.key("sampling_weights.json")
     return parse_document(CodeSamplingWeights, store.get_json(key), store.uri(key)).language_weights()
 
 

@@ -1,9 +1,10 @@
 """Code crawl of one code-source snapshot: fetch what the manifest lists, turn each file into a record,
-skip binaries / vendored / generated files with counted reasons, write JSONL.gz shards to the store.
+skip binaries / vendored / generated files with counted reasons, commit JSONL.gz shards to the store.
 
-Output (under `<out_prefix>/<snapshot>/`): `part-*.jsonl.gz` records (language = the Linguist-style prior,
-final language comes from `fix_metadata`), `origins.jsonl.gz` (every text file of every source with its
-sha256: what `fix_metadata` checks path/repo metadata against) and `crawl_stats.json`.
+Output: the committed output `<out_prefix>/<snapshot>` (`infra.committed`) holding `part-*.jsonl.gz`
+records (language = the Linguist-style prior, final language comes from `fix_metadata`), `origins.jsonl.gz`
+(every text file of every source with its sha256: what `fix_metadata` checks path/repo metadata against) and
+`crawl_stats.json`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from infra.store import ObjectStore
 from pipelines.code.archives import ArchiveError, ArchiveLimitExceeded, ArchiveLimits, iter_source_files
 from pipelines.code.licenses import LicenseIndex
 from pipelines.code.manifest import SourceSpec, load_manifest
-from pipelines.code.records import data_version, make_record, sha256_hex, write_shards
+from pipelines.code.records import CRAWL_STATS, ORIGINS, commit_records, data_version, make_record, sha256_hex
 from pipelines.code.skip_rules import decode_text, skip_reason_for_content, skip_reason_for_path
 
 log = logging.getLogger(__name__)
@@ -224,11 +225,6 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
                                "license": recs[0]["metadata"]["license"] if recs else "", "top_languages":
                                ", ".join(f"{k}:{v}" for k, v in langs.most_common(3))})  # fmt: skip
             all_records.extend(recs)
-    keys = write_shards(store, prefix, all_records, config.shard_records)
-    origins_key = f"{prefix}/origins.jsonl.gz"
-    store.put_bytes(
-        origins_key, gzip.compress("".join(json.dumps(o) + "\n" for o in origins).encode(), mtime=0)
-    )
     by_lang = Counter(r["metadata"]["language"] for r in all_records)
     stats["files/kept"] = len(all_records)
     metrics = {k: float(v) for k, v in stats.items()}
@@ -237,7 +233,19 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
     metrics["seconds"] = time.time() - t0
     summary = {"snapshot": snapshot, "manifest": str(manifest_path), "stats": dict(stats), "errors": errors,
                "languages": dict(by_lang.most_common()), "sources": per_source, "seconds": metrics["seconds"]}  # fmt: skip
-    store.put_json(f"{prefix}/crawl_stats.json", summary)
+    # records, origin index and stats as one version: a kill never leaves a partial crawl readable
+    out = commit_records(
+        store,
+        prefix,
+        all_records,
+        config.shard_records,
+        extra={
+            ORIGINS: gzip.compress("".join(json.dumps(o) + "\n" for o in origins).encode(), mtime=0),
+            CRAWL_STATS: json.dumps(summary, indent=2, sort_keys=True, default=str).encode(),
+        },
+        meta={"snapshot": snapshot, "files": len(all_records), "errors": len(errors)},
+    )
+    keys = out.keys(".jsonl.gz")
     funnel = [
         {"step": k, "files": v} for k, v in sorted(stats.items()) if k.startswith(("files/", "dropped/"))
     ]
@@ -249,7 +257,7 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
     sample = [{**r, "text": r["text"][:500]} for r in all_records[:: max(1, len(all_records) // 5)][:5]]
     return StageResult(
         metrics=metrics,
-        outputs={"records": store.uri(prefix), "origins": store.uri(origins_key)},
+        outputs={"records": store.uri(prefix), "origins": store.uri(out.key(ORIGINS))},
         report_md="\n".join(report),
         sample=sample,
         data_version=data_version(r["id"] + r["metadata"]["sha256"] for r in all_records),

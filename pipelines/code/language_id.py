@@ -12,8 +12,9 @@ partly circular. The headline `accuracy/extension_only` counts files labelled by
 `accuracy` counts every held-out file; `accuracy/label_source/<source>` each source; and
 `accuracy/shebang_line_removed` scores shebang-labelled files with their `#!` line cut off.
 
-Store outputs under `<out_prefix>/<snapshot>/`: `code_language.bin` (model; `.ftz` when quantized), `eval.json` (per-language
-P/R/F1, confusion matrix), `confusion.png`, `heldout.jsonl.gz` (ids + labels of the held-out files).
+The committed output `<out_prefix>/<snapshot>` (`infra.committed`) holds `code_language.bin` (model; `.ftz`
+when quantized), `eval.json` (per-language P/R/F1, confusion matrix), `confusion.png` and `heldout.jsonl.gz`
+(ids and labels of the held-out files).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from classifiers.code_language import CodeLanguageClassifier, train_code_language_model
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
+from infra.committed import commit
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -283,18 +285,10 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
                 )
                 + "\n"
             )
-    prefix = partition_prefix(config.out_prefix, snapshot)
-    for stale in {"code_language.ftz", "code_language.bin"} - {model_path.name}:  # the other format, if any
-        if store.exists(f"{prefix}/{stale}"):
-            store.delete(f"{prefix}/{stale}")
-    outputs = {}
-    for name, path in {
-        "model": model_path,
-        "eval": eval_path,
-        "confusion": plot_path,
-        "heldout": heldout_path,
-    }.items():
-        outputs[name] = store.put_file(f"{prefix}/{path.name}", path)
+    files = {"model": model_path, "eval": eval_path, "confusion": plot_path, "heldout": heldout_path}
+    # one version (model of one format, its eval, its held-out list), switched in by the pointer last
+    out = commit(store, partition_prefix(config.out_prefix, snapshot), {p.name: p for p in files.values()})
+    outputs = {name: store.uri(out.key(path.name)) for name, path in files.items()}
     metrics = {"macro_f1": report.macro_f1, "languages_scored": float(len(scored)), "train_files": float(len(train)),
                "heldout_groups": float(len(test_groups)), "files_per_second": report.extra["files_per_second"],
                "train_seconds": train_seconds, "model_bytes": float(model_path.stat().st_size),

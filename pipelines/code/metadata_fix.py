@@ -6,7 +6,8 @@ Checks, in order, each counted per reason:
   content belongs to another package/path is re-attributed (corrected/wrong_repo), unknown content is dropped;
 - language: the declared (extension-only) language is replaced by the decision of the content classifier
   combined with the priors (ambiguous `.h .m .pl .v .ts`, content overriding a wrong extension).
-Output: the shared contract `code/files/<snapshot>/part-*.jsonl.gz` with the final `language`.
+Output: the shared contract, committed as `code/files/<snapshot>` (`part-*.jsonl.gz` with the final `language`,
+and `fix_stats.json`); crawl records, origins and the language model are read from their committed outputs.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from tqdm import tqdm
 
 from classifiers.code_language import CodeLanguageClassifier
 from classifiers.code_language_rules import extension_of
+from infra.committed import commit, fetch_file, read_committed
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
-from pipelines.code.records import data_version, read_shards, sha256_hex, write_shards
+from pipelines.code.records import ORIGINS, data_version, read_shards, sha256_hex, write_shards
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +59,11 @@ class MetadataFixConfig(BaseModel):
     shard_records: int = Field(5000, gt=0, description="Records per output shard")
 
 
-def load_origins(store: ObjectStore, key: str) -> tuple[dict[tuple, str], dict[str, list[tuple]]] | None:
+def load_origins(
+    store: ObjectStore, key: str | None
+) -> tuple[dict[tuple, str], dict[str, list[tuple]]] | None:
     """(source, package, version, path) -> sha256, and sha256 -> origins; None if the crawl wrote no index."""
-    if not store.exists(key):
+    if key is None:
         return None
     by_key: dict[tuple, str] = {}
     by_sha: dict[str, list[tuple]] = defaultdict(list)
@@ -152,13 +156,15 @@ def fix_metadata(
     src = partition_prefix(config.in_prefix, snapshot)
     dst = partition_prefix(config.out_prefix, snapshot)
     stats: Counter = Counter()
-    origins = load_origins(store, f"{src}/origins.jsonl.gz")
+    crawled = read_committed(store, src)
+    origins = load_origins(store, crawled.key(ORIGINS) if ORIGINS in crawled.files else None)
     with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:
         if model_path is None:
-            key = f"{config.model_prefix}/{config.model_snapshot or snapshot}/code_language.ftz"
-            if not store.exists(key):
-                key = key.removesuffix(".ftz") + ".bin"
-            model_path = store.download(key, Path(tmp) / key.rsplit("/", 1)[-1])
+            lid = read_committed(
+                store, partition_prefix(config.model_prefix, config.model_snapshot or snapshot)
+            )
+            name = "code_language.ftz" if "code_language.ftz" in lid.files else "code_language.bin"
+            model_path = fetch_file(store, lid, name, Path(tmp) / name)
         clf = CodeLanguageClassifier.load(
             model_path,
             override_threshold=config.override_threshold,
@@ -171,10 +177,12 @@ def fix_metadata(
                         desc="metadata fix", unit="file", mininterval=5):  # fmt: skip
             kept.append(rec)
             languages[rec["metadata"]["language"]] += 1
-    keys = write_shards(store, dst, kept, config.shard_records)
-    store.put_json(
-        f"{dst}/fix_stats.json", {"snapshot": snapshot, "stats": dict(stats), "languages": dict(languages)}
-    )
+    with tempfile.TemporaryDirectory(prefix="crucible-fix-out-") as tmp:
+        write_shards(tmp, kept, config.shard_records)
+        fix_stats = {"snapshot": snapshot, "stats": dict(stats), "languages": dict(languages)}
+        (Path(tmp) / "fix_stats.json").write_text(json.dumps(fix_stats, indent=2, sort_keys=True))
+        out = commit(store, dst, Path(tmp), meta=fix_stats)
+    keys = out.keys(".jsonl.gz")
     metrics = {k: float(v) for k, v in stats.items()}
     metrics["seconds"] = time.time() - t0
     reasons = [

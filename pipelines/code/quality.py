@@ -6,10 +6,11 @@ score >= `judge_threshold` is high quality), else from the documented heuristics
 a fastText model per language, evaluated on held-out packages; a quality score on every file of the language
 (other languages get the heuristic score).
 
-Sampling weights (`<out_prefix>/<snapshot>/sampling_weights.json`): a language multiplier from temperature
-sampling over characters (share^(1/T), renormalised; T > 1 upsamples low-resource languages), times a per-file
-factor exp(beta * (quality - language mean)) normalised to mean 1 within the language, clipped to
-[min_file_weight, max_file_weight]. Per-file scores and weights: `scores/part-*.jsonl.gz`.
+Sampling weights (`sampling_weights.json` of the committed output `<out_prefix>/<snapshot>`): a language
+multiplier from temperature sampling over characters (share^(1/T), renormalised; T > 1 upsamples
+low-resource languages), times a per-file factor exp(beta * (quality - language mean)) normalised to mean 1
+within the language, clipped to [min_file_weight, max_file_weight]. Per-file scores and weights:
+`scores/part-*.jsonl.gz` (same output).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from classifiers.code_quality import (
     train_quality_model,
 )
 from classifiers.fasttext_train import FastTextParams, classification_report
+from infra.committed import commit
 from infra.partition_keys import partition_prefix
 from infra.schemas import CodeSamplingWeights, LanguageSamplingWeight
 from infra.stage import StageResult, markdown_table
@@ -134,6 +136,7 @@ def train_code_quality(
     outputs: dict[str, str] = {}
     evals: dict[str, dict] = {}
     prefix = partition_prefix(config.out_prefix, snapshot)
+    files: dict[str, Path] = {}  # committed together at the end: models, sampling weights, scores
     for lang in config.languages:
         items = by_lang.get(lang, [])
         if judge is not None:
@@ -191,7 +194,8 @@ def train_code_quality(
         for r, s in zip(items, quality_scores(model, [r["text"] for r in items]), strict=True):
             r["quality"] = round(s, 4)
         artifacts[f"models/{model_path.name}"] = model_path
-        outputs[f"model_{slug}"] = store.put_file(f"{prefix}/{model_path.name}", model_path)
+        files[model_path.name] = model_path
+        outputs[f"model_{slug}"] = model_path.name  # its store URI once committed
     for row in rows:
         row.setdefault("quality", row["heuristic"])
     # sampling weights
@@ -220,13 +224,15 @@ def train_code_quality(
         method="weight(file) = language_weight * clip(exp(beta*(q - mean_q)) / mean, min, max)",
         languages=summary, eval=evals,
     ).model_dump()  # fmt: skip
-    store.put_json(f"{prefix}/sampling_weights.json", weights_doc)
-    write_shards(store, f"{prefix}/scores", ({"id": r["id"], "language": r["language"], "quality": r["quality"],
-                                              "heuristic": r["heuristic"], "weight": r["weight"]} for r in rows), 50_000)  # fmt: skip
     (work / "sampling_weights.json").write_text(json.dumps(weights_doc, indent=1))
-    artifacts["sampling_weights.json"] = work / "sampling_weights.json"
-    outputs["sampling_weights"] = store.uri(f"{prefix}/sampling_weights.json")
-    outputs["scores"] = store.uri(f"{prefix}/scores")
+    files["sampling_weights.json"] = artifacts["sampling_weights.json"] = work / "sampling_weights.json"
+    scores = write_shards(work / "scores", ({"id": r["id"], "language": r["language"], "quality": r["quality"],
+                                             "heuristic": r["heuristic"], "weight": r["weight"]} for r in rows), 50_000)  # fmt: skip
+    files.update({f"scores/{path.name}": path for path in scores})
+    out = commit(store, prefix, files, meta={"snapshot": snapshot, "files_scored": len(rows)})
+    outputs = {k: store.uri(out.key(name)) for k, name in outputs.items()}
+    outputs["sampling_weights"] = store.uri(out.key("sampling_weights.json"))
+    outputs["scores"] = store.uri(f"{out.version_prefix}/scores/")
     metrics["seconds"] = time.time() - t0
     metrics["files_scored"] = float(len(rows))
     table = [{"language": lang, "label_source": ev.get("label_source", "-"), "train": ev.get("train", 0),

@@ -1,15 +1,21 @@
-"""Code file records (the shared contract) and their JSONL.gz shards in the store."""
+"""Code file records (the shared contract) and their JSONL.gz shards, committed as one version per stage output."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
+from infra.committed import CommittedOutput, commit, committed_shards
 from infra.store import ObjectStore
+
+ORIGINS = "origins.jsonl.gz"  # the crawl's index of every text file with its sha256 (metadata fix checks it)
+CRAWL_STATS = "crawl_stats.json"
 
 
 def sha256_hex(data: bytes) -> str:
@@ -35,22 +41,23 @@ def make_record(text: str, source: str, package: str, version: str, path: str, s
     }  # fmt: skip
 
 
-def shard_key(prefix: str, index: int) -> str:
-    return f"{prefix.rstrip('/')}/part-{index:05d}.jsonl.gz"
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}.jsonl.gz"
 
 
-def write_shards(store: ObjectStore, prefix: str, records: Iterable[dict], shard_records: int) -> list[str]:
-    """Write records as gzip JSONL shards of at most `shard_records` lines; returns the keys written."""
-    keys: list[str] = []
+def write_shards(out_dir: str | Path, records: Iterable[dict], shard_records: int) -> list[Path]:
+    """Write records as local gzip JSONL shards `part-NNNNN.jsonl.gz` of at most `shard_records` lines in
+    `out_dir` (same records, same bytes); returns their paths. A stage then commits the directory."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
     buf: list[str] = []
 
     def flush() -> None:
-        raw = io.BytesIO()
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:  # mtime=0: same bytes for the same records
+        path = out_dir / shard_name(len(paths))
+        with open(path, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", filename="", mtime=0) as gz:
             gz.write("".join(buf).encode())
-        key = shard_key(prefix, len(keys))
-        store.put_bytes(key, raw.getvalue())
-        keys.append(key)
+        paths.append(path)
         buf.clear()
 
     for rec in records:
@@ -59,20 +66,36 @@ def write_shards(store: ObjectStore, prefix: str, records: Iterable[dict], shard
             flush()
     if buf:
         flush()
-    # a previous, larger run may have left more shards under the prefix: they are not part of this output
-    written, base = set(keys), prefix.rstrip("/") + "/"
-    for key in store.list(base):
-        rel = key[len(base) :]
-        if "/" not in rel and rel.startswith("part-") and rel.endswith(".jsonl.gz") and key not in written:
-            store.delete(key)
-    return keys
+    return paths
+
+
+def commit_records(
+    store: ObjectStore,
+    prefix: str,
+    records: Iterable[dict],
+    shard_records: int,
+    extra: dict[str, bytes | Path] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> CommittedOutput:
+    """Commit records (as `part-*.jsonl.gz` shards) plus `extra` files ({name: bytes or local path}) as one
+    version of the output `prefix` (`infra.committed`: nothing is readable until the pointer switches)."""
+    with tempfile.TemporaryDirectory(prefix="crucible-records-") as tmp:
+        root = Path(tmp)
+        write_shards(root, records, shard_records)
+        for name, data in (extra or {}).items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(data, bytes):
+                (root / name).write_bytes(data)
+            else:
+                shutil.copyfile(data, root / name)
+        return commit(store, prefix, root, meta=meta, allow_empty=True)
 
 
 def read_shards(store: ObjectStore, prefix: str) -> Iterator[dict]:
-    """All records under `prefix` (shards `part-*.jsonl.gz`, in key order)."""
-    for key in store.list(prefix.rstrip("/") + "/"):
-        name = key.rsplit("/", 1)[-1]
-        if not (name.startswith("part-") and name.endswith(".jsonl.gz")):
+    """All records of the `part-*.jsonl.gz` shards under `prefix` in the committed output that holds it (e.g.
+    `code/raw/s1`, or `code/quality/s1/scores`), in key order; CommitError if none holds it."""
+    for key in committed_shards(store, prefix, ".jsonl.gz"):
+        if not key.rsplit("/", 1)[-1].startswith("part-"):
             continue
         # split on "\n" only: str.splitlines also breaks at U+2028, \x1c, \x85 inside JSON strings
         for line in gzip.decompress(store.get_bytes(key)).decode().split("\n"):

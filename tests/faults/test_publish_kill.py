@@ -269,6 +269,46 @@ def test_endpoint_stopped_mid_multipart_upload_fails_clearly_and_keeps_the_point
         restarted.stop()
 
 
+def test_rerun_aborts_the_multipart_upload_a_killed_writer_left(s3_bucket, tmp_path):
+    """On 98a639e a writer SIGKILLed mid multipart upload left the upload open forever (its parts are stored
+    and billed); the next commit of that prefix, in a new process, aborts it."""
+    endpoint, bucket = s3_bucket
+    proxy = _SlowUploads(int(endpoint.rsplit(":", 1)[1]), bytes_per_s=2 * 1024 * 1024)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "big.bin").write_bytes(os.urandom(12 * 1024 * 1024))
+    script = """
+        import sys
+        from pathlib import Path
+        from infra.committed import commit
+        from infra.settings import StoreSettings
+        from infra.store import S3Store
+        url, endpoint = sys.argv[1], sys.argv[2]
+        store = S3Store(url, StoreSettings(url=url, endpoint_url=endpoint, multipart_threshold_mb=5))
+        print(commit(store, "web/filtered/mp", Path(sys.argv[3])).version)
+    """
+    store = _store(endpoint, bucket)
+    args = [store.uri(), proxy.url, str(tmp_path / "out")]
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], env=os.environ.copy())
+    deadline = time.time() + 60
+    while not store.incomplete_uploads("web/filtered/mp/") and time.time() < deadline:
+        time.sleep(0.05)
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(30)
+    proxy.close()
+    assert len(store.incomplete_uploads("web/filtered/mp/")) == 1
+    args[1] = endpoint
+    rerun = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert read_committed(store, "web/filtered/mp").version == rerun.stdout.split()[-1]
+    assert store.incomplete_uploads("web/filtered/mp/") == []
+
+
 def free_port_here() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

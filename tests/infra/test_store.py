@@ -153,41 +153,6 @@ def test_open_store_and_open_uri(tmp_path, s3_bucket):
         open_uri(str(tmp_path / "nope"))
 
 
-def test_directories_publish_with_a_completion_marker(store, tmp_path):
-    src = tmp_path / "ckpt"
-    (src / "sub").mkdir(parents=True)
-    (src / "config.json").write_text("{}")
-    (src / "sub" / "weights.bin").write_bytes(b"w" * 100)
-    store.put_dir("checkpoints/base", src)
-    assert store.list("checkpoints/base/") == [
-        "checkpoints/base/_COMPLETE",
-        "checkpoints/base/config.json",
-        "checkpoints/base/sub/weights.bin",
-    ]
-    out = store.get_dir("checkpoints/base", tmp_path / "copy")
-    assert (out / "sub" / "weights.bin").read_bytes() == b"w" * 100
-    store.delete("checkpoints/base/_COMPLETE")
-    with pytest.raises(StoreError, match="incomplete"):
-        store.get_dir("checkpoints/base", tmp_path / "again")
-
-
-def test_put_dir_republish_drops_files_of_the_earlier_publish(store, tmp_path):
-    """On 98a639e a second put_dir kept the first one's files: get_dir returned old and new together."""
-    (tmp_path / "v1").mkdir()
-    (tmp_path / "v1" / "old.bin").write_bytes(b"old")
-    (tmp_path / "v1" / "same.txt").write_text("1")
-    store.put_dir("tok", tmp_path / "v1")
-    cache = store.get_dir("tok", tmp_path / "cache")
-    (tmp_path / "v2").mkdir()
-    (tmp_path / "v2" / "same.txt").write_text("2")
-    (tmp_path / "v2" / "new.bin").write_bytes(b"new")
-    store.put_dir("tok", tmp_path / "v2")
-    assert store.list("tok/") == ["tok/_COMPLETE", "tok/new.bin", "tok/same.txt"]
-    again = store.get_dir("tok", cache)  # the same (reused) local cache dir
-    assert sorted(p.name for p in again.rglob("*")) == ["new.bin", "same.txt"]
-    assert (again / "same.txt").read_text() == "2"
-
-
 def test_prefixes_are_paths_s1_never_matches_s10(store):
     """On 98a639e list('web/s1') also returned web/s10/... and delete_prefix('web/s1') deleted it."""
     for key in ("web/s1/a", "web/s1/sub/b", "web/s10/c", "web/s1.bak", "web/s1x"):

@@ -41,12 +41,16 @@ def test_micro_manifest_crawls_this_repository_offline(tmp_path):
 
 
 def test_rewriting_a_snapshot_removes_its_stale_shards(tmp_path):
-    from pipelines.code.records import read_shards, write_shards
+    from infra.committed import read_committed
+    from pipelines.code.records import commit_records, read_shards
 
     store = LocalStore(tmp_path / "store")
     recs = [{"text": str(i), "id": str(i), "metadata": {}} for i in range(25)]
-    assert len(write_shards(store, "code/raw/s", recs, 10)) == 3
-    store.put_json("code/raw/s/crawl_stats.json", {})
-    assert write_shards(store, "code/raw/s", recs[:5], 10) == ["code/raw/s/part-00000.jsonl.gz"]
+    first = commit_records(store, "code/raw/s", recs, 10, extra={"crawl_stats.json": b"{}"})
+    assert first.names() == ["crawl_stats.json", *(f"part-{i:05d}.jsonl.gz" for i in range(3))]
+    second = commit_records(store, "code/raw/s", recs[:5], 10, extra={"crawl_stats.json": b"{}"})
+    assert read_committed(store, "code/raw/s").names() == ["crawl_stats.json", "part-00000.jsonl.gz"]
     assert [r["id"] for r in read_shards(store, "code/raw/s")] == ["0", "1", "2", "3", "4"]
-    assert store.exists("code/raw/s/crawl_stats.json")
+    assert second.version != first.version and store.list_prefixes("code/raw/s") == [
+        f"v-{v}" for v in sorted([first.version, second.version])
+    ]

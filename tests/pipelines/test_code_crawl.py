@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.committed import read_committed
 from infra.store import LocalStore
 from pipelines.code.crawl import CodeCrawlConfig, crawl_code
 from pipelines.code.records import read_shards
@@ -233,12 +234,14 @@ def test_outputs_origins_and_stats_in_store(crawled):
     store = crawled["store"]
     origins = [
         json.loads(x)
-        for x in gzip.decompress(store.get_bytes("code/raw/snap-1/origins.jsonl.gz")).splitlines()
+        for x in gzip.decompress(
+            store.get_bytes(read_committed(store, "code/raw/snap-1").key("origins.jsonl.gz"))
+        ).splitlines()
     ]
     paths = {(o["package"], o["path"]) for o in origins}
     assert ("demo-repo", "notes.txt") in paths and ("demo-repo", "app/main.py") in paths
     assert ("demo-repo", "logo.png") not in paths  # only text files are origins
-    stats = store.get_json("code/raw/snap-1/crawl_stats.json")
+    stats = store.get_json(read_committed(store, "code/raw/snap-1").key("crawl_stats.json"))
     assert stats["stats"]["files/kept"] == len(crawled["records"])
     assert crawled["result"].data_version
 

@@ -12,9 +12,10 @@ import pytest
 from code_snippets import snippet
 
 from classifiers.code_language import CodeLanguageClassifier
+from infra.committed import read_committed
 from infra.store import LocalStore
 from pipelines.code.language_id import CodeLanguageIdConfig, train_code_language_classifier
-from pipelines.code.records import make_record, read_shards, sha256_hex, write_shards
+from pipelines.code.records import commit_records, make_record, read_shards, sha256_hex
 
 SHEBANGS = {
     "Python": "#!/usr/bin/env python3\n",
@@ -49,7 +50,7 @@ def stage(tmp_path_factory):
         for path, text in _files(pkg, rng):
             records.append(make_record(text, "npm", f"pkg{pkg}", "1", path, len(text), sha256_hex(text.encode()),
                                        "MIT", None, None, "extension", "s1"))  # fmt: skip
-    write_shards(store, "code/raw/s1", records, 1000)
+    commit_records(store, "code/raw/s1", records, 1000)
     config = CodeLanguageIdConfig(min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
                                   vocabulary_min_groups=0, test_fraction=0.3)  # fmt: skip
     return train_code_language_classifier(config, store, "s1"), store
@@ -58,7 +59,9 @@ def stage(tmp_path_factory):
 def test_headline_accuracy_counts_extension_labelled_files_only(stage):
     result, store = stage
     m = result.metrics
-    raw = gzip.decompress(store.get_bytes("code/language_id/s1/heldout.jsonl.gz"))
+    raw = gzip.decompress(
+        store.get_bytes(read_committed(store, "code/language_id/s1").key("heldout.jsonl.gz"))
+    )
     heldout = [json.loads(line) for line in raw.splitlines()]
     texts = {r["id"]: r["text"] for r in read_shards(store, "code/raw/s1")}
     probs = CodeLanguageClassifier.load(result.extra["model_path"]).predict_content(

@@ -12,9 +12,10 @@ from code_snippets import corpus, snippet
 from classifiers.code_language import train_code_language_model
 from classifiers.code_language_rules import declared_language
 from classifiers.fasttext_train import FastTextParams
+from infra.committed import read_committed
 from infra.store import LocalStore
 from pipelines.code.metadata_fix import MetadataFixConfig, fix_metadata
-from pipelines.code.records import make_record, read_shards, sha256_hex, write_shards
+from pipelines.code.records import commit_records, make_record, read_shards, sha256_hex
 
 FILES = {  # path -> the language its content is written in
     "src/view.h": "C++",
@@ -66,10 +67,10 @@ def fixed(tmp_path_factory):
     records.append(_record("src/util.lua", texts["src/util.lua"], package="pkg-b"))
     # content that no crawled package contains
     records.append(_record("src/ghost.py", "print('from nowhere')\n"))
-    write_shards(store, "code/raw/s1", records, 100)
-    store.put_bytes(
-        "code/raw/s1/origins.jsonl.gz", gzip.compress("".join(json.dumps(o) + "\n" for o in origins).encode())
-    )
+    origins_gz = gzip.compress("".join(json.dumps(o) + "\n" for o in origins).encode())
+    commit_records(
+        store, "code/raw/s1", records, 100, extra={"origins.jsonl.gz": origins_gz}
+    )  # as the crawl does
     params = FastTextParams(epoch=15, dim=16, threads=1, bucket=20_000, min_count=1)
     model_path = root / "lang.bin"
     train_code_language_model([(lang, t) for lang, _, t in corpus(40, seed=1)], params, model_path)
@@ -101,7 +102,10 @@ def test_corrections_and_drops_are_counted_per_reason(fixed):
     assert m["corrected/language_by_ext/.m:Objective-C->MATLAB"] == 1
     assert m["corrected/language_by_ext/.ts:TypeScript->XML"] == 1
     assert "dropped/hash_mismatch" in result.report_md
-    assert store.get_json("code/files/s1/fix_stats.json")["stats"]["kept"] == m["kept"]
+    assert (
+        store.get_json(read_committed(store, "code/files/s1").key("fix_stats.json"))["stats"]["kept"]
+        == m["kept"]
+    )
 
 
 def test_wrong_repo_record_is_reattributed_to_the_package_holding_its_content(fixed):

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from classifiers.code_quality import heuristic_quality, quality_features
+from infra.committed import read_committed
 from infra.store import LocalStore
 from pipelines.code.quality import CodeQualityConfig, language_weights, train_code_quality
-from pipelines.code.records import make_record, read_shards, sha256_hex, write_shards
+from pipelines.code.records import commit_records, make_record, read_shards, sha256_hex
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -114,7 +115,7 @@ def quality(tmp_path_factory, corpus):
     # a language without its own classifier still gets scores and weights: CPython's C headers
     headers = sorted(INCLUDE.glob("*.h"))[:10]
     records += [_record({"package": "include", "path": p.name, "text": p.read_text()}, "C") for p in headers]
-    write_shards(store, "code/files/s1", records, 1000)
+    commit_records(store, "code/files/s1", records, 1000)
     cfg = CodeQualityConfig(languages=["Python", "Swift"], min_files=20, epoch=10, quantize=False)
     return train_code_quality(cfg, store, "s1"), store, records, good
 
@@ -157,7 +158,8 @@ def test_per_language_classifiers_are_trained_and_evaluated_on_heldout_packages(
     assert all(g.startswith("stdlib:") for g in ev["Python"]["test_groups"])
     assert "skipped" in ev["Swift"]  # no Swift files in this snapshot
     assert (
-        store.exists("code/quality/s1/quality_python.bin") and "models/quality_python.bin" in result.artifacts
+        "quality_python.bin" in read_committed(store, "code/quality/s1").files
+        and "models/quality_python.bin" in result.artifacts
     )
     # against where the files came from (labels the classifier never saw), on held-out packages only
     scores = {r["id"]: r["quality"] for r in read_shards(store, "code/quality/s1/scores")}
@@ -176,7 +178,7 @@ def test_per_language_classifiers_are_trained_and_evaluated_on_heldout_packages(
 
 def test_scores_and_sampling_weights_cover_every_file(quality):
     result, store, records, truth = quality
-    weights = store.get_json("code/quality/s1/sampling_weights.json")
+    weights = store.get_json(read_committed(store, "code/quality/s1").key("sampling_weights.json"))
     assert set(weights["languages"]) == {"Python", "C"}
     scores = {r["id"]: r for r in read_shards(store, "code/quality/s1/scores")}
     assert len(scores) == len(records)

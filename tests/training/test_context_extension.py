@@ -355,7 +355,7 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     pointer they have the built shapes, and a rebuild with the same inputs is the same version."""
     import gzip
 
-    from infra.committed import read_committed
+    from infra.committed import commit, read_committed
     from infra.store import LocalStore
     from training.context_extension import RecallPhase, build_midtrain_shards, midtrain_shard_paths
     from training.data import MixtureConfig, build_token_shards, load_shard
@@ -365,8 +365,10 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     rng = random.Random(0)
     words = "river stone light paper code math sum prime graph node alpha beta".split()
     docs = [{"id": str(i), "text": " ".join(rng.choices(words, k=rng.randint(20, 400)))} for i in range(60)]
-    with store.writer("web/filtered/s1/kept/00000.jsonl.gz") as tmp, gzip.open(tmp, "wt") as fh:
+    (tmp_path / "web" / "kept").mkdir(parents=True)
+    with gzip.open(tmp_path / "web/kept/00000.jsonl.gz", "wt") as fh:
         fh.writelines(json.dumps(d) + "\n" for d in docs)
+    commit(store, "web/filtered/s1", tmp_path / "web")  # as web_filtered does
     tok = train_tokenizer((d["text"] for d in docs), TokenizerConfig(vocab_size=300), tmp_path / "tok")
     build_token_shards(
         MixtureConfig(weights={"web": 1.0}, heldout_fraction=0.0), store, {"web": ["web/filtered/s1/kept/"]},

@@ -4,14 +4,17 @@ import gzip
 import json
 import math
 import random
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from infra.committed import commit, read_committed
 from infra.store import LocalStore
 from pipelines.code.quality import CodeQualityConfig, train_code_quality
-from pipelines.code.records import make_record, sha256_hex, write_shards
+from pipelines.code.records import commit_records, make_record, sha256_hex
 from training.data import (
     MixtureConfig,
     TokenBatches,
@@ -35,9 +38,14 @@ def _docs(kind, n, seed, **meta):
         yield {"id": f"{kind}-{seed}-{i}", "text": text, "metadata": dict(meta, idx=i)}
 
 
-def _write_shard(store, key, docs):
-    with store.writer(key) as tmp, gzip.open(tmp, "wt") as fh:
-        fh.writelines(json.dumps(d) + "\n" for d in docs)
+def _commit_docs(store, prefix, shards: dict[str, list[dict]]):
+    """Commit {name: docs} JSONL.gz shards as one version of `prefix`, as the producing stages do."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, docs in shards.items():
+            (Path(tmp) / name).parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(Path(tmp) / name, "wt") as fh:
+                fh.writelines(json.dumps(d) + "\n" for d in docs)
+        commit(store, prefix, Path(tmp))
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +56,20 @@ def corpus(tmp_path_factory):
     for snap, seed in [("2026-10", 1), ("2026-11", 2)]:
         docs = list(_docs("web", 120, seed, url=f"https://site{seed}.org/page"))
         docs[3]["text"] += " literal <|endoftext|> inside a page"
-        _write_shard(store, f"web/filtered/{snap}/kept/00000.jsonl.gz", docs[:60])
-        _write_shard(store, f"web/filtered/{snap}/kept/00001.jsonl.gz", docs[60:])
+        _commit_docs(
+            store,
+            f"web/filtered/{snap}",
+            {"kept/00000.jsonl.gz": docs[:60], "kept/00001.jsonl.gz": docs[60:]},
+        )
         web[snap] = docs
     code = _code_records()
-    write_shards(store, "code/files/pypi-1", code, 1000)
+    commit_records(store, "code/files/pypi-1", code, 1000)
     # the real producer of the per-language weights (heuristic scores only: no classifier to train)
     quality = train_code_quality(
         CodeQualityConfig(languages=[]), store, "pypi-1", tmp_path_factory.mktemp("quality")
     )
     math_docs = list(_docs("math", 80, 4))
-    _write_shard(store, "math/kept/m1/00000.jsonl.gz", math_docs)
+    _commit_docs(store, "math/kept/m1", {"00000.jsonl.gz": math_docs})
     tok_dir = train_tokenizer(
         (d["text"] for d in web["2026-10"] + code[::5]), TokenizerConfig(vocab_size=512), root.parent / "tok"
     )
@@ -124,9 +135,10 @@ def test_manifest_records_inputs_and_versions(corpus):
     manifest = token_manifest(corpus["store"], corpus["result"].outputs["prefix"])
     web_inputs = manifest["sources"]["web"]["inputs"]
     assert [i["partition"] for i in web_inputs] == ["2026-10", "2026-11"]
+    version = read_committed(corpus["store"], "web/filtered/2026-10").version  # the files of what was read
     assert [f["key"] for f in web_inputs[0]["files"]] == [
-        "web/filtered/2026-10/kept/00000.jsonl.gz",
-        "web/filtered/2026-10/kept/00001.jsonl.gz",
+        f"web/filtered/2026-10/v-{version}/kept/00000.jsonl.gz",
+        f"web/filtered/2026-10/v-{version}/kept/00001.jsonl.gz",
     ]
     assert all(len(i["data_version"]) == 16 for i in web_inputs)
     assert manifest["data_version"] == corpus["result"].data_version
@@ -158,9 +170,12 @@ def test_code_mixture_follows_the_quality_stage_weights(corpus):
 
 def test_weights_of_another_shape_fail_naming_the_file_and_key(corpus, tmp_path):
     store = corpus["store"]
-    write_shards(store, "code/files/flat-1", corpus["code"][:5], 1000)
-    store.put_json("code/quality/flat-1/sampling_weights.json", {"python": 1.0, "lua": 2.5})
-    with pytest.raises(ValueError, match=r"(?s)flat-1/sampling_weights.json.*key 'languages'.*key 'lua'"):
+    commit_records(store, "code/files/flat-1", corpus["code"][:5], 1000)
+    (tmp_path / "sampling_weights.json").write_text(json.dumps({"python": 1.0, "lua": 2.5}))
+    commit(store, "code/quality/flat-1", {"sampling_weights.json": tmp_path / "sampling_weights.json"})
+    with pytest.raises(
+        ValueError, match=r"(?s)flat-1/v-\w+/sampling_weights.json.*key 'languages'.*key 'lua'"
+    ):
         build_token_shards(MixtureConfig(weights={"code": 1.0}), store, {"code": ["code/files/flat-1/"]},
                            corpus["tok_dir"], "tokens/flat")  # fmt: skip
 
@@ -256,7 +271,7 @@ def test_a_failed_rebuild_leaves_the_committed_shards_readable_and_unchanged(cor
     replaced the files the old manifest names, so readers got the new run's tokens under the old manifest."""
     store = LocalStore(tmp_path / "store")
     for snap, docs in corpus["web"].items():
-        _write_shard(store, f"web/filtered/{snap}/kept/00000.jsonl.gz", docs)
+        _commit_docs(store, f"web/filtered/{snap}", {"kept/00000.jsonl.gz": docs})
     cfg = MixtureConfig(weights={"web": 1.0, "code": 1.0}, heldout_fraction=0.0, shard_tokens=1024)
     first = build_token_shards(cfg, store, {"web": ["web/filtered/2026-10/kept/"]}, corpus["tok_dir"], "tok")
 
@@ -265,7 +280,8 @@ def test_a_failed_rebuild_leaves_the_committed_shards_readable_and_unchanged(cor
 
     before = tokens()
     assert len(before) > 1  # several shard files, so a partial rewrite would show
-    store.put_bytes("code/files/broken/00000.jsonl.gz", b"not gzip")  # fails after web's shards are written
+    (tmp_path / "broken.jsonl.gz").write_bytes(b"not gzip")  # fails after web's shards are written
+    commit(store, "code/files/broken", {"00000.jsonl.gz": tmp_path / "broken.jsonl.gz"})
     sources = {"web": ["web/filtered/2026-11/kept/"], "code": ["code/files/broken/"]}
     with pytest.raises(gzip.BadGzipFile):
         build_token_shards(cfg, store, sources, corpus["tok_dir"], "tok")

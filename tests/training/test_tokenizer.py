@@ -102,17 +102,22 @@ def test_chat_template_renders_roles_tools_and_thinking(tokenizer_dir):
 def test_tokenizer_stage_reads_all_sources_and_publishes(tmp_path):
     import gzip
 
-    from infra.committed import fetch_committed, read_committed
+    from infra.committed import commit, fetch_committed, read_committed
     from infra.store import LocalStore, StoreError
     from training.tokenizer import round_robin_texts, tokenizer_stage
 
     store = LocalStore(tmp_path / "store")
-    for prefix, docs in {
-        "web/filtered/s1/kept/": [f"web page {i} about rivers and stones" for i in range(30)],
-        "code/files/c1/": [f"def f{i}(x):\n    return x + {i}\n" for i in range(30)],
-    }.items():
-        with store.writer(prefix + "00000.jsonl.gz") as tmp, gzip.open(tmp, "wt") as fh:
+    for prefix, (name, docs) in {
+        "web/filtered/s1": (
+            "kept/00000.jsonl.gz",
+            [f"web page {i} about rivers and stones" for i in range(30)],
+        ),
+        "code/files/c1": ("00000.jsonl.gz", [f"def f{i}(x):\n    return x + {i}\n" for i in range(30)]),
+    }.items():  # committed as the producing stages do
+        (tmp_path / prefix / name).parent.mkdir(parents=True)
+        with gzip.open(tmp_path / prefix / name, "wt") as fh:
             fh.writelines(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(docs))
+        commit(store, prefix, tmp_path / prefix)
     sources = {"web": ["web/filtered/s1/kept/"], "code": ["code/files/c1/"]}
     first = list(round_robin_texts(store, sources))[:4]
     assert first == ["def f0(x):\n    return x + 0\n", "web page 0 about rivers and stones",

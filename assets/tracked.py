@@ -29,7 +29,9 @@ from infra.settings import load_profile
 from infra.stage import StageResult
 from infra.store import ObjectStore
 from infra.tracking import (
+    HOST_TAG,
     LINEAGE_MISSING_TAG,
+    PID_TAG,
     UPSTREAM_RUNS_TAG,
     UPSTREAM_VERSIONS_TAG,
     StageRun,
@@ -92,19 +94,20 @@ def read_lineage(reads: dict[str, CommittedOutput] | None, upstream: Sequence[dg
 def _fail_stale_runs(context: dg.AssetExecutionContext, tracker, group: str, asset: str, part: str) -> None:
     """Mark this asset partition's MLflow runs FAILED whose process is gone or whose Dagster run ended."""
 
-    def stale(run) -> bool:
-        dagster_run_id = run.data.tags.get("dagster.run_id", "")
-        if process_gone(run.data.tags, current_dagster_run=context.run_id):
-            return True
+    def stale_reason(run) -> str | None:
+        tags = run.data.tags
+        if process_gone(tags, current_dagster_run=context.run_id):
+            return f"process gone: pid {tags.get(PID_TAG)} on {tags.get(HOST_TAG)} no longer runs"
+        dagster_run_id = tags.get("dagster.run_id", "")
         if not dagster_run_id or dagster_run_id == context.run_id:
-            return False
+            return None
         dagster_run = context.instance.get_run_by_id(dagster_run_id)
-        return dagster_run is not None and dagster_run.is_finished
+        if dagster_run is not None and dagster_run.is_finished:
+            return f"its Dagster run {dagster_run_id} ended {dagster_run.status.value}"
+        return None
 
-    for run_id in tracker.fail_stale_runs(group, asset, part, stale):
-        context.log.warning(
-            "marked stale MLflow run %s of %s[%s] FAILED (its process is gone)", run_id, asset, part
-        )
+    for run_id in tracker.fail_stale_runs(group, asset, part, stale_reason):
+        context.log.warning("marked stale MLflow run %s of %s[%s] FAILED", run_id, asset, part)
 
 
 def run_stage(

@@ -257,20 +257,23 @@ class Tracker:
         return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
     def fail_stale_runs(
-        self, group: str, asset: str, partition: str, is_stale: Callable[[Any], bool]
-    ) -> list:
-        """Mark RUNNING runs of one asset partition FAILED where `is_stale(run)` (e.g. a SIGKILLed process);
-        returns their ids."""
+        self, group: str, asset: str, partition: str, stale_reason: Callable[[Any], str | None]
+    ) -> list[str]:
+        """Mark RUNNING runs of one asset partition FAILED where `stale_reason(run)` gives a reason (e.g. its
+        process was SIGKILLed), recorded as the tag crucible.failed_reason; returns their ids."""
         runs = self.find_runs(
             group,
             f"attributes.status = 'RUNNING' and tags.`dagster.asset_key` = '{asset}'"
             f" and tags.`dagster.partition_key` = '{partition}'",
         )
-        stale = [run for run in runs if is_stale(run)]
-        for run in stale:
-            self.client.set_tag(run.info.run_id, "crucible.failed_reason", "process gone (killed run)")
-            self.client.set_terminated(run.info.run_id, "FAILED")
-        return [run.info.run_id for run in stale]
+        failed = []
+        for run in runs:
+            reason = stale_reason(run)
+            if reason:
+                self.client.set_tag(run.info.run_id, "crucible.failed_reason", reason)
+                self.client.set_terminated(run.info.run_id, "FAILED")
+                failed.append(run.info.run_id)
+        return failed
 
     @contextmanager
     def stage_run(

@@ -191,3 +191,18 @@ def test_completed_partitions_stay_materialized_when_a_later_one_fails(instance)
     failed = tracker.find_runs("test", "tags.`dagster.partition_key` = 'b'")
     assert [r.info.status for r in failed] == ["FAILED"]
     assert instance.get_materialized_partitions(dg.AssetKey("up")) == {"a"}
+
+
+def test_a_running_mlflow_run_whose_dagster_run_ended_is_failed_when_its_partition_runs_again(instance):
+    tracker = Tracker.from_profile(load_profile())
+    ended = _materialize([up], instance, "c").run_id
+    # a run left RUNNING by a worker on another host (its pid cannot be checked from here)
+    tags = {"dagster.asset_key": "up", "dagster.partition_key": "c", "dagster.run_id": ended}
+    tags.update({"crucible.host": "another-host", "crucible.pid": "1"})
+    stale = tracker.client.create_run(tracker.experiment_id("test"), tags=tags).info.run_id
+    _materialize([up], instance, "b")  # another partition leaves it alone
+    assert tracker.get_run(stale).info.status == "RUNNING"
+    _materialize([up], instance, "c")
+    run = tracker.get_run(stale)  # on 98a639e it stayed RUNNING for ever
+    assert run.info.status == "FAILED"
+    assert run.data.tags["crucible.failed_reason"] == f"its Dagster run {ended} ended SUCCESS"

@@ -176,16 +176,16 @@ def test_sigkilled_run_frees_its_pool_slot_and_is_failed_in_dagster_and_mlflow(d
         _wait(
             "the first run reaches its stage",
             lambda: (marks / held).exists() and (marks / held).read_text(),
-            60,
+            90,
         )
     )
     tracker = Tracker.from_profile(load_profile())
     (mlflow_run,) = tracker.find_runs("dedup", f"tags.`dagster.run_id` = '{held}'")
     assert mlflow_run.info.status == "RUNNING" and mlflow_run.data.tags[PID_TAG] == str(pid)
 
+    second = _launch(url, hold=False)  # queued behind the first run's dedup_web slot
     print(f"first run in its stage after {time.time() - started:.0f} s")
     os.kill(pid, signal.SIGKILL)
-    second = _launch(url, hold=False)
     with dg.DagsterInstance.get() as instance:
 
         def finished():
@@ -199,5 +199,7 @@ def test_sigkilled_run_frees_its_pool_slot_and_is_failed_in_dagster_and_mlflow(d
         assert instance.event_log_storage.get_concurrency_info("dedup_web").claimed_slots == []
     assert tracker.get_run(mlflow_run.info.run_id).info.status == "FAILED"  # marked by the next stage
     assert (
-        tracker.get_run(mlflow_run.info.run_id).data.tags["crucible.failed_reason"].startswith("process gone")
+        tracker.get_run(mlflow_run.info.run_id)
+        .data.tags["crucible.failed_reason"]
+        .startswith(f"process gone: pid {pid} ")
     )

@@ -134,8 +134,11 @@ def test_stale_running_runs_of_a_dead_process_are_marked_failed():
         ]:
             run_tags = {**tags, **process_tags(), PID_TAG: str(pid), "dagster.partition_key": part}
             runs[name] = tracker.client.create_run(exp, tags=run_tags).info.run_id
-        failed = tracker.fail_stale_runs("dedup", "web_deduped", "s1", lambda r: process_gone(r.data.tags))
+        failed = tracker.fail_stale_runs(
+            "dedup", "web_deduped", "s1", lambda r: "gone" if process_gone(r.data.tags) else None
+        )
         assert failed == [runs["dead"]]
+        assert tracker.get_run(runs["dead"]).data.tags["crucible.failed_reason"] == "gone"
         status = {name: tracker.get_run(run_id).info.status for name, run_id in runs.items()}
         assert status == {"dead": "FAILED", "alive": "RUNNING", "other": "RUNNING"}
         assert not process_gone({HOST_TAG: "elsewhere", PID_TAG: str(dead.pid)})  # another host: cannot tell

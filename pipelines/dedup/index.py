@@ -68,25 +68,32 @@ class IndexEntry:
 class IndexLog:
     """The index as its log says now: the current entry per snapshot and where the next record goes."""
 
-    entries: list[IndexEntry]  # by seq
-    next_position: int
+    current: dict[str, IndexEntry] = field(default_factory=dict)
+    next_position: int = 0
+
+    @property
+    def entries(self) -> list[IndexEntry]:
+        return sorted(self.current.values(), key=lambda e: e.seq)
 
 
 def log_key(index_prefix: str, position: int) -> str:
     return f"{index_prefix}/{LOG}/{position:010d}.json"
 
 
-def read_index(store: ObjectStore, index_prefix: str) -> IndexLog:
-    """Replay the commit log: a snapshot's latest record is its entry."""
-    current: dict[str, IndexEntry] = {}
+def read_index(store: ObjectStore, index_prefix: str, known: IndexLog | None = None) -> IndexLog:
+    """Replay the commit log (a snapshot's latest record is its entry); with `known`, read only the records
+    appended after it (one listing, then a GET per new record)."""
+    state = IndexLog(dict(known.current), known.next_position) if known else IndexLog()
     keys = sorted(store.list(f"{index_prefix}/{LOG}/"))
     if not keys:
         _refuse_legacy_index(store, index_prefix)
     for key in keys:
-        entry = IndexEntry(**json.loads(store.get_bytes(key)))
-        current[entry.snapshot] = entry
-    last = int(keys[-1].rsplit("/", 1)[1].split(".")[0]) if keys else -1
-    return IndexLog(sorted(current.values(), key=lambda e: e.seq), last + 1)
+        position = int(key.rsplit("/", 1)[1].split(".")[0])
+        if position >= state.next_position:
+            entry = IndexEntry(**json.loads(store.get_bytes(key)))
+            state.current[entry.snapshot] = entry
+            state.next_position = position + 1
+    return state
 
 
 def _refuse_legacy_index(store: ObjectStore, index_prefix: str) -> None:
@@ -172,8 +179,9 @@ def commit_entry(store: ObjectStore, index_prefix: str, entry: IndexEntry) -> tu
     Returns (True, the snapshot's previous entry or None) once committed, or (False, None) if the index
     changed under it (another partition took its seq, or an entry before it has a new version): recompute.
     An identical entry is not appended again (a rerun with the same inputs changes nothing)."""
+    state = None
     for _ in range(_MAX_APPENDS):
-        state = read_index(store, index_prefix)
+        state = read_index(store, index_prefix, state)
         previous = next((e for e in state.entries if e.snapshot == entry.snapshot), None)
         if assign_seq(state.entries, entry.snapshot) != entry.seq:
             return False, None

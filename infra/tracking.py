@@ -34,6 +34,7 @@ _SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|acce
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s:]+:[^/@\s]+@")
 _METRIC_SPELLED = {"+": "p", "#": "sharp", " ": "_", ":": "/"}  # labels: C++, Emacs Lisp, source:label
 _METRIC_KEY = re.compile(r"[A-Za-z0-9_/.-]{1,64}")
+RUNS_VIEW = "?workflowType=machine_learning"  # MLflow UI: "Model training" view, not "GenAI"
 
 
 def redact(params: dict[str, Any]) -> dict[str, str]:
@@ -254,7 +255,8 @@ class Tracker:
     def run_url(self, experiment_id: str, run_id: str) -> str | None:
         if not self.ui_available():
             return None
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        # MLflow 3.x opens a run in its GenAI view unless the link asks for the training (runs) view
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}{RUNS_VIEW}"
 
     def fail_stale_runs(
         self, group: str, asset: str, partition: str, stale_reason: Callable[[Any], str | None]

@@ -110,12 +110,14 @@ def test_run_links_only_when_the_ui_answers(port):
         live = Tracker(closed.tracking_uri, ui_url=f"http://127.0.0.1:{server.server_address[1]}")
         with live.stage_run("web", "crawl", {}) as run:
             pass
-        assert run.url.endswith(f"/runs/{run.run_id}")
+        assert run.url.endswith(f"/runs/{run.run_id}?workflowType=machine_learning")
     finally:
         server.shutdown()
     # an explicit tracking server is its own UI: no probe (nothing listens on this port either)
     server_tracker = Tracker(f"http://127.0.0.1:{port}")
-    assert server_tracker.run_url("1", "abc") == f"http://127.0.0.1:{port}/#/experiments/1/runs/abc"
+    assert server_tracker.run_url("1", "abc") == (
+        f"http://127.0.0.1:{port}/#/experiments/1/runs/abc?workflowType=machine_learning"
+    )
 
 
 def test_stale_running_runs_of_a_dead_process_are_marked_failed():

@@ -14,6 +14,7 @@ export TORCH_EXTENSIONS_DIR := $(abspath $(STATE))/torch_extensions
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 UI_HOST ?= 127.0.0.1
 DAGSTER_PORT ?= 3000
 MLFLOW_PORT ?= 5000
@@ -23,7 +24,7 @@ MLFLOW_PORT ?= 5000
 # an unreachable index.
 TORCH_INDEX ?=
 
-.PHONY: setup run test lint ui system-deps clean
+.PHONY: setup run test lint ui system-deps browser-deps clean
 
 setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -46,10 +47,19 @@ system-deps:
 	@command -v apt-get >/dev/null || { echo "apt-get not found: point the crawl at your own seeds or WARC files (see README)"; exit 0; }
 	@test -n "$$(ls /var/lib/apt/lists/*_Packages 2>/dev/null | head -1)" || apt-get update -qq || echo "apt-get update failed: the local web needs Debian doc packages"
 
+# Headless Chromium for the browser test (tests/browser): Debian's build, driven by Playwright; nothing
+# downloads a browser of its own. Needs root (apt-get install); without apt-get the browser test skips.
+browser-deps: system-deps
+	@command -v chromium >/dev/null && exit 0; \
+	command -v apt-get >/dev/null || { echo "apt-get not found: install Chromium to run tests/browser"; exit 0; }; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+	  || echo "apt-get install chromium failed (root needed): tests/browser will skip"
+
 run: setup system-deps
 	$(BIN)/crucible run
 
-test: setup system-deps lint
+test: setup system-deps browser-deps lint
 	CRUCIBLE_PROFILE=micro $(BIN)/pytest
 
 lint: setup

@@ -6,8 +6,23 @@ It speaks the subset of the API that judges and rollouts use: `POST /v1/chat/com
 (request counters, so tests can assert how many calls a client made). Tests start it as a subprocess on
 127.0.0.1; it also serves as a local endpoint for a judge when no vLLM / llama.cpp server is around.
 
+A model that also implements `TokenCompletionModel` (a policy checkpoint for RL rollouts) gets, in addition:
+- `POST /v1/completions` with token ids as the prompt, mirroring vLLM's extensions: `prompt` is a list of
+  ids or a list of such lists; `max_tokens`, `temperature` (default 1), `top_p`, `n`, `seed`,
+  `stop_token_ids`, `ignore_eos`; `logprobs: 0` returns the sampled tokens' log-probs in
+  `choices[i].logprobs.token_logprobs` (no top alternatives); `choices[i].token_ids` always holds the
+  generated ids (vLLM >= 0.10.2 with `return_token_ids`, which also adds `prompt_token_ids`), and with
+  `return_tokens_as_token_ids` the `logprobs.tokens` strings are `token_id:<n>` (vLLM's spelling).
+  Choices are ordered prompt-major (`index = prompt * n + sample`); the stop token is kept in `token_ids`
+  and named in `stop_reason`. Extension: `policy_version` on the response and on every choice.
+- `POST /reload_weights` `{"path": HF dir, "version": int}` (also SGLang's `POST /update_weights_from_disk`
+  `{"model_path", "weight_version"}`): loads new weights into the serving engine; a path that is not a model
+  dir is a 400 and the old weights keep serving. `GET /health` and SGLang's `GET /get_weight_version` report
+  the version.
+
     python -m infra.llm_server --gguf PATH [--port 0]          # prints "listening on http://HOST:PORT"
     python -m infra.llm_server --factory package.module:make   # any ChatModel
+    python -m infra.llm_server --factory package.module:make --factory-arg path=DIR   # make(path="DIR")
 """
 
 from __future__ import annotations
@@ -17,6 +32,7 @@ import importlib
 import json
 import logging
 import re
+import secrets
 import sys
 import threading
 import time
@@ -54,6 +70,45 @@ class ChatModel(Protocol):
         self, messages: list[dict], max_tokens: int, temperature: float, top_logprobs: int
     ) -> ChatOutput:
         """Answer a chat; `top_logprobs` > 0 asks for the top alternatives at each generated position."""
+
+
+class InvalidRequest(ValueError):
+    """A request the model refuses (token ids outside the vocabulary, a path that is not a model dir): a 400."""
+
+
+@dataclass
+class TokenCompletion:
+    """One generated sequence: token ids, the engine's log-prob of each, and the weights that produced it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" (a stop token, kept in token_ids) or "length"
+    policy_version: int
+    stop_token: int | None = None
+    text: str = ""
+    tokens: list[str] | None = None  # each token as text, when the model has a tokenizer
+
+
+class TokenCompletionModel(Protocol):
+    """A model served for rollouts: token ids in, token ids and log-probs out, weights reloadable."""
+
+    name: str
+    policy_version: int
+    eos_token_id: int | None
+
+    def complete(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_token_ids: list[int],
+        seed: int,
+    ) -> list[TokenCompletion]:
+        """One completion per prompt, generated in one batch; raises InvalidRequest for bad token ids."""
+
+    def reload_weights(self, path: str, version: int) -> None:
+        """Serve the weights in the HF dir `path` as `version`; InvalidRequest (old weights kept) if unusable."""
 
 
 class TransformersChatModel:
@@ -278,6 +333,130 @@ def chat_completion_response(model_name: str, out: ChatOutput, want_logprobs: bo
     }
 
 
+TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token under `return_tokens_as_token_ids`
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A validated `POST /v1/completions` body (token-id prompts only)."""
+
+    prompts: list[list[int]]
+    n: int
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    seed: int
+    logprobs: bool
+    tokens_as_token_ids: bool
+    return_token_ids: bool
+
+
+def _token_ids(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"{what} must be a non-empty list of token ids")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise InvalidRequest(f"{what} must hold non-negative integer token ids")
+    return value
+
+
+def parse_completion_request(body: dict) -> CompletionRequest:
+    """Validate a completions body; raises InvalidRequest naming the field. Text prompts are refused: the
+    trainer never re-tokenizes, so the server takes token ids only."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
+        raise InvalidRequest(
+            "prompt: this server takes token ids (a list of ints or a list of lists), not text"
+        )
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompts = [_token_ids(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
+    else:
+        prompts = [_token_ids(prompt, "prompt")]
+    for unsupported in ("stream", "echo", "suffix", "stop"):  # stop strings: use stop_token_ids
+        if body.get(unsupported):
+            raise InvalidRequest(f"{unsupported} is not supported by this server")
+    if body.get("best_of") not in (None, body.get("n") or 1):
+        raise InvalidRequest("best_of is not supported (only best_of == n)")
+    if body.get("top_k") not in (None, 0, -1):
+        raise InvalidRequest("top_k is not supported (only -1 / 0, no truncation)")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, False, True, 0):  # 1 == True: the sampled token only, like 0
+        raise InvalidRequest(
+            "logprobs: only 0 (the sampled tokens' log-probs); top alternatives are not served"
+        )
+    try:
+        n = int(body.get("n") or 1)
+        max_tokens = int(body["max_tokens"]) if body.get("max_tokens") is not None else 16
+        temperature = float(body["temperature"]) if body.get("temperature") is not None else 1.0
+        top_p = float(body["top_p"]) if body.get("top_p") is not None else 1.0
+        seed = int(body["seed"]) if body.get("seed") is not None else secrets.randbelow(2**31)
+        stops = body.get("stop_token_ids") or []
+        stops = _token_ids(stops, "stop_token_ids") if stops else []
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"bad sampling parameter: {exc}") from exc
+    if n < 1 or max_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
+        raise InvalidRequest("need n >= 1, max_tokens >= 1, temperature >= 0 and 0 < top_p <= 1")
+    return CompletionRequest(
+        prompts=prompts,
+        n=n,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop_token_ids=stops,
+        ignore_eos=bool(body.get("ignore_eos")),
+        seed=seed,
+        logprobs=logprobs is not None and logprobs is not False,
+        tokens_as_token_ids=bool(body.get("return_tokens_as_token_ids")),
+        return_token_ids=bool(body.get("return_token_ids")),
+    )
+
+
+def completion_response(model_name: str, req: CompletionRequest, outs: list[TokenCompletion]) -> dict:
+    """An OpenAI `text_completion` object with vLLM's token-id extensions and the policy version."""
+    choices = []
+    for i, out in enumerate(outs):
+        choice: dict[str, Any] = {
+            "index": i,
+            "text": out.text,
+            "token_ids": out.token_ids,
+            "logprobs": None,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_token,
+            "policy_version": out.policy_version,
+        }
+        if req.return_token_ids:
+            choice["prompt_token_ids"] = req.prompts[i // req.n]
+        if req.logprobs:
+            as_ids = req.tokens_as_token_ids or out.tokens is None
+            choice["logprobs"] = {
+                "tokens": [f"{TOKEN_ID_PREFIX}{t}" for t in out.token_ids] if as_ids else out.tokens,
+                "token_logprobs": out.logprobs,
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+        choices.append(choice)
+    prompt_tokens = sum(len(p) for p in req.prompts)
+    completion_tokens = sum(len(o.token_ids) for o in outs)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex[:12]}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model_name,
+        "policy_version": outs[0].policy_version,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+_CHAT = "/v1/chat/completions"
+_POST_ROUTES = (_CHAT, "/v1/completions", "/reload_weights", "/update_weights_from_disk")
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: OpenAICompatibleServer
     protocol_version = "HTTP/1.1"
@@ -293,13 +472,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: int, message: str) -> None:
+    def _error(self, status: int, message: str, extra: dict | None = None) -> None:
         self.server.count(f"errors/{status}")
-        self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
+        error = {"message": message, "type": "invalid_request_error", "code": status}
+        self._send(status, {"error": error, **(extra or {})})
+
+    def _token_model(self) -> TokenCompletionModel | None:
+        model = self.server.model
+        return model if hasattr(model, "complete") and hasattr(model, "reload_weights") else None  # type: ignore[return-value]
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        token_model = self._token_model()
         if self.path == "/health":
-            self._send(200, {"status": "ok"})
+            health: dict[str, Any] = {"status": "ok"}
+            if token_model is not None:
+                health["policy_version"] = token_model.policy_version
+            self._send(200, health)
+        elif self.path == "/get_weight_version" and token_model is not None:  # SGLang's name
+            self._send(200, {"weight_version": str(token_model.policy_version)})
         elif self.path == "/v1/models":
             self._send(
                 200,
@@ -315,12 +505,100 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}")
 
     def do_POST(self) -> None:  # noqa: N802
-        if self.path != "/v1/chat/completions":
+        if self.path not in _POST_ROUTES or (self.path != _CHAT and self._token_model() is None):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))  # drain: the connection stays usable
+        if self.path == _CHAT:
+            self._chat()
+        elif self.path in ("/v1/completions", "/reload_weights", "/update_weights_from_disk"):
+            if self._token_model() is None:
+                self._error(
+                    404, f"{self.path}: model {self.server.model.name} serves chat only (no token ids)"
+                )
+            elif self.path == "/v1/completions":
+                self._completions()
+            else:
+                self._reload_weights()
+        else:
             self._error(404, f"no route {self.path}")
+
+    def _read_json(self) -> dict:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("the body must be a JSON object")
+        return body
+
+    def _completions(self) -> None:
+        model = self._token_model()
+        assert model is not None
+        self.server.count("requests/completions")
+        try:
+            req = parse_completion_request(self._read_json())
+        except (ValueError, TypeError) as exc:  # InvalidRequest is a ValueError
+            self._error(400, f"bad request: {exc}")
             return
+        stops = list(req.stop_token_ids)
+        if not req.ignore_eos and model.eos_token_id is not None and model.eos_token_id not in stops:
+            stops.append(model.eos_token_id)  # like vLLM: EOS ends a sequence unless ignore_eos
+        prompts = [p for p in req.prompts for _ in range(req.n)]  # prompt-major, as OpenAI orders choices
+        try:
+            outs = model.complete(prompts, req.max_tokens, req.temperature, req.top_p, stops, req.seed)
+        except InvalidRequest as exc:
+            self._error(400, f"bad request: {exc}")
+            return
+        except Exception as exc:
+            log.exception("model failed")
+            self._error(500, f"model failed: {exc}")
+            return
+        self.server.count("responses/completions")
+        self._send(200, completion_response(model.name, req, outs))
+
+    def _reload_weights(self) -> None:
+        """Ours: {"path", "version": int}; SGLang's: {"model_path", "weight_version": str} (version optional
+        there: the current one + 1). Answers SGLang-style {"success", "message"} plus the policy version."""
+        model = self._token_model()
+        assert model is not None
+        self.server.count("requests/reload_weights")
+        try:
+            body = self._read_json()
+            path = body.get("path") or body.get("model_path")
+            if not isinstance(path, str) or not path:
+                raise ValueError("path (or model_path) must name an HF model directory")
+            version = body.get("version", body.get("weight_version"))
+            if version is None and self.path == "/update_weights_from_disk":
+                version = model.policy_version + 1
+            if version is None or isinstance(version, bool):
+                raise ValueError("version must be an integer")
+            version = int(version)
+        except (ValueError, TypeError) as exc:
+            self._error(400, f"bad request: {exc}", {"success": False, "message": str(exc)})
+            return
+        try:
+            model.reload_weights(path, version)
+        except InvalidRequest as exc:
+            message = f"weights not reloaded, still serving version {model.policy_version}: {exc}"
+            self._error(400, message, {"success": False, "message": message})
+            return
+        except Exception as exc:
+            log.exception("reload failed")
+            message = f"reload of {path} failed, serving version {model.policy_version}: {exc}"
+            self._error(500, message, {"success": False, "message": message})
+            return
+        self.server.count("reloads")
+        log.info("serving %s as policy version %d", path, version)
+        self._send(
+            200,
+            {
+                "success": True,
+                "message": f"loaded {path} as policy version {version}",
+                "policy_version": model.policy_version,
+                "weight_version": str(model.policy_version),
+            },
+        )
+
+    def _chat(self) -> None:
         self.server.count("requests/chat")
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            body = self._read_json()
             messages = body["messages"]
             if not isinstance(messages, list) or not messages:
                 raise ValueError("messages must be a non-empty list")
@@ -406,10 +684,10 @@ def llm_server_process(*args: str, cwd: Path | None = None, startup_timeout_s: f
                 proc.wait()
 
 
-def load_factory(spec: str) -> ChatModel:
-    """`module:callable` -> the ChatModel the callable returns."""
+def load_factory(spec: str, **kwargs: str) -> ChatModel:
+    """`module:callable` -> the ChatModel the callable returns when called with `kwargs`."""
     module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)()
+    return getattr(importlib.import_module(module), attr)(**kwargs)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -421,6 +699,13 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--hf-dir", help="a Hugging Face model directory")
     which.add_argument("--keyword-scorer", action="store_true", help="the deterministic keyword scorer")
     which.add_argument("--factory", help="module:callable returning a ChatModel")
+    parser.add_argument(
+        "--factory-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument (a string) for the --factory callable; repeatable",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
@@ -431,7 +716,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.keyword_scorer:
         model = KeywordScorerModel()
     else:
-        model = load_factory(args.factory)
+        kwargs = dict(arg.split("=", 1) for arg in args.factory_arg if "=" in arg)
+        if len(kwargs) != len(args.factory_arg):
+            parser.error(f"--factory-arg takes KEY=VALUE, got {args.factory_arg}")
+        model = load_factory(args.factory, **kwargs)
     server = OpenAICompatibleServer(model, args.host, args.port)
     print(f"listening on {server.url}", flush=True)
     try:
@@ -441,4 +729,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the importable module, not __main__: a factory's model raises infra.llm_server.InvalidRequest,
+    # which must be the class the handler catches.
+    from infra import llm_server
+
+    llm_server.main()

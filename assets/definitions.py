@@ -2,7 +2,16 @@
 
 import dagster as dg
 
-from assets import code_corpus, dedup, knowledge, midtraining, pretraining, web_crawl, web_extract
+from assets import (
+    code_corpus,
+    dedup,
+    knowledge,
+    midtraining,
+    post_training,
+    pretraining,
+    web_crawl,
+    web_extract,
+)
 from assets.resources import resources_for
 from assets.sensors import web_snapshot_sensor
 from infra.settings import Profile, load_profile
@@ -41,6 +50,7 @@ def job_resources(profile: Profile) -> dict[str, str]:
         "knowledge": "llm",
         "web_rescue": "cpu",
         "training": "gpu",
+        "post_training": "gpu",
     }
 
 
@@ -63,10 +73,18 @@ JOBS = [
     _job("knowledge", knowledge_assets, "World-knowledge classifier and LLM-judge math filter"),
     _job("web_rescue", rescue_assets, "Rescue long-tail knowledge from one snapshot's dropped pages"),
     _job("training", training_assets, "Tokenizer, token shards, pretraining, midtraining, evals"),
+    _job("post_training", post_training.post_training_assets, "Task suites, SFT data, SFT, Reasoning RL"),
 ]
 
 defs = dg.Definitions(
-    assets=[*web_assets, *code_assets, *knowledge_assets, *rescue_assets, *training_assets],
+    assets=[
+        *web_assets,
+        *code_assets,
+        *knowledge_assets,
+        *rescue_assets,
+        *training_assets,
+        *post_training.post_training_assets,
+    ],
     jobs=JOBS,
     sensors=[web_snapshot_sensor],
     resources={**resources_for(PROFILE), "pipes": dg.PipesSubprocessClient()},

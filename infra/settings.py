@@ -41,6 +41,10 @@ STAGE_NAMES = frozenset(
         "pretrain",
         "context_extension",
         "checkpoint_evals",
+        "task_suites",
+        "sft_data",
+        "sft",
+        "reasoning_rl",
     }
 )
 

@@ -138,3 +138,23 @@ class SftBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.index = int(state["index"])
+
+
+def sft_batches_from_file(
+    rank: int,
+    world_size: int,
+    rows_path: str,
+    tokenizer_dir: str,
+    batch_size: int,
+    seq_len: int,
+    seed: int = 0,
+) -> SftBatches:
+    """The SFT job's data factory (training/job.py DataSpec): this rank's share of the rows file, rendered."""
+    from training.sft_data import read_rows
+    from training.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    rows = read_rows(rows_path)[rank::world_size]
+    return SftBatches(
+        [render_chat(tok, r["messages"]) for r in rows], batch_size, seq_len, tok.pad_token_id, seed
+    )

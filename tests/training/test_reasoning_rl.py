@@ -54,7 +54,7 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     assert len(rewards) == 30
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, (first, last)
-    assert final["heldout/pass@1/color"] >= 0.75  # greedy decoding now says blue
+    assert final["heldout/pass_at_1/color"] >= 0.75  # greedy decoding now says blue
     for name, before in indexer_before.items():
         assert torch.equal(dict(model.named_parameters())[name], before), name
     assert not torch.equal(model.get_input_embeddings().weight, emb_before)

@@ -49,7 +49,7 @@ class ReasoningRLConfig(BaseModel):
     engine_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
     )
-    eval_every: int = Field(20, ge=1, description="Held-out pass@1 every N steps (and at the end)")
+    eval_every: int = Field(20, ge=1, description="Held-out pass_at_1 every N steps (and at the end)")
     eval_tasks_per_domain: int = Field(60, ge=1, description="Held-out tasks scored per domain")
     filter_samples: int = Field(
         4, ge=0, description="Difficulty filter: samples per train prompt before RL (0 = off)"
@@ -69,7 +69,7 @@ def pass_at_1(
     max_new_tokens: int,
     max_turns: int,
 ) -> dict[str, float]:
-    """Greedy pass@1 per domain with its standard error: `pass@1/<domain>`, `pass@1_se/<domain>`, `n/<domain>`."""
+    """Greedy pass_at_1 per domain with its standard error: `pass_at_1/<domain>`, `pass_at_1_se/<domain>`, `n/<domain>`."""
     trajs = rollout(
         engine,
         tokenizer,
@@ -87,8 +87,8 @@ def pass_at_1(
     out = {}
     for domain, rewards in sorted(by_domain.items()):
         p = sum(rewards) / len(rewards)
-        out[f"pass@1/{domain}"] = p
-        out[f"pass@1_se/{domain}"] = math.sqrt(p * (1 - p) / len(rewards))
+        out[f"pass_at_1/{domain}"] = p
+        out[f"pass_at_1_se/{domain}"] = math.sqrt(p * (1 - p) / len(rewards))
         out[f"n/{domain}"] = float(len(rewards))
     return out
 

@@ -1,0 +1,74 @@
+"""The post-training chain as Dagster assets on the micro profile: task suites -> SFT data -> SFT -> Reasoning
+RL from a (micro) midtrained checkpoint, each checkpoint registered in MLflow with lineage to its parent and
+to the task-suite version, held-out pass_at_1 per domain for the midtrained, SFT and RL models."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from assets.midtraining import checkpoint_prefix
+from assets.pretraining import TOKENIZER_PREFIX
+from infra.committed import Producer, commit, read_committed
+from infra.settings import load_profile
+from infra.store import LocalStore
+from infra.tracking import UPSTREAM_RUNS_TAG, Tracker
+from training.checkpoint import export_hf
+from training.model import build_model
+from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+CORPUS = [
+    "What is 3 + 4? Answer: 7. Use the calculator to compute 12 * 34. def f(x): return x + 1",
+    "Which term is defined as: a computer program? Answer: software",
+] * 40
+
+
+@pytest.fixture
+def midtrained(tmp_path, dagster_home):
+    """A committed tokenizer and a micro `midtrain_stage3` checkpoint, as the training job would leave them."""
+    profile = load_profile()
+    store = LocalStore(profile.state_path / profile.store.url)
+    tok_dir = train_tokenizer(CORPUS, TokenizerConfig(vocab_size=512), tmp_path / "tok")
+    store.begin_stage(Producer(asset="corpus_tokenizer"))
+    commit(store, TOKENIZER_PREFIX, {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")})
+    from assets.post_training import _model_cfg
+
+    cfg, _ = _model_cfg(tok_dir)
+    hf = export_hf(
+        build_model(cfg, seed=0),
+        tmp_path / "hf",
+        {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")},
+    )
+    store.begin_stage(Producer(asset="midtrain_stage3", mlflow_run_id="parent-run"))
+    commit(store, checkpoint_prefix("midtrain_stage3"), hf)
+    return store, len(load_tokenizer(tok_dir))
+
+
+def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
+    from assets.definitions import defs
+    from assets.post_training import post_training_assets
+
+    store, _ = midtrained
+    instance = dg.DagsterInstance.get()
+    result = dg.materialize(
+        post_training_assets, instance=instance, resources=defs.resources, selection=post_training_assets
+    )
+    assert result.success
+    tracker = Tracker.from_profile(load_profile())
+    sft_run = tracker.get_run(tracker.model_version_run_id("crucible-sft", "1"))
+    rl_run = tracker.get_run(tracker.model_version_run_id("crucible-reasoning_rl", "1"))
+    # lineage: RL read the SFT checkpoint and the task suites; SFT read the SFT data and the midtrained parent
+    assert sft_run.info.run_id in rl_run.data.tags[UPSTREAM_RUNS_TAG]
+    suites_version = read_committed(store, "post_training/task_suites").meta["suite_version"]
+    assert (
+        suites_version and read_committed(store, "post_training/task_suites").producer.asset == "task_suites"
+    )
+    assert "parent-run" in sft_run.data.tags[UPSTREAM_RUNS_TAG]
+    metrics = rl_run.data.metrics
+    for domain in ("math", "code", "tool", "knowledge"):
+        for who in ("heldout/pass_at_1/", "compare/midtrain_stage3/pass_at_1/"):
+            assert 0.0 <= metrics[f"{who}{domain}"] <= 1.0
+    assert metrics["rho/max"] >= metrics["rho/min"] > 0
+    assert 0.0 <= metrics["icepop/masked_fraction"] <= 1.0

@@ -1,0 +1,216 @@
+"""Post-training jobs as child processes, the way pre/midtraining run: SFT reuses the trainer
+(`training.launch_entry` with the SFT data factory), Reasoning RL has its own entry
+(`python -m training.post_train --spec <run_dir>/rl_spec.json`).
+
+Each job writes `<run_dir>/metrics.jsonl`, the HF export `<run_dir>/hf/` and `<run_dir>/result.json`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.launcher import build_launch_command
+from training.distributed import DistributedConfig
+from training.job import DataSpec, Launch, TrainJobSpec, run_training_job
+from training.model import ModelConfig
+from training.optim import OptimConfig
+from training.rl.reasoning import ReasoningRLConfig
+from training.trainer import TrainerConfig
+
+log = logging.getLogger(__name__)
+RL_SPEC = "rl_spec.json"
+
+
+class SftConfig(BaseModel):
+    """The `sft` stage (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(0, description="Seed of the row order")
+    seq_len: int = Field(256, gt=8, description="Longest SFT row (tokens); longer rows are cut")
+    batch_size: int = Field(16, gt=0, description="Rows per step")
+    trainer: TrainerConfig = Field(
+        default_factory=lambda: TrainerConfig(
+            steps=400,
+            dsa_mode="native",
+            precision="fp32",
+            eval_every=0,
+            checkpoint_every=100,
+            log_every=10,
+            moe_aux_loss_coef=0.0,
+            optim=OptimConfig(
+                optimizer="adamw", lr=1e-3, weight_decay=0.0, schedule="cosine", warmup_steps=20
+            ),
+        ),
+        description="Loop and optimizer of the SFT phase",
+    )
+
+
+def sft_spec(
+    cfg: SftConfig,
+    parent_dir: Path,
+    model_cfg: ModelConfig,
+    rows_path: Path,
+    tokenizer_dir: Path,
+    run_dir: Path,
+    distributed: DistributedConfig,
+    callbacks: list[str] | None = None,
+) -> TrainJobSpec:
+    data = DataSpec(
+        factory="training.sft:sft_batches_from_file",
+        kwargs={
+            "rows_path": str(rows_path),
+            "tokenizer_dir": str(tokenizer_dir),
+            "batch_size": cfg.batch_size,
+            "seq_len": cfg.seq_len,
+            "seed": cfg.seed,
+        },
+    )
+    extra = {n: str(tokenizer_dir / n) for n in ("tokenizer.json", "tokenizer_config.json")}
+    return TrainJobSpec(
+        run_dir=str(run_dir),
+        model=model_cfg,
+        init_from=str(parent_dir),
+        trainer=cfg.trainer,
+        data=data,
+        distributed=distributed,
+        extra_files=extra,
+        callbacks=callbacks or [],
+    )
+
+
+def run_sft(
+    spec: TrainJobSpec, torch_extensions_dir: Path | None = None, launch: Launch | None = None
+) -> dict:
+    return run_training_job(spec, torch_extensions_dir, launch)
+
+
+class RLJobSpec(BaseModel):
+    """A Reasoning RL job for the child process."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_dir: str
+    init_from: str = Field(description="HF dir of the parent checkpoint (with its tokenizer files)")
+    model: ModelConfig
+    train_tasks: str = Field(description="JSONL of train tasks")
+    heldout_tasks: str = Field(description="JSONL of held-out tasks")
+    facts: str | None = Field(None, description="JSONL of [term, definition] for the knowledge suite")
+    config: ReasoningRLConfig
+    threads: int | None = Field(None, description="torch threads in the child (None = torch's default)")
+    compare: dict[str, str] = Field(
+        default_factory=dict,
+        description="Other checkpoints (name -> HF dir) scored on the same held-out tasks",
+    )
+    callbacks: list[str] = Field(default_factory=list)
+
+
+def rl_command(spec: RLJobSpec, torch_extensions_dir: Path | None = None):
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / RL_SPEC
+    tmp = spec_path.with_suffix(".tmp")
+    tmp.write_text(spec.model_dump_json(indent=1))
+    tmp.replace(spec_path)
+    return build_launch_command(
+        "training.post_train", ["--spec", str(spec_path)], launcher="python", nproc=1,
+        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
+    )  # fmt: skip
+
+
+def run_rl_job(
+    spec: RLJobSpec, torch_extensions_dir: Path | None = None, launch: Launch | None = None
+) -> dict:
+    from infra.launcher import run_command
+
+    cmd = rl_command(spec, torch_extensions_dir)
+    run_dir = Path(spec.run_dir)
+    if launch is None:
+        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
+    else:
+        launch(cmd, run_dir / "train.log", None)
+    result = run_dir / "result.json"
+    if not result.exists():
+        raise RuntimeError(f"RL job in {run_dir} exited without writing result.json")
+    return json.loads(result.read_text())
+
+
+def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
+    import torch
+
+    from training.checkpoint import export_hf
+    from training.job import import_object
+    from training.model import load_model
+    from training.tasks.suites import read_tasks, suites
+    from training.tokenizer import load_tokenizer
+    from training.trainer import JsonlMetricsWriter
+
+    run_dir = Path(spec.run_dir)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    tok = load_tokenizer(spec.init_from)
+    model = load_model(spec.init_from, spec.model)
+    facts = (
+        [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
+    )
+    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
+    writer.drop_after(0)
+    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        for cb in callbacks:
+            cb(step, metrics)
+
+    samples: dict[str, Any] = {}
+
+    def on_sample(trajs, step: int) -> None:
+        samples[str(step)] = [t.to_json() for t in trajs]
+
+    from training.rl.reasoning import train_reasoning_rl
+
+    heldout = read_tasks(Path(spec.heldout_tasks))
+    per_domain: dict[str, int] = {}
+    scored = []
+    for t in heldout:  # the first N held-out tasks of each domain, in file order
+        if per_domain.get(t.domain, 0) < spec.config.eval_tasks_per_domain:
+            per_domain[t.domain] = per_domain.get(t.domain, 0) + 1
+            scored.append(t)
+    from training.rl.reasoning import pass_at_1
+    from training.rollout.engine import LocalRolloutEngine
+
+    registry = suites(facts)
+    for name, path in spec.compare.items():  # e.g. the midtrained parent of SFT, on the same tasks
+        other = LocalRolloutEngine(load_model(path, spec.model), pad_id=tok.pad_token_id)
+        scores = pass_at_1(other, tok, scored, registry, spec.config.max_new_tokens, spec.config.max_turns)
+        log_metrics({f"compare/{name}/{k}": v for k, v in scores.items()}, 0)
+        samples[f"compare/{name}"] = scores
+    final = train_reasoning_rl(
+        model, tok, read_tasks(Path(spec.train_tasks)), scored, registry, spec.config, log_metrics,
+        on_sample=on_sample,
+    )  # fmt: skip
+    (run_dir / "samples.json").write_text(json.dumps(samples))
+    extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    hf = export_hf(model, run_dir / "hf", extra)
+    compared = {f"compare/{n}/{k}": v for n in spec.compare for k, v in samples[f"compare/{n}"].items()}
+    result = {"metrics": {**final, **compared}, "hf_dir": str(hf), "step": spec.config.steps}
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(run_dir / "result.json")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one Reasoning RL job from its spec")
+    parser.add_argument("--spec", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    _run_rl(RLJobSpec.model_validate_json(args.spec.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

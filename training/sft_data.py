@@ -1,0 +1,83 @@
+"""SFT trajectories built from the task suites' worked solutions and the corpus: reasoning (math), code,
+tool use (with failed calls kept but masked) and chat about the corpus's knowledge (term definitions)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.sft import error_correction_trajectory, failed_tool_call_trajectory
+from training.tasks.base import Task, TaskSuite
+
+
+class SftDataConfig(BaseModel):
+    """What the SFT set is made of (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    error_share: float = Field(
+        0.15, ge=0, le=1, description="Share of math / tool trajectories that carry a masked error segment"
+    )
+    definition_chats: int = Field(300, ge=0, description="Chats asking what a corpus term means")
+    repeats: int = Field(1, ge=1, description="Copies of each task's worked solution")
+    seed: int = Field(0, description="Seed of error injection and order")
+
+
+def _wrong_step(task: Task, rng: random.Random) -> str:
+    steps = task.meta.get("steps", "")
+    if "=" in steps:
+        lhs, _, rhs = steps.rpartition("=")
+        try:
+            return f"{lhs.strip()} = {int(rhs.strip()) + rng.choice([-2, -1, 1, 2])}."
+        except ValueError:
+            pass
+    return "I am not sure."
+
+
+def build_sft_trajectories(
+    tasks: Sequence[Task],
+    suites: dict[str, TaskSuite],
+    facts: Sequence[tuple[str, str]],
+    cfg: SftDataConfig,
+) -> tuple[list[dict[str, Any]], Counter]:
+    """Rows {"kind", "task_id", "messages"}; returns them shuffled and their counts per kind."""
+    rng = random.Random(cfg.seed)
+    rows: list[dict[str, Any]] = []
+    for _ in range(cfg.repeats):
+        for task in tasks:
+            solution = suites[task.domain].solution(task)
+            kind = task.domain
+            if task.domain == "math" and rng.random() < cfg.error_share:
+                messages, kind = (
+                    error_correction_trajectory(task.prompt, solution, _wrong_step(task, rng), rng),
+                    "math_corrected",
+                )
+            elif task.domain == "tool" and rng.random() < cfg.error_share:
+                messages, kind = failed_tool_call_trajectory(task.prompt, solution), "tool_failed_call"
+            else:
+                messages = [{"role": "user", "content": task.prompt}, *solution]
+            rows.append({"kind": kind, "task_id": task.id, "messages": messages})
+    for term, definition in rng.sample(list(facts), min(cfg.definition_chats, len(facts))):
+        first = definition.split(". ")[0].strip().rstrip(".")[:300]
+        messages = [
+            {"role": "user", "content": f"What does {term} mean?"},
+            {"role": "assistant", "content": f"{term}: {first}."},
+        ]
+        rows.append({"kind": "chat_definition", "task_id": "", "messages": messages})
+    rng.shuffle(rows)
+    return rows, Counter(r["kind"] for r in rows)
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    return path
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

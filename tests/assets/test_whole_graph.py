@@ -1,5 +1,5 @@
 """`crucible run` on the micro profile, every job of the graph (web -> code -> knowledge -> rescue -> tokenizer
--> pretraining -> midtraining -> evals), with every checkpoint registered in MLflow, its lineage walked back to
+-> pretraining -> midtraining -> evals, and whatever `assets.definitions.JOBS` adds), with every checkpoint registered in MLflow, its lineage walked back to
 the crawl snapshots and the eval numbers in the ranges a trained model reaches."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
     from assets.definitions import JOBS
 
     jobs = [job.name for job in JOBS]
-    assert jobs == ["web_corpus", "code_corpus", "knowledge", "web_rescue", "training"]
+    assert {"web_corpus", "code_corpus", "knowledge", "web_rescue", "training"} <= set(jobs)
     started = time.monotonic()
     # The micro math filter asks an OpenAI-compatible judge (the deterministic keyword scorer) over HTTP.
     with llm_server_process("--keyword-scorer") as judge_url:

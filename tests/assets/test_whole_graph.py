@@ -1,6 +1,6 @@
-"""`crucible run` on the micro profile, every job of the graph (web -> code -> knowledge -> rescue -> tokenizer
--> pretraining -> midtraining -> evals, and whatever `assets.definitions.JOBS` adds), with every checkpoint registered in MLflow, its lineage walked back to
-the crawl snapshots and the eval numbers in the ranges a trained model reaches."""
+"""`crucible run` on the micro profile, every job of `assets.definitions.JOBS` (web -> code -> knowledge ->
+rescue -> tokenizer -> pretraining -> midtraining -> evals -> post-training), with every checkpoint registered
+in MLflow, its lineage walked back to the crawl snapshots and the eval numbers in a trained model's ranges."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ bad reload is a 400 that keeps the old weights, and the client rides out a serve
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, replace
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import requests
@@ -255,3 +257,52 @@ def test_concurrent_requests_and_a_reload_interleave_safely(served, checkpoints,
     for gens in outputs:
         assert len({g.policy_version for g in gens}) == 1
         assert [g.token_ids for g in gens] == by_version[gens[0].policy_version]
+
+
+def test_5xx_is_retried_and_a_vllm_shaped_answer_is_read():
+    """A server answering 503 twice, then the way vLLM does (ids only as `token_id:<n>` strings, no policy
+    version): the client retries, reads the ids back, and stamps its own last known version."""
+    calls = []
+
+    class VllmLike(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(body)
+            if len(calls) <= 2:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            choices = [
+                {
+                    "index": i,
+                    "text": "",
+                    "logprobs": {"tokens": ["token_id:7", "token_id:0"], "token_logprobs": [-0.25, -0.5]},
+                    "finish_reason": "stop",
+                    "stop_reason": 0,
+                }
+                for i in range(len(body["prompt"]))
+            ]
+            data = json.dumps({"object": "text_completion", "choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = HTTPServer(("127.0.0.1", 0), VllmLike)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        engine = HttpRolloutEngine(url, retries=3, backoff_s=0.01, policy_version=5)
+        gens = engine.generate(PROMPTS[:2], GREEDY)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert engine.stats["retries"] == 2 and len(calls) == 3
+    assert calls[-1]["prompt"] == PROMPTS[:2] and calls[-1]["return_token_ids"] and calls[-1]["ignore_eos"]
+    assert [(g.token_ids, g.logprobs, g.finish_reason, g.stop_token, g.policy_version) for g in gens] == [
+        ([7, 0], [-0.25, -0.5], "stop", 0, 5)
+    ] * 2

@@ -109,7 +109,8 @@ class HttpRolloutEngine:
     Connection errors, timeouts and 5xx answers are retried `retries` times with exponential backoff
     (`backoff_s`, doubling, at most `max_backoff_s`); a 4xx is raised at once. Every error names the URL.
     `weights_dir` and `model_config` are needed only for `sync_weights`; the newest `keep_synced` synced
-    dirs are kept, older ones deleted.
+    dirs are kept, older ones deleted. A server that reports no policy version (vLLM) is stamped with the
+    client's own: `policy_version` at start (else /health's, else 0), then each synced version.
     """
 
     def __init__(
@@ -123,6 +124,7 @@ class HttpRolloutEngine:
         model_config: Any = None,
         model: str = "policy",
         keep_synced: int = 2,
+        policy_version: int | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.timeout_s, self.retries = timeout_s, retries
@@ -130,7 +132,7 @@ class HttpRolloutEngine:
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.model_config, self.model, self.keep_synced = model_config, model, keep_synced
         self.stats = {"requests": 0, "retries": 0}
-        self._version: int | None = None
+        self._version = policy_version  # None: ask GET /health on first use
         self._session = requests.Session()
 
     @property
@@ -166,6 +168,8 @@ class HttpRolloutEngine:
                 raise RolloutServerError(
                     f"rollout server {url} refused the request: HTTP {resp.status_code}: {resp.text[:500]}"
                 )
+            if not resp.content:  # e.g. vLLM's /health: 200 with an empty body
+                return {}
             try:
                 return resp.json()
             except ValueError as exc:
@@ -205,7 +209,7 @@ class HttpRolloutEngine:
             raise RolloutServerError(
                 f"rollout server {url} returned {len(choices)} choices for {len(prompts)} prompts"
             )
-        default_version = int(answer.get("policy_version", self._version or 0))
+        default_version = int(answer["policy_version"]) if "policy_version" in answer else self.policy_version
         try:
             generations = [generation_from_choice(c, default_version, params.stop_token_ids) for c in choices]
         except (ValueError, TypeError) as exc:

@@ -701,7 +701,11 @@ def crawl_seeds(
     """Crawl `seeds` into gzipped WARC files under `out_prefix` (what was there is replaced on success)."""
     started = time.monotonic()
     writer = WarcShardWriter(
-        store, out_prefix, config.records_per_warc_file, warcinfo=_warcinfo(config, snapshot)
+        store,
+        out_prefix,
+        config.records_per_warc_file,
+        warcinfo=_warcinfo(config, snapshot),
+        allow_empty=config.allow_empty,
     )
     crawler = Crawler(config, writer)
     with writer:

@@ -478,7 +478,7 @@ def extract_documents(
         WARC_SUFFIXES,
         out_prefix,
         language_metrics,
-        input_committed=False,  # WARC files of a crawl or an upload
+        input_committed=True,  # the crawl / ingest commits its WARC files (pipelines/web/warc_files.py)
     )
 
 

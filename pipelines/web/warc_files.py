@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import gzip
 import logging
+import shutil
+import tempfile
 import threading
 import zlib
 from collections.abc import Iterator
@@ -26,7 +28,8 @@ from warcio.recordloader import ArcWarcRecord
 from warcio.statusandheaders import StatusAndHeadersParserException
 from warcio.warcwriter import WARCWriter
 
-from infra.store import ObjectStore
+from infra.committed import commit
+from infra.store import LocalStore, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +43,24 @@ def shard_key(prefix: str, index: int) -> str:
 class WarcShardWriter:
     """Writes WARC records into `prefix/part-NNNNN.warc.gz`, rotating every `records_per_file` records.
 
-    Each shard is written to a local temp file and published to the store atomically when it is full or the
-    writer closes; if the block using the writer raises, the shard being written is dropped, not published.
-    Thread-safe: records passed in one call stay together in one shard (a request with its response).
-    A successful close deletes objects under `prefix` it did not write (a rerun replaces the snapshot; a
-    failed rerun leaves the previous one's other shards in place rather than deleting them up front).
+    Shards are staged in a local directory; a successful close commits them as one version of `prefix`
+    (infra/committed.py), so readers see the previous snapshot or the whole new one, never a mix. If the block
+    using the writer raises, nothing is published. Thread-safe: records passed in one call stay together in
+    one shard (a request with its response). After the close, `keys` are the committed store keys.
     """
 
-    def __init__(self, store: ObjectStore, prefix: str, records_per_file: int, warcinfo: dict | None = None):
-        self.store, self.prefix, self.records_per_file = store, prefix, records_per_file
-        self.warcinfo = warcinfo
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        records_per_file: int,
+        warcinfo: dict | None = None,
+        allow_empty: bool = False,
+    ):
+        self.store, self.prefix, self.records_per_file = store, prefix.rstrip("/"), records_per_file
+        self.warcinfo, self.allow_empty = warcinfo, allow_empty
+        self._staging_dir = Path(tempfile.mkdtemp(prefix="crucible-warc-"))
+        self._staging = LocalStore(self._staging_dir / "out")
         self.keys: list[str] = []
         self.records_written = 0
         self._lock = threading.Lock()
@@ -62,19 +73,21 @@ class WarcShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        with self._lock:
-            self._finish_shard(publish=exc_type is None)
-        if exc_type is None:
-            stale = [k for k in self.store.list(self.prefix.rstrip("/") + "/") if k not in self.keys]
-            for key in stale:
-                self.store.delete(key)
-            if stale:
-                log.info("deleted %d stale objects under %s", len(stale), self.store.uri(self.prefix))
+        try:
+            with self._lock:
+                self._finish_shard(publish=exc_type is None)
+            if exc_type is None:
+                files = {Path(k).name: self._staging.local_path(k) for k in self.keys}
+                out = commit(self.store, self.prefix, files, meta={"records": self.records_written},
+                             allow_empty=self.allow_empty)  # fmt: skip
+                self.keys = [out.key(Path(k).name) for k in self.keys]
+        finally:
+            shutil.rmtree(self._staging_dir, ignore_errors=True)
 
     def _open_shard(self) -> None:
-        key = shard_key(self.prefix, len(self.keys))
+        key = shard_key("", len(self.keys)).lstrip("/")
         self._stack = ExitStack()
-        path: Path = self._stack.enter_context(self.store.writer(key, suffix=WARC_SUFFIX))
+        path: Path = self._stack.enter_context(self._staging.writer(key, suffix=WARC_SUFFIX))
         self._fh = self._stack.enter_context(open(path, "wb"))
         self._writer = WARCWriter(self._fh, gzip=True)
         self.keys.append(key)
@@ -87,8 +100,8 @@ class WarcShardWriter:
             return
         stack, self._stack = self._stack, None
         if publish:
-            stack.close()  # closes the file, then store.writer publishes it
-            log.info("published %s (%d records)", self.store.uri(self.keys[-1]), self._in_shard)
+            stack.close()  # closes the file, then the staging store keeps it
+            log.info("staged %s (%d records)", self.keys[-1], self._in_shard)
         else:
             self.keys.pop()
             stack.__exit__(RuntimeError, RuntimeError("aborted"), None)  # store.writer skips the publish

@@ -205,7 +205,7 @@ def ingest_warc(
         raise ValueError(f"web_crawl: no .warc.gz / .warc files under {config.warc_uri}")
     started = time.monotonic()
     run = _Ingest(Counter(), [], [])
-    writer = WarcShardWriter(store, out_prefix, config.records_per_warc_file)
+    writer = WarcShardWriter(store, out_prefix, config.records_per_warc_file, allow_empty=config.allow_empty)
     with writer, tqdm(total=config.max_pages, unit="page", desc=f"ingest {snapshot}", mininterval=2.0) as bar:
         for i, key in enumerate(keys):
             if run.pages >= config.max_pages:

@@ -22,6 +22,7 @@ import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
+from infra.committed import commit, is_committed, read_committed
 from infra.store import LocalStore
 from pipelines.web.crawl import CrawlConfig, crawl_seeds
 from pipelines.web.warc_ingest import ingest_warc
@@ -75,7 +76,10 @@ def ingest(store: LocalStore, path, **overrides):
 
 
 def output_bytes(store: LocalStore) -> dict[str, bytes]:
-    return {key: store.get_bytes(key) for key in store.list(OUT + "/")}
+    if not is_committed(store, OUT):
+        return {}
+    out = read_committed(store, OUT)
+    return {name: store.get_bytes(out.key(name)) for name in out.names()}
 
 
 # ---------------------------------------------------------------- 18.6: empty or broken re-ingest
@@ -416,6 +420,13 @@ def test_a_crawl_that_finds_nothing_fails_and_keeps_the_previous_output(tmp_path
 WARC = f"web/warc/{SNAPSHOT}"
 DOCS = f"web/extract/{SNAPSHOT}"
 
+
+def commit_warc(store: LocalStore, tmp_path, data: bytes) -> None:
+    """Publish one WARC file the way the crawl does (a committed version of web/warc/<snapshot>)."""
+    (tmp_path / "part-00000.warc.gz").write_bytes(data)
+    commit(store, WARC, {"part-00000.warc.gz": tmp_path / "part-00000.warc.gz"})
+
+
 CAFE = (
     "The best café in town serves a crème brûlée that every visitor remembers. Our chef trained in Zürich "
     "and Málaga before opening this small place near the station, and the menu changes every season."
@@ -495,7 +506,7 @@ def test_pages_are_decoded_with_their_declared_charset_or_dropped_as_undecodable
         ("http://site.test/noise", "text/html", noise),
     ]
     store = LocalStore(tmp_path / "store")
-    store.put_bytes(f"{WARC}/part-00000.warc.gz", warc_of(pages))
+    commit_warc(store, tmp_path, warc_of(pages))
     result = extract(store)
     kept = extracted_docs(store, "kept")
     assert CAFE in kept["http://site.test/cafe"]["text"]
@@ -523,9 +534,7 @@ def test_a_record_that_does_not_parse_is_counted_and_a_bug_in_extraction_fails_t
     last = warc_of(
         [("http://site.test/b", "text/html; charset=utf-8", article_html(CAFE + " Again.").encode())]
     )
-    store.put_bytes(
-        f"{WARC}/part-00000.warc.gz", first + unparseable_response("http://site.test/broken") + last
-    )
+    commit_warc(store, tmp_path, first + unparseable_response("http://site.test/broken") + last)
     m = extract(store).metrics
     assert m["dropped/read/bad_http_status"] == 1
     assert max(len(k) for k in m) <= 40  # the status line's text is not a metric key

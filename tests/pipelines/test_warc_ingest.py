@@ -10,6 +10,7 @@ import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
+from infra.committed import read_committed
 from infra.settings import StoreSettings
 from infra.store import LocalStore, S3Store
 from pipelines.web.crawl import CrawlConfig, crawl_web
@@ -86,7 +87,9 @@ def ingest(tmp_path, uri, **overrides):
         CrawlConfig(source="warc", warc_uri=str(uri), **overrides), store, "snap", "web/warc/snap"
     )
     records = [
-        r for k in store.list("web/warc/snap/") for r in iter_warc_records(store.local_path(k), types=())
+        r
+        for k in read_committed(store, "web/warc/snap").keys()
+        for r in iter_warc_records(store.local_path(k), types=())
     ]
     return result, records
 
@@ -113,7 +116,8 @@ def test_ingested_warc_is_readable_by_datatrove(tmp_path, damaged_warc):
     from datatrove.pipeline.readers import WarcReader
 
     ingest(tmp_path, damaged_warc)
-    docs = list(WarcReader(str(tmp_path / "store/web/warc/snap"), glob_pattern="*.warc.gz").run())
+    out = read_committed(LocalStore(tmp_path / "store"), "web/warc/snap")
+    docs = list(WarcReader(str(tmp_path / "store" / out.version_prefix), glob_pattern="*.warc.gz").run())
     assert sorted(d.metadata["url"] for d in docs) == [f"https://example.org/page{i}" for i in (0, 3, 4)]
 
 
@@ -170,7 +174,7 @@ def test_ingest_from_s3_prefix(tmp_path, s3_bucket):
         CrawlConfig(source="warc", warc_uri=s3_store.uri("incoming/warc/s2")), s3_store, "s2", "web/warc/s2"
     )
     assert result.metrics["pages_fetched"] == 2
-    assert s3_store.list("web/warc/s2/") == ["web/warc/s2/part-00000.warc.gz"]
+    assert read_committed(s3_store, "web/warc/s2").names() == ["part-00000.warc.gz"]
 
 
 def test_missing_input_is_a_clear_error(tmp_path):
@@ -184,13 +188,16 @@ def test_shard_writer_publishes_nothing_for_a_failed_block_and_replaces_on_succe
     from pipelines.web.warc_files import WarcShardWriter
 
     store = LocalStore(tmp_path / "store")
-    store.put_bytes("web/warc/s/part-00007.warc.gz", b"old shard")
     raw = pages(1)[0]
+    with WarcShardWriter(store, "web/warc/s", 10) as writer:
+        writer.write_raw(raw)
+    old = read_committed(store, "web/warc/s")
     with pytest.raises(KeyError), WarcShardWriter(store, "web/warc/s", 10) as writer:
         writer.write_raw(raw)
         raise KeyError("crawl failed")
-    assert store.list("web/warc/s/") == ["web/warc/s/part-00007.warc.gz"]  # old data kept, nothing partial
+    assert read_committed(store, "web/warc/s") == old  # old data kept, nothing partial
     with WarcShardWriter(store, "web/warc/s", 1) as writer:
         writer.write_raw(raw)
         writer.write_raw(raw)
-    assert store.list("web/warc/s/") == ["web/warc/s/part-00000.warc.gz", "web/warc/s/part-00001.warc.gz"]
+    new = read_committed(store, "web/warc/s")
+    assert new.names() == ["part-00000.warc.gz", "part-00001.warc.gz"] and new.version != old.version

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from web_site import Reply, page, redirect  # tests/pipelines is on sys.path (prepend import mode)
 
+from infra.committed import read_committed
 from infra.net import AddressPolicy, AddressRefused, policy_session
 from infra.settings import SettingsError, load_profile, validate_stage
 from infra.store import LocalStore
@@ -25,7 +26,7 @@ def crawl(tmp_path, seeds, **overrides):
     config = CrawlConfig(source="seeds", seeds=seeds, **{**FAST, **overrides})
     result = crawl_seeds(config, store, "snap", "web/warc/snap", seeds)
     pages = {}
-    for key in store.list("web/warc/snap/"):
+    for key in read_committed(store, "web/warc/snap").keys():
         for record in iter_warc_records(store.local_path(key)):
             pages[record["url"]] = record
     return result, pages
@@ -296,8 +297,9 @@ def test_warc_output_is_readable_by_warcio_and_datatrove(tmp_path, make_site):
     site = make_site({"/": page(*links), **{link: page(title=f"page {link}") for link in links}})
     result, pages = crawl(tmp_path, [site.url("/")], records_per_warc_file=4)
     store = LocalStore(tmp_path / "store")
-    keys = store.list("web/warc/snap/")
-    assert keys == [f"web/warc/snap/part-0000{i}.warc.gz" for i in range(3)]  # 2 pages per file
+    out = read_committed(store, "web/warc/snap")
+    keys = out.keys()
+    assert out.names() == [f"part-0000{i}.warc.gz" for i in range(3)]  # 2 pages per file
     assert result.outputs["warc_prefix"] == store.uri("web/warc/snap")
     types = Counter(r["type"] for k in keys for r in iter_warc_records(store.local_path(k), types=()))
     assert types == {"warcinfo": 3, "request": 5, "response": 5}
@@ -305,7 +307,7 @@ def test_warc_output_is_readable_by_warcio_and_datatrove(tmp_path, make_site):
     assert page_record["status"] == 200 and b"page /p0" in page_record["body"]
     assert page_record["headers"]["WARC-Identified-Payload-Type"] == "text/html"
     assert page_record["headers"]["WARC-IP-Address"] == "127.0.0.1"
-    docs = list(WarcReader(str(tmp_path / "store/web/warc/snap"), glob_pattern="*.warc.gz").run())
+    docs = list(WarcReader(str(tmp_path / "store" / out.version_prefix), glob_pattern="*.warc.gz").run())
     assert sorted(d.metadata["url"] for d in docs) == sorted(pages)
     assert all("<html>" in d.text for d in docs)
     assert result.metrics["pages_fetched"] == 5 and result.metrics["warc_files"] == 3
@@ -317,7 +319,7 @@ def test_rerun_replaces_the_snapshot_and_is_versioned_by_content(tmp_path, make_
     site = make_site({"/": page("/a"), "/a": page()})
     first, _ = crawl(tmp_path, [site.url("/")], records_per_warc_file=2)
     second, _ = crawl(tmp_path, [site.url("/")], max_pages=1)
-    assert LocalStore(tmp_path / "store").list("web/warc/snap/") == ["web/warc/snap/part-00000.warc.gz"]
+    assert read_committed(LocalStore(tmp_path / "store"), "web/warc/snap").names() == ["part-00000.warc.gz"]
     third, _ = crawl(tmp_path, [site.url("/")])
     assert first.data_version == third.data_version != second.data_version
 

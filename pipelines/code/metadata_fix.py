@@ -102,8 +102,17 @@ def check_origin(meta: dict, text_sha: str, origins, stats: Counter) -> str | No
     return None
 
 
-def fix_records(records, clf: CodeLanguageClassifier, origins, stats: Counter, batch_size: int = 2000):
-    """Yield fixed records (a datatrove-style step: counts every drop and correction by reason)."""
+def fix_records(
+    records,
+    clf: CodeLanguageClassifier,
+    origins,
+    stats: Counter,
+    batch_size: int = 2000,
+    transitions: Counter | None = None,
+):
+    """Yield fixed records (a datatrove-style step: counts every drop and correction by reason). Corrections
+    by extension and language pair go to `transitions` (report rows, not metrics: the keys are open-ended)."""
+    transitions = Counter() if transitions is None else transitions
     batch: list[dict] = []
 
     def flush():
@@ -124,7 +133,7 @@ def fix_records(records, clf: CodeLanguageClassifier, origins, stats: Counter, b
             if declared != decision.language:
                 ext = extension_of(meta["path"]) or "(none)"
                 stats[f"corrected/language/{decision.reason}"] += 1
-                stats[f"corrected/language_by_ext/{ext}:{declared}->{decision.language}"] += 1
+                transitions[(ext, declared or "", decision.language)] += 1
             stats["kept"] += 1
             yield rec
         batch.clear()
@@ -156,6 +165,7 @@ def fix_metadata(
     src = partition_prefix(config.in_prefix, snapshot)
     dst = partition_prefix(config.out_prefix, snapshot)
     stats: Counter = Counter()
+    transitions: Counter = Counter()
     crawled = read_committed(store, src)
     origins = load_origins(store, crawled.key(ORIGINS) if ORIGINS in crawled.files else None)
     with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:
@@ -173,13 +183,18 @@ def fix_metadata(
         )  # fmt: skip
         kept: list[dict] = []
         languages = Counter()
-        for rec in tqdm(fix_records(read_shards(store, src), clf, origins, stats, config.batch_size),
+        for rec in tqdm(fix_records(read_shards(store, src), clf, origins, stats, config.batch_size, transitions),
                         desc="metadata fix", unit="file", mininterval=5):  # fmt: skip
             kept.append(rec)
             languages[rec["metadata"]["language"]] += 1
     with tempfile.TemporaryDirectory(prefix="crucible-fix-out-") as tmp:
         write_shards(tmp, kept, config.shard_records)
-        fix_stats = {"snapshot": snapshot, "stats": dict(stats), "languages": dict(languages)}
+        corrections = [
+            {"extension": ext, "declared": old, "corrected": new, "files": n}
+            for (ext, old, new), n in transitions.most_common()
+        ]
+        fix_stats = {"snapshot": snapshot, "stats": dict(stats), "languages": dict(languages),
+                     "corrections": corrections}  # fmt: skip
         (Path(tmp) / "fix_stats.json").write_text(json.dumps(fix_stats, indent=2, sort_keys=True))
         out = commit(store, dst, Path(tmp), meta=fix_stats)
     keys = out.keys(".jsonl.gz")
@@ -192,7 +207,8 @@ def fix_metadata(
     ]
     md = [f"## Code metadata fix `{snapshot}`", f"{stats['seen']} records in, {stats['kept']} kept.", "",
           markdown_table(reasons), "", "### Files per final language",
-          markdown_table([{"language": k, "files": v} for k, v in languages.most_common()])]  # fmt: skip
+          markdown_table([{"language": k, "files": v} for k, v in languages.most_common()]),
+          "", "### Language corrections by extension", markdown_table(corrections[:40])]  # fmt: skip
     return StageResult(
         metrics=metrics, outputs={"files": store.uri(dst)}, report_md="\n".join(md),
         sample=[{**r, "text": r["text"][:400]} for r in kept if r["metadata"].get("language_reason") == "ambiguous_resolved"][:5],

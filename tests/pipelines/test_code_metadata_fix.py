@@ -99,13 +99,16 @@ def test_corrections_and_drops_are_counted_per_reason(fixed):
     assert m["kept"] == len(FILES) + 1
     # declared -> content: .h C->C++ and C->ObjC, .m ObjC->MATLAB, .pl Perl->Prolog, .v Verilog->Coq, .ts TS->XML
     assert m["corrected/language/ambiguous_resolved"] == 6
-    assert m["corrected/language_by_ext/.m:Objective-C->MATLAB"] == 1
-    assert m["corrected/language_by_ext/.ts:TypeScript->XML"] == 1
-    assert "dropped/hash_mismatch" in result.report_md
+    assert not any("->" in k for k in m)  # extension / language pairs are report rows, not metric keys
+    fix_stats = store.get_json(read_committed(store, "code/files/s1").key("fix_stats.json"))
+    pairs = {(c["extension"], c["declared"], c["corrected"]): c["files"] for c in fix_stats["corrections"]}
+    assert pairs[(".m", "Objective-C", "MATLAB")] == 1 and pairs[(".ts", "TypeScript", "XML")] == 1
+    assert sum(pairs.values()) == 6
     assert (
-        store.get_json(read_committed(store, "code/files/s1").key("fix_stats.json"))["stats"]["kept"]
-        == m["kept"]
+        "dropped/hash_mismatch" in result.report_md
+        and "| .m | Objective-C | MATLAB | 1 |" in result.report_md
     )
+    assert fix_stats["stats"]["kept"] == m["kept"]
 
 
 def test_wrong_repo_record_is_reattributed_to_the_package_holding_its_content(fixed):

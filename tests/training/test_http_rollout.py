@@ -207,16 +207,24 @@ def test_reload_changes_outputs_and_version_and_bad_paths_are_refused(served, ch
     assert served.health()["policy_version"] == base_version + 1
     assert [g.token_ids for g in client(served).generate(PROMPTS, GREEDY)] == [g.token_ids for g in after]
 
-    # SGLang's endpoint and field names load checkpoint 0 back
+    # SGLang's endpoint and field names load checkpoint 0 back (raw, then through the client)
     resp = requests.post(
         f"{served.url}/update_weights_from_disk",
         json={"model_path": str(checkpoints[0]), "weight_version": str(base_version + 2)},
         timeout=60,
     ).json()
     assert resp["success"] is True and resp["policy_version"] == base_version + 2
-    assert requests.get(f"{served.url}/get_weight_version", timeout=10).json()["weight_version"] == str(
-        base_version + 2
+    sglang = client(
+        served,
+        weights_dir=tmp_path / "sync",
+        model_config=trained.config,
+        reload_route="/update_weights_from_disk",
     )
+    sglang.sync_weights(local[0].model.state_dict(), version=base_version + 3)
+    weight_version = requests.get(f"{served.url}/get_weight_version", timeout=10).json()["weight_version"]
+    assert weight_version == str(base_version + 3) and sglang.policy_version == base_version + 3
+    synced = sorted(p.name for p in (tmp_path / "sync").iterdir())  # the refused v99 dir was removed
+    assert synced == [f"policy-v{base_version + 1:08d}", f"policy-v{base_version + 3:08d}"]
     assert [g.token_ids for g in client(served).generate(PROMPTS, GREEDY)] == [g.token_ids for g in before]
 
 

@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids` spelling
 SYNCED_PREFIX = "policy-v"
+RELOAD_BODIES = {  # route -> body: ours (infra/llm_server.py) and SGLang's field names
+    "/reload_weights": lambda path, version: {"path": str(path), "version": version},
+    "/update_weights_from_disk": lambda path, version: {
+        "model_path": str(path),
+        "weight_version": str(version),
+    },
+}
 
 
 class RolloutServerError(RuntimeError):
@@ -109,7 +116,7 @@ class HttpRolloutEngine:
     Connection errors, timeouts and 5xx answers are retried `retries` times with exponential backoff
     (`backoff_s`, doubling, at most `max_backoff_s`); a 4xx is raised at once. Every error names the URL.
     `weights_dir` and `model_config` are needed only for `sync_weights`; the newest `keep_synced` synced
-    dirs are kept, older ones deleted. A server that reports no policy version (vLLM) is stamped with the
+    dirs are kept, older ones deleted; `reload_route="/update_weights_from_disk"` speaks SGLang's reload. A server that reports no policy version (vLLM) is stamped with the
     client's own: `policy_version` at start (else /health's, else 0), then each synced version.
     """
 
@@ -125,6 +132,7 @@ class HttpRolloutEngine:
         model: str = "policy",
         keep_synced: int = 2,
         policy_version: int | None = None,
+        reload_route: str = "/reload_weights",
     ):
         self.base_url = base_url.rstrip("/")
         self.timeout_s, self.retries = timeout_s, retries
@@ -133,6 +141,9 @@ class HttpRolloutEngine:
         self.model_config, self.model, self.keep_synced = model_config, model, keep_synced
         self.stats = {"requests": 0, "retries": 0}
         self._version = policy_version  # None: ask GET /health on first use
+        if reload_route not in RELOAD_BODIES:
+            raise ValueError(f"reload_route {reload_route!r}: choose one of {sorted(RELOAD_BODIES)}")
+        self.reload_route = reload_route
         self._session = requests.Session()
 
     @property
@@ -226,7 +237,13 @@ class HttpRolloutEngine:
         path = write_hf_weights(
             state_dict, self.model_config, self.weights_dir / f"{SYNCED_PREFIX}{version:08d}"
         )
-        answer = self._request("POST", "/reload_weights", {"path": str(path.resolve()), "version": version})
+        try:
+            answer = self._request(
+                "POST", self.reload_route, RELOAD_BODIES[self.reload_route](path.resolve(), version)
+            )
+        except RolloutServerError:
+            shutil.rmtree(path, ignore_errors=True)  # never served: do not leave it among the synced dirs
+            raise
         self._version = int(answer.get("policy_version", version))
         synced = sorted(p for p in self.weights_dir.glob(f"{SYNCED_PREFIX}*") if p.is_dir() and p != path)
         for old in synced[: max(0, len(synced) - (self.keep_synced - 1))]:

@@ -2,8 +2,9 @@
 checkpoint directory offers only complete checkpoints (the previous one or the new one), and resuming
 reaches the bytes of an uninterrupted run.
 
-The kill points are file-system events (Python audit events: open, mkdir, rename, remove, rmdir, scandir)
-inside `save_checkpoint` of one step: the child counts them and SIGKILLs itself at the chosen one.
+The kill points are file-system events on the checkpoint directory (Python audit events: open, mkdir,
+rename, remove, rmdir, scandir) inside `save_checkpoint` of one step: the child counts them and SIGKILLs
+itself at the chosen one.
 """
 
 from __future__ import annotations
@@ -39,12 +40,22 @@ CHILD = textwrap.dedent(
     from training.launch_entry import run
 
     spec_path, target_step, kill_at, count_file = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    ckpt_root = str(Path(spec_path).parent / "checkpoints")
     FS_EVENTS = {"open", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.scandir", "shutil.rmtree",
                  "os.listdir", "os.truncate"}
     state = {"armed": False, "events": 0}
 
+    def in_checkpoints(event, args):
+        # a path under the checkpoint root, a directory fd (rmtree's scandir) or a name relative to one
+        # (rmtree's unlink / rmdir); not the imports' .py/.pyc reads, whose count depends on the bytecode cache
+        path = args[0]
+        if isinstance(path, int):
+            return True
+        relative = event in ("os.remove", "os.rmdir") and args[1] is not None and args[1] >= 0
+        return relative or ckpt_root in os.fsdecode(path)
+
     def hook(event, args):
-        if state["armed"] and event in FS_EVENTS:
+        if state["armed"] and event in FS_EVENTS and in_checkpoints(event, args):
             state["events"] += 1
             if state["events"] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -78,4 +78,7 @@ def test_weight_sync_copies_casts_and_versions(model):
     assert engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))[0].policy_version == 3
     with pytest.raises(KeyError, match="missing"):
         engine.sync_weights({}, version=4)
+    reshaped = {k: (v.reshape(1, -1) if v.dim() == 2 else v) for k, v in trained.state_dict().items()}
+    with pytest.raises(ValueError, match="another shape"):  # copy_ would broadcast it silently
+        engine.sync_weights(reshaped, version=5)
     assert engine.policy_version == 3

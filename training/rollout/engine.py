@@ -69,6 +69,9 @@ class LocalRolloutEngine:
             missing = set(own) - set(state_dict)
             if missing:
                 raise KeyError(f"weight sync is missing {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+            wrong = [n for n, t in own.items() if tuple(state_dict[n].shape) != tuple(t.shape)]
+            if wrong:
+                raise ValueError(f"weight sync: {len(wrong)} tensors have another shape, e.g. {wrong[:3]}")
             for name, tensor in own.items():
                 tensor.copy_(state_dict[name].to(tensor.dtype))
         self.policy_version = version

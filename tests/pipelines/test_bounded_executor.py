@@ -78,14 +78,16 @@ def test_a_killed_task_fails_the_stage_naming_the_signal(tmp_path):
 def test_web_extract_over_its_deadline_fails_naming_it(tmp_path):
     from web_extract_pages import PAGES, write_warc  # tests/pipelines is on sys.path
 
+    from infra.committed import commit, is_committed
     from infra.store import LocalStore
     from pipelines.web.extract import ExtractConfig, extract_documents
 
     store = LocalStore(tmp_path / "store")
-    write_warc(store.local_path("web/warc/s1/a.warc.gz"), PAGES[::2])
-    write_warc(store.local_path("web/warc/s1/b.warc.gz"), PAGES[1::2])
+    warcs = {name: write_warc(tmp_path / name, pages) for name, pages in [("a.warc.gz", PAGES[::2]),
+                                                                         ("b.warc.gz", PAGES[1::2])]}  # fmt: skip
+    commit(store, "web/warc/s1", warcs)
     config = ExtractConfig(tasks=2, workers=2, task_deadline_s=0.2)  # less than starting a worker takes
     with pytest.raises(TaskDeadlineExceeded, match=r"web extract/filter: .*deadline of 0.2 s"):
         extract_documents(config, store, "s1", "web/warc/s1", "web/extract/s1")
     assert multiprocess.active_children() == []
-    assert not store.list("web/extract/s1/kept/")  # nothing published
+    assert not is_committed(store, "web/extract/s1")  # nothing published

@@ -6,8 +6,9 @@ python RNG states) and `data_rank<r>.json` (the batch source's position). It is 
 `<root>/.tmp_step_<N>/` and renamed into place once every rank has finished, so a process killed at any
 moment leaves either the previous checkpoint or the new one, never a half-written one. Its last file,
 `checkpoint.json`, lists every file with its size: only a directory whose list verifies is a checkpoint.
-Deletion (pruning, replacing a step) first renames the directory out of the `step_*` namespace, so a kill
-during `rmtree` leaves a `.trash_*` directory, never a `step_*` one with files missing.
+Deletion (pruning, a torn step dir) first renames the directory out of the `step_*` namespace, so a kill
+during `rmtree` leaves a `.trash_*` directory, never a `step_*` one with files missing. A step that is
+already saved and complete is kept: a step's state is a function of its job (see `training.job.job_key`).
 """
 
 from __future__ import annotations
@@ -147,9 +148,13 @@ def save_checkpoint(
     if engine.rank == 0:
         _fsync_tree(tmp)
         _write_manifest(tmp, step)
-        if final.exists():  # same step saved before (e.g. rerun of a finished run): replace it
-            _delete_dir(final)
-        os.replace(tmp, final)
+        if final.exists() and checkpoint_problem(final) is None:
+            # this step is already saved, complete: keep it (replacing would leave a moment with neither)
+            _delete_dir(tmp)
+        else:
+            if final.exists():
+                _delete_dir(final)  # a torn one
+            os.replace(tmp, final)
         _fsync_dir(root)
         for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
             _delete_dir(old)

@@ -67,6 +67,18 @@ def test_checkpoint_is_complete_atomic_and_pruned(tmp_path):
     assert manifest["step"] == 12 and set(manifest["files"]) == files - {"checkpoint.json"}
 
 
+def test_a_saved_step_is_kept_and_a_torn_one_replaced(tmp_path):
+    engine = LocalEngine(build_model(ModelConfig.for_size("micro")), OptimConfig())
+    root = tmp_path / "checkpoints"
+    save_checkpoint(root, 8, engine, {"step": 8}, {"index": 1}, keep=2)
+    save_checkpoint(root, 8, engine, {"step": 8}, {"index": 2}, keep=2)
+    assert json.loads((root / "step_00000008" / "data_rank0.json").read_text()) == {"index": 1}
+    (root / "step_00000008" / "rng_rank0.pt").unlink()
+    save_checkpoint(root, 8, engine, {"step": 8}, {"index": 3}, keep=2)
+    assert json.loads((root / "step_00000008" / "data_rank0.json").read_text()) == {"index": 3}
+    assert [p.name for p in root.iterdir()] == ["step_00000008"]  # no temp or trash dir left
+
+
 def test_a_step_dir_with_a_missing_or_short_file_is_not_a_checkpoint(tmp_path):
     engine = LocalEngine(build_model(ModelConfig.for_size("micro")), OptimConfig())
     root = tmp_path / "checkpoints"

@@ -101,6 +101,7 @@ class LocalRolloutEngine:
                 position_ids=step_pos,
                 past_key_values=past,
                 use_cache=True,
+                logits_to_keep=1,  # the next token's logits only, as transformers' generate computes them
             )
             past = out.past_key_values
             logits = out.logits[:, -1].float()

@@ -61,6 +61,27 @@ def _masked_stats(mask: torch.Tensor, rho: torch.Tensor, **fractions: torch.Tens
     )
 
 
+def _icepop_ppo(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_infer: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    eps_low: float,
+    eps_high: float,
+) -> tuple[torch.Tensor, LossStats]:
+    """Eq. 1's body for per-token advantages `adv` [B, T]: -mean_i 1/|y_i| Σ_t pop(ρ) · min(r Â, clip(r) Â)."""
+    rho = torch.exp(logp_old - logp_infer).detach()
+    weight = icepop_weight(rho, beta)
+    ratio = torch.exp(logp - logp_old.detach())
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    surrogate = torch.minimum(unclipped, clipped)
+    loss = -_per_sequence_mean(weight * surrogate, mask).mean()
+    return loss, _masked_stats(mask, rho, masked_fraction=weight == 0, clip_fraction=clipped < unclipped)
+
+
 def grpo_icepop_loss(
     logp: torch.Tensor,
     logp_old: torch.Tensor,
@@ -79,16 +100,8 @@ def grpo_icepop_loss(
     logp: [B, T] under the policy being trained (carries the gradient); logp_old: the training engine's
     log-probs before the update; logp_infer: the rollout engine's; advantages: [B] (one per response).
     The expectation over groups and the 1/G average together are the mean over the B responses."""
-    rho = torch.exp(logp_old - logp_infer).detach()
-    weight = icepop_weight(rho, beta)
-    ratio = torch.exp(logp - logp_old.detach())
-    adv = advantages.detach().unsqueeze(1).expand_as(ratio)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    surrogate = torch.minimum(unclipped, clipped)
-    loss = -_per_sequence_mean(weight * surrogate, mask).mean()
-    stats = _masked_stats(mask, rho, masked_fraction=weight == 0, clip_fraction=clipped < unclipped)
-    return loss, stats
+    adv = advantages.detach().unsqueeze(1).expand_as(logp)
+    return _icepop_ppo(logp, logp_old, logp_infer, adv, mask, beta, eps_low, eps_high)
 
 
 def double_sided_is_loss(
@@ -131,12 +144,5 @@ def on_policy_distillation_loss(
     eps_high: float = 0.28,
 ) -> tuple[torch.Tensor, LossStats]:
     """Eq. 1 with the advantage replaced per token by Eq. 2 (on-policy cross-stage distillation)."""
-    rho = torch.exp(logp_old - logp_infer).detach()
-    weight = icepop_weight(rho, beta)
-    ratio = torch.exp(logp - logp_old.detach())
     adv = on_policy_distillation_advantages(logp_teacher, logp_old)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    surrogate = torch.minimum(unclipped, clipped)
-    loss = -_per_sequence_mean(weight * surrogate, mask).mean()
-    return loss, _masked_stats(mask, rho, masked_fraction=weight == 0, clip_fraction=clipped < unclipped)
+    return _icepop_ppo(logp, logp_old, logp_infer, adv, mask, beta, eps_low, eps_high)

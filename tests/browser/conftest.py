@@ -106,6 +106,13 @@ def stack(tmp_path_factory) -> Stack:
     logs.mkdir()
     (state / "mlflow" / "artifacts").mkdir(parents=True)
     shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    from dagster import DagsterInstance
+
+    # create the sqlite storage once: webserver, daemon and their code servers creating it at the same moment
+    # race on alembic's version table ("more than one head present", the code location then fails to load)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DAGSTER_HOME", str(home))  # dagster.yaml reads it
+        DagsterInstance.get().dispose()
     dagster_url = f"http://127.0.0.1:{free_port()}"
     mlflow_port = free_port()
     mlflow_url = f"http://127.0.0.1:{mlflow_port}"

@@ -167,6 +167,12 @@ class ContextExtensionConfig(BaseModel):
         le=1,
         description="Share of synthetic rows that repeat a passage (dense long-range copying)",
     )
+    curriculum_replay_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Share of recall-curriculum rows replaced by natural corpus rows (replay against forgetting)",
+    )
     curriculum_multikey_share: float = Field(
         0.5, ge=0, le=1, description="Share of recall-curriculum rows that are multi-key (the rest passkey)"
     )
@@ -424,6 +430,37 @@ def filler_source_of(docs_by_source: Mapping[str, Sequence[np.ndarray]]) -> str:
     return max(sorted(docs_by_source), key=lambda s: sum(len(d) for d in docs_by_source[s]))
 
 
+def replay_rows(
+    docs_by_source: Mapping[str, Sequence[np.ndarray]],
+    weights: Mapping[str, float],
+    n: int,
+    seq_len: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """[n, seq_len] natural rows as pretraining saw them: a source by the mixture weights, then documents
+    drawn in proportion to their length and concatenated."""
+    sources = sorted(s for s in docs_by_source if docs_by_source[s] and weights.get(s, 0) > 0)
+    if n <= 0 or not sources:
+        return np.zeros((0, seq_len), np.int64)
+    p = np.array([weights[s] for s in sources], dtype=np.float64)
+    p /= p.sum()
+    probs = {s: length_weights(np.array([len(d) for d in docs_by_source[s]]), 1.0) for s in sources}
+    rows = []
+    for _ in range(n):
+        s = sources[int(rng.choice(len(sources), p=p))]
+        rows.append(pack_random(docs_by_source[s], probs[s], seq_len, rng)[0])
+    return np.stack(rows).astype(np.int64)
+
+
+def curriculum_rows(recall: np.ndarray, replay: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Recall rows and replay rows of one curriculum phase, shuffled together (recall rows as they are when
+    there is no replay, so a run without replay keeps its data)."""
+    if not len(replay):
+        return recall
+    rows = np.concatenate([recall.astype(np.int64), replay])
+    return rows[rng.permutation(len(rows))]
+
+
 def build_midtrain_shards(
     config: ContextExtensionConfig,
     stage_name: str,
@@ -473,15 +510,19 @@ def build_midtrain_shards(
         digest = xxhash.xxh64(rows.tobytes())
         recall_shards: dict[int, str] = {}
         for i, phase in enumerate(stage.recall_curriculum):
-            recall = synthetic_recall_rows(
-                encode,
-                filler,
-                phase.steps * phase.batch_size,
-                phase.seq_len,
-                eos_id,
-                config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}"),
-                config.curriculum_multikey_share,
-            )
+            phase_seed = config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}")
+            n_rows = phase.steps * phase.batch_size
+            n_replay = int(round(config.curriculum_replay_share * n_rows))
+            rng = np.random.default_rng(phase_seed)
+            recall = curriculum_rows(
+                synthetic_recall_rows(
+                    encode, filler, n_rows - n_replay, phase.seq_len, eos_id, phase_seed,
+                    config.curriculum_multikey_share,
+                ),
+                replay_rows(docs_by_source, weights, n_replay, phase.seq_len, rng),
+                rng,
+            )  # fmt: skip
+            metrics[f"replay_rows/{phase.seq_len}"] = float(n_replay)
             recall_shards[phase.seq_len] = _write_rows(
                 staging, f"recall-{phase.seq_len}/shard-00000", recall, manifest["tokenizer"]["vocab_size"]
             )

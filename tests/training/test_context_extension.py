@@ -391,3 +391,20 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     assert list(recall) == [256] and load_shard(recall[256])[0].shape == (2 * 3 * 256,)
     again = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/s1", tmp_path)
     assert again.outputs["version"] == out.version  # seeded: same rows, same content hash
+
+
+def test_curriculum_replay_mixes_natural_rows_by_the_mixture():
+    from training.context_extension import curriculum_rows, replay_rows
+
+    rng = np.random.default_rng(0)
+    docs = {"web": [np.full(50, 7, np.int64)] * 4, "code": [np.full(30, 9, np.int64)] * 4}
+    rows = replay_rows(docs, {"web": 3.0, "code": 1.0}, 400, 16, rng)
+    assert rows.shape == (400, 16)
+    web_share = float((rows[:, 0] == 7).mean())
+    assert abs(web_share - 0.75) < 4 * (0.75 * 0.25 / 400) ** 0.5  # the mixture's share, within 4 SE
+    recall = np.arange(32, dtype=np.int64).reshape(2, 16)
+    assert curriculum_rows(recall, replay_rows(docs, {"web": 1.0}, 0, 16, rng), rng) is recall  # no replay
+    mixed = curriculum_rows(recall, rows[:6], rng)
+    assert len(mixed) == 8 and sorted(map(tuple, mixed.tolist())) == sorted(
+        map(tuple, np.concatenate([recall, rows[:6]]).tolist())
+    )

@@ -40,6 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     instance = dg.DagsterInstance.get()
     partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
     started = time.time()
+    failed_checks: list[str] = []
     print(
         f"crucible: profile={profile.name} state={profile.state_path} DAGSTER_HOME={os.environ['DAGSTER_HOME']}"
     )
@@ -62,13 +63,27 @@ def cmd_run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        _print_summary(result)
+        failed_checks += _print_summary(result)
         print(f"crucible: {job_name} done in {time.time() - t0:.0f}s", flush=True)
     print(f"crucible: whole graph done in {time.time() - started:.0f}s; `make ui` to browse runs and MLflow")
+    _print_failed_checks(failed_checks)
     return 0
 
 
-def _print_summary(result) -> None:
+def _print_failed_checks(failed: list[str]) -> None:
+    """A failed quality gate is the last thing `make run` prints, so nobody mistakes the run for a clean one."""
+    if not failed:
+        print("crucible: every asset check passed")
+        return
+    bar = "!" * 78
+    print(f"\n{bar}\ncrucible: {len(failed)} asset check(s) FAILED:", file=sys.stderr)
+    for line in failed:
+        print(f"  {line}", file=sys.stderr)
+    print(f"see the check's metadata in `make ui` (asset -> Checks)\n{bar}", file=sys.stderr)
+
+
+def _print_summary(result) -> list[str]:
+    """Print each materialization and check of a job run; returns the failed checks, one line each."""
     for event in result.get_asset_materialization_events():
         mat = event.event_specific_data.materialization
         meta = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
@@ -78,11 +93,14 @@ def _print_summary(result) -> None:
             f"  {mat.asset_key.to_user_string()}{part}: mlflow_run={meta.get('mlflow_run_id')} "
             + " ".join(f"{k}={v:g}" for k, v in list(shown.items())[:12])
         )
+    failed = []
     for check in result.get_asset_check_evaluations():
-        print(
-            f"  check {check.asset_key.to_user_string()}:{check.check_name} "
-            f"{'passed' if check.passed else 'FAILED'}"
-        )
+        name = f"{check.asset_key.to_user_string()}:{check.check_name}"
+        print(f"  check {name} {'passed' if check.passed else 'FAILED'}")
+        if not check.passed:
+            severity = getattr(check.severity, "value", check.severity)
+            failed.append(f"{name} ({severity})")
+    return failed
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:

@@ -754,19 +754,7 @@ def _result(
     ]
     summary = [
         {"metric": k, "value": metrics[k]}
-        for k in (
-            "pages_fetched",
-            "bytes",
-            "pages_per_s",
-            "hosts",
-            "warc_files",
-            "requests",
-            "retries",
-            "redirects_followed",
-            "rate_limited_waits",
-            "robots_fetched",
-            "crawl_delay_capped_hosts",
-        )
+        for k in ("pages_fetched", "bytes", "pages_per_s", "hosts", "warc_files", *ACTIVITY_COUNTS)
         if k in metrics
     ]
     drops = [{"dropped because": r, "urls": crawler.stats[r]} for r in DROP_REASONS]

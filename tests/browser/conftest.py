@@ -28,6 +28,22 @@ CHROMIUM = os.environ.get("CRUCIBLE_CHROMIUM") or shutil.which("chromium") or "/
 ARTIFACTS = Path(os.environ.get("CRUCIBLE_BROWSER_ARTIFACTS", REPO_ROOT / ".crucible/test-artifacts/browser"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Without Chromium or Playwright the browser tests skip (before any server starts), saying why."""
+    import importlib.util
+
+    missing = None
+    if not Path(CHROMIUM).exists():
+        missing = f"no Chromium at {CHROMIUM}: `make browser-deps` (apt-get install chromium)"
+    elif importlib.util.find_spec("playwright") is None:
+        missing = "playwright is not installed: `pip install -e '.[dev]'`"
+    if missing:
+        here = Path(__file__).parent
+        for item in items:
+            if here in Path(item.path).parents:
+                item.add_marker(pytest.mark.skip(reason=missing))
+
+
 def free_port() -> int:
     import socket
 
@@ -212,10 +228,9 @@ def artifacts() -> Path:
 @pytest.fixture(scope="module")
 def page():
     """A headless Debian Chromium page (1280x800) driven by Playwright."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: `make browser-deps` (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         context.set_default_timeout(30_000)

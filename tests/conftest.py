@@ -42,6 +42,20 @@ def _state_dir(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture
+def dagster_home(tmp_path, monkeypatch):
+    """A fresh DAGSTER_HOME holding the instance config we ship (dagster.yaml)."""
+    import shutil
+
+    from infra.settings import REPO_ROOT
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """A real S3 HTTP endpoint (moto server) on 127.0.0.1 with dummy credentials."""

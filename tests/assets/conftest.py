@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import requests
+from local_servers import dagster_dev, static_site
+from local_servers import graphql as run_graphql
 
 from infra.settings import REPO_ROOT
 
@@ -19,61 +15,16 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
-def dagster_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    return home
-
-
-def _graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    resp = requests.post(f"{url}/graphql", json={"query": query, "variables": variables or {}}, timeout=60)
-    resp.raise_for_status()
-    body = resp.json()
-    assert "errors" not in body, body["errors"]
-    return body["data"]
-
-
-@pytest.fixture
 def graphql():
     """POST a GraphQL query to a webserver; returns `data`, failing on GraphQL errors."""
-    return _graphql
+    return run_graphql
 
 
 @pytest.fixture
 def dagster_webserver(dagster_home, port):
     """`dagster dev` on 127.0.0.1 in its own process group (it ignores signals otherwise)."""
-    log = open(dagster_home / "dagster_dev.log", "w")
-    proc = subprocess.Popen(
-        [str(BIN / "dagster"), "dev", "-m", "assets.definitions", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO_ROOT,
-        env=os.environ.copy(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            assert proc.poll() is None, (dagster_home / "dagster_dev.log").read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/server_info", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("dagster webserver did not come up in 120 s")
+    with dagster_dev(["-m", "assets.definitions"], port, dagster_home / "dagster_dev.log", REPO_ROOT) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _is_prose(paragraph: str) -> bool:
@@ -131,31 +82,5 @@ def _docs_pages() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def docs_site():
     """A small local web on 127.0.0.1 (robots.txt allows all); yields the seed URL."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    pages = _docs_pages()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            if self.path == "/robots.txt":
-                body, ctype = b"User-agent: *\nAllow: /\n", "text/plain"
-            elif self.path in pages:
-                body, ctype = pages[self.path].encode(), "text/html; charset=utf-8"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
-    server.shutdown()
+    with static_site(_docs_pages()) as base:
+        yield f"{base}/index.html"

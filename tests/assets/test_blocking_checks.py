@@ -5,11 +5,9 @@ site whose pages are all too short for the quality filters both fail, and `web_d
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import dagster as dg
 import pytest
+from local_servers import static_site
 
 SENTENCES = [
     "The old bridge over the river was closed for repairs last spring.",
@@ -33,30 +31,8 @@ def short_pages_site():
         "<html><body>" + " ".join(f'<a href="{p}">{p}</a>' for p in pages) + "</body></html>"
     )
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            if self.path == "/robots.txt":
-                body, ctype = b"User-agent: *\nAllow: /\n", "text/plain"
-            elif self.path in pages:
-                body, ctype = pages[self.path].encode(), "text/html; charset=utf-8"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
-    server.shutdown()
-    server.server_close()
+    with static_site(pages) as base:
+        yield f"{base}/index.html"
 
 
 def _run(instance, snapshot: str, seed: str):

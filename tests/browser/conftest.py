@@ -12,14 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
+from local_servers import graphql, static_site
 
 from infra.settings import REPO_ROOT
 
@@ -50,15 +49,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    """POST a GraphQL query to the Dagster webserver; returns `data`, failing on GraphQL errors."""
-    resp = requests.post(f"{url}/graphql", json={"query": query, "variables": variables or {}}, timeout=60)
-    resp.raise_for_status()
-    body = resp.json()
-    assert "errors" not in body, body["errors"]
-    return body["data"]
 
 
 @dataclass
@@ -187,33 +177,13 @@ PROSE = (
 @pytest.fixture(scope="module")
 def site() -> str:
     """A five-page local web on 127.0.0.1 (robots.txt allows all); yields its seed URL."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            if self.path == "/robots.txt":
-                body, ctype = b"User-agent: *\nAllow: /\n", "text/plain"
-            elif self.path in PAGES:
-                title, links = PAGES[self.path]
-                nav = " ".join(f'<a href="/{name}.html">{name}</a>' for name in links)
-                body = f"<html><head><title>{title}</title></head><body><h1>{title}</h1>"
-                body += f"<p>{PROSE * 6}</p><nav>{nav}</nav></body></html>"
-                body, ctype = body.encode(), "text/html; charset=utf-8"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/index.html"
-    server.shutdown()
+    pages = {}
+    for path, (title, links) in PAGES.items():
+        nav = " ".join(f'<a href="/{name}.html">{name}</a>' for name in links)
+        body = f"<h1>{title}</h1><p>{PROSE * 6}</p><nav>{nav}</nav>"
+        pages[path] = f"<html><head><title>{title}</title></head><body>{body}</body></html>"
+    with static_site(pages) as base:
+        yield f"{base}/index.html"
 
 
 @pytest.fixture(scope="module")

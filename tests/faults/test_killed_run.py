@@ -6,16 +6,14 @@ through assets/tracked.py in the `dedup_web` pool (one slot), and a real SIGKILL
 """
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-import requests
+from local_servers import dagster_dev, graphql
 
 from infra.settings import REPO_ROOT, load_profile
 from infra.tracking import PID_TAG, Tracker
@@ -68,79 +66,26 @@ DEFS = textwrap.dedent(
 )
 
 
-def _graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    resp = requests.post(f"{url}/graphql", json={"query": query, "variables": variables or {}}, timeout=60)
-    resp.raise_for_status()
-    body = resp.json()
-    assert "errors" not in body, body["errors"]
-    return body["data"]
-
-
 @pytest.fixture
-def dagster_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")  # the instance config we ship
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    return home
-
-
-@pytest.fixture
-def dagster_dev(dagster_home, tmp_path, port, monkeypatch):
+def dagster_dev_defs(dagster_home, tmp_path, port, monkeypatch):
     """`dagster dev -f <defs>` in its own process group; yields (url, marks dir)."""
     marks = tmp_path / "marks"
     marks.mkdir()
     monkeypatch.setenv("KILL_TEST_MARKS", str(marks))
     (tmp_path / "killable_defs.py").write_text(DEFS)
-    log = open(tmp_path / "dagster_dev.log", "w")
-    proc = subprocess.Popen(
-        [
-            str(BIN / "dagster"),
-            "dev",
-            "-f",
-            str(tmp_path / "killable_defs.py"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-        ],
-        cwd=REPO_ROOT,
-        env=os.environ.copy(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
     t0 = time.time()
-    try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            assert proc.poll() is None, (tmp_path / "dagster_dev.log").read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/server_info", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("dagster dev did not come up in 90 s")
+    args = ["-f", str(tmp_path / "killable_defs.py")]
+    with dagster_dev(args, port, tmp_path / "dagster_dev.log", REPO_ROOT, timeout_s=90) as url:
         print(f"dagster dev up in {time.time() - t0:.0f} s")
         yield url, marks
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 def _launch(url: str, hold: bool) -> str:
-    repo = _graphql(
+    repo = graphql(
         url, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
     )["repositoriesOrError"]["nodes"][0]
     selector = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"]}
-    launched = _graphql(
+    launched = graphql(
         url,
         """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) {
         __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
@@ -166,10 +111,10 @@ def _wait(what: str, until, seconds: float):
 
 
 @pytest.mark.slow
-def test_sigkilled_run_frees_its_pool_slot_and_is_failed_in_dagster_and_mlflow(dagster_dev):
+def test_sigkilled_run_frees_its_pool_slot_and_is_failed_in_dagster_and_mlflow(dagster_dev_defs):
     import dagster as dg
 
-    url, marks = dagster_dev
+    url, marks = dagster_dev_defs
     started = time.time()
     held = _launch(url, hold=True)
     pid = int(

@@ -14,6 +14,9 @@ from pathlib import Path
 
 from infra.partition_keys import InvalidPartitionKey, validate_partition_key
 from infra.settings import REPO_ROOT, load_profile
+from infra.tracking import process_tags
+
+CLI_TAG = "crucible/cli_run"  # runs `crucible run` executes in its own process
 
 # Partitions definition each job runs on (None = unpartitioned); the order is `assets.definitions.JOBS`.
 JOB_PARTITIONS = {"web_corpus": "web_snapshot", "code_corpus": "code_snapshot", "web_rescue": "web_snapshot"}
@@ -38,6 +41,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from assets.partitions import add_partition
 
     instance = dg.DagsterInstance.get()
+    for run_id in fail_dead_cli_runs(instance):
+        print(f"crucible: run {run_id} was left STARTED by a killed `crucible run`: marked FAILURE, its pool "
+              "slots freed", file=sys.stderr)  # fmt: skip
     partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
     started = time.time()
     failed_checks: list[str] = []
@@ -54,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         t0 = time.time()
         print(f"crucible: == {job_name}" + (f" [{partition_def}={key}]" if key else ""), flush=True)
         result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance, partition_key=key, raise_on_error=False
+            instance=instance, partition_key=key, raise_on_error=False, tags={CLI_TAG: "1", **process_tags()}
         )
         if not result.success:
             print(
@@ -68,6 +74,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"crucible: whole graph done in {time.time() - started:.0f}s; `make ui` to browse runs and MLflow")
     _print_failed_checks(failed_checks)
     return 0
+
+
+def fail_dead_cli_runs(instance) -> list[str]:
+    """Runs that an earlier `crucible run` executed in process and that are still STARTED although their
+    process is gone (killed): no daemon watches in-process runs, so mark them FAILURE and free the pool slots
+    they hold, or the next run of that pool would wait forever. Returns their run ids."""
+    import dagster as dg
+
+    from infra.tracking import process_gone
+
+    healed = []
+    filters = dg.RunsFilter(
+        statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING], tags={CLI_TAG: "1"}
+    )
+    for record in instance.get_run_records(filters=filters):
+        run = record.dagster_run
+        if process_gone(dict(run.tags)):
+            instance.report_run_failed(run, "its `crucible run` process is gone (killed)")
+            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+            healed.append(run.run_id)
+    return healed
 
 
 def _print_failed_checks(failed: list[str]) -> None:

@@ -70,12 +70,17 @@ def parse_score_text(text: str, max_score: int = 5) -> float | None:
 
 
 def parse_judge_answer(
-    text: str, top_logprobs: dict[str, float] | None = None, max_score: int = 5, min_digit_mass: float = 1e-4
+    text: str, top_logprobs: dict[str, float] | None = None, max_score: int = 5, min_digit_mass: float = 0.5
 ) -> ParsedScore:
-    """Best reading of one answer; `top_logprobs` are the first answer token's alternatives, if any."""
+    """Best reading of one answer; `top_logprobs` are the first answer token's alternatives, if any.
+
+    The digits' distribution is read when the answer is a digit or digits are the likely first token (mass
+    >= `min_digit_mass`): a model that answers in prose ("The document ...") with a stray 2% on "1" has not
+    scored the document 1, so its text is parsed instead."""
     if top_logprobs:
-        dist = digit_distribution(top_logprobs, max_score, min_digit_mass)
-        if dist is not None:
+        dist = digit_distribution(top_logprobs, max_score, 1e-9)
+        answered_digit = (text or "").strip()[:1].isdigit()
+        if dist is not None and (answered_digit or dist[1] >= min_digit_mass):
             return ParsedScore(expected_score(dist[0]), "logprobs", dist[0])
     value = parse_score_text(text or "", max_score)
     if value is None:

@@ -119,3 +119,15 @@ def test_probe_set_and_gate_arithmetic():
     assert not flat.passed and flat.blocking and flat.unscored == 47 and "blocking" in flat.message
     inverted = evaluate_gate(probes, [-float(p["grade"]) for p in probes], GateConfig())
     assert inverted.auc == 0.0 and not inverted.passed
+
+
+def test_a_prose_answer_with_a_stray_digit_is_not_read_as_a_score():
+    from classifiers.judge.parser import parse_judge_answer
+
+    prose = {"The": math.log(0.6), "This": math.log(0.3), "1": math.log(0.02)}
+    parsed = parse_judge_answer("The document contains a short story.", prose)
+    assert parsed.method == "failed" and parsed.score is None  # was 1.0 read from the 2% digit
+    digits = {"3": math.log(0.7), "4": math.log(0.2), "The": math.log(0.05)}
+    parsed = parse_judge_answer("3", digits)
+    assert parsed.method == "logprobs" and abs(parsed.score - (3 * 0.7 + 4 * 0.2) / 0.9) < 1e-9
+    assert parse_judge_answer("Score: 4", prose).score == 4.0  # prose with a stated score: read from the text

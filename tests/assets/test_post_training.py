@@ -47,14 +47,14 @@ def midtrained(tmp_path, dagster_home):
 
 
 def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
-    from assets.definitions import defs
     from assets.post_training import post_training_assets
+    from assets.resources import resources_for
 
     store, _ = midtrained
     instance = dg.DagsterInstance.get()
-    result = dg.materialize(
-        post_training_assets, instance=instance, resources=defs.resources, selection=post_training_assets
-    )
+    # resources of this test's state dir (assets.definitions.defs keeps the one of the process's first import)
+    resources = {**resources_for(load_profile()), "pipes": dg.PipesSubprocessClient()}
+    result = dg.materialize(post_training_assets, instance=instance, resources=resources)
     assert result.success
     tracker = Tracker.from_profile(load_profile())
     sft_run = tracker.get_run(tracker.model_version_run_id("crucible-sft", "1"))

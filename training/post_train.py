@@ -145,7 +145,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     from training.checkpoint import export_hf
     from training.job import import_object
     from training.model import load_model
-    from training.tasks.suites import read_tasks, suites
+    from training.tasks.suites import eval_subset, read_tasks, suites
     from training.tokenizer import load_tokenizer
     from training.trainer import JsonlMetricsWriter
 
@@ -172,13 +172,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
 
     from training.rl.reasoning import train_reasoning_rl
 
-    heldout = read_tasks(Path(spec.heldout_tasks))
-    per_domain: dict[str, int] = {}
-    scored = []
-    for t in heldout:  # the first N held-out tasks of each domain, in file order
-        if per_domain.get(t.domain, 0) < spec.config.eval_tasks_per_domain:
-            per_domain[t.domain] = per_domain.get(t.domain, 0) + 1
-            scored.append(t)
+    scored = eval_subset(read_tasks(Path(spec.heldout_tasks)), spec.config.eval_tasks_per_domain)
     from training.rl.reasoning import pass_at_1
     from training.rollout.engine import LocalRolloutEngine
 

@@ -10,7 +10,14 @@ from training.tasks.base import extract_answer
 from training.tasks.code import CodeSuite
 from training.tasks.knowledge import KnowledgeSuite
 from training.tasks.math import MathSuite, equivalent
-from training.tasks.suites import TaskSuitesConfig, build_task_sets, difficulty_filter, suite_version, suites
+from training.tasks.suites import (
+    TaskSuitesConfig,
+    build_task_sets,
+    difficulty_filter,
+    eval_subset,
+    suite_version,
+    suites,
+)
 from training.tasks.tools import calculator, call_tool
 
 FACTS = [
@@ -116,3 +123,19 @@ def test_difficulty_filter_keeps_sometimes_solved():
     tasks = MathSuite().generate("train", 4, 0, 1)
     rates = {tasks[0].id: 0.0, tasks[1].id: 0.5, tasks[2].id: 1.0}
     assert difficulty_filter(tasks, rates) == [tasks[1]]
+
+
+def test_eval_subset_covers_every_level_of_each_domain():
+    sets = build_task_sets(
+        TaskSuitesConfig(levels={"math": [1, 2, 3, 4], "code": [1, 2]}, heldout_per_level=10)
+    )
+    picked = eval_subset(sets["heldout"], 6)
+    by = {}
+    for t in picked:
+        by.setdefault(t.domain, []).append(t.difficulty)
+    # 6 math tasks over 4 levels: levels 1, 2 twice, 3, 4 once (round-robin), not the first 6 of level 1
+    assert sorted(by["math"]) == [1, 1, 2, 2, 3, 4]
+    assert sorted(by["code"]) == [1, 1, 1, 2, 2, 2]
+    assert len({t.id for t in picked}) == len(picked) == 12
+    # a cap above the pool takes everything once
+    assert len(eval_subset(sets["heldout"], 1000)) == len(sets["heldout"])

@@ -79,6 +79,24 @@ def difficulty_filter(tasks: list[Task], pass_rates: dict[str, float]) -> list[T
     return [t for t in tasks if 0.0 < pass_rates.get(t.id, 0.0) < 1.0]
 
 
+def eval_subset(tasks: Sequence[Task], per_domain: int) -> list[Task]:
+    """Up to `per_domain` tasks of each domain, taken round-robin over its difficulty levels (file order within a
+    level), so a capped eval covers every level instead of the first levels in file order."""
+    levels: dict[str, dict[int, list[Task]]] = {}
+    for t in tasks:
+        levels.setdefault(t.domain, {}).setdefault(t.difficulty, []).append(t)
+    out: list[Task] = []
+    for domain in sorted(levels):
+        queues = [list(reversed(q)) for _, q in sorted(levels[domain].items())]
+        picked = 0
+        while picked < per_domain and any(queues):
+            for q in queues:
+                if q and picked < per_domain:
+                    out.append(q.pop())
+                    picked += 1
+    return out
+
+
 def write_tasks(tasks: list[Task], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(t.to_json(), sort_keys=True) + "\n" for t in tasks))

@@ -157,8 +157,11 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     facts = (
         [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
     )
+    from training.rl.reasoning import resume_step
+
+    checkpoints = run_dir / "checkpoints"
     writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
-    writer.drop_after(0)
+    writer.drop_after(resume_step(checkpoints))  # a resumed run rewrites the steps after its checkpoint
     callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
 
     def log_metrics(metrics: dict[str, float], step: int) -> None:
@@ -184,7 +187,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
         samples[f"compare/{name}"] = scores
     final = train_reasoning_rl(
         model, tok, read_tasks(Path(spec.train_tasks)), scored, registry, spec.config, log_metrics,
-        on_sample=on_sample,
+        on_sample=on_sample, checkpoint_dir=checkpoints,
     )  # fmt: skip
     (run_dir / "samples.json").write_text(json.dumps(samples))
     extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training.model import ModelConfig, build_model
-from training.rl.reasoning import ReasoningRLConfig, mixed_batches, train_reasoning_rl
+from training.rl.reasoning import ReasoningRLConfig, mixed_batches, resume_step, train_reasoning_rl
 from training.tasks.base import Task, Verdict
 from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 
@@ -69,3 +69,39 @@ def test_batches_mix_domains():
     tasks = [Task(f"{d}{i}", d, f"{d} {i}", "", 1, "train") for d in ("a", "b", "c") for i in range(5)]
     batch = next(mixed_batches(tasks, 6, seed=0))
     assert sorted(t.domain for t in batch) == ["a", "a", "b", "b", "c", "c"]
+
+
+class SaysE:
+    """Reward 1 when the response has an 'e': about half an untrained model's samples, so every group has a
+    non-zero advantage and every step moves the weights."""
+
+    domain, version = "color", "t1"
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        return Verdict(1.0, "correct") if "e" in response else Verdict(0.0, "wrong_answer")
+
+
+def test_a_resumed_run_reaches_the_weights_of_an_uninterrupted_one(setup, tmp_path):
+    tok, cfg, tasks = setup
+    config = ReasoningRLConfig(
+        steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, max_turns=1, learning_rate=3e-3,
+        eval_every=4, eval_tasks_per_domain=2, filter_samples=2, filter_prompts_per_domain=8, checkpoint_every=2,
+    )  # fmt: skip
+    suites = {"color": SaysE()}
+
+    def run(steps: int, ckpt) -> tuple[torch.nn.Module, list[int]]:
+        model, logged = build_model(cfg, seed=0), []
+        c = config.model_copy(update={"steps": steps})
+        train_reasoning_rl(
+            model, tok, tasks, tasks, suites, c, lambda m, s: logged.append(s), checkpoint_dir=ckpt
+        )
+        return model, logged
+
+    whole, _ = run(4, None)
+    killed, _ = run(3, tmp_path)  # saves step 2, then dies at step 3 (its step-3 update is lost)
+    assert resume_step(tmp_path) == 2
+    resumed, logged = run(4, tmp_path)
+    assert min(logged) == 3  # no step-0 eval, no filter rerun: it starts after the checkpoint
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(killed.lm_head.weight, whole.lm_head.weight)  # steps 3-4 do move the weights

@@ -13,12 +13,20 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from training.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_model_state,
+    save_checkpoint,
+    save_model_state,
+)
 from training.rl.losses import group_advantages, grpo_icepop_loss
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
@@ -56,6 +64,9 @@ class ReasoningRLConfig(BaseModel):
     )
     filter_prompts_per_domain: int = Field(64, ge=1, description="Train prompts per domain the filter scores")
     seed: int = Field(0, description="Seed of prompt order and sampling")
+    checkpoint_every: int = Field(
+        20, ge=0, description="Save model, optimizer and RNG every N steps; a rerun resumes there (0 = never)"
+    )
 
 
 Log = Callable[[dict[str, float], int], None]
@@ -147,6 +158,32 @@ def difficulty_filter_rates(
     return {k: sum(v) / len(v) for k, v in rates.items()}
 
 
+class _RLState:
+    """Model and optimizer as `training.checkpoint` saves them (its CheckpointEngine, one process)."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def save_state(self, directory: Path) -> None:
+        save_model_state(self.model, directory / "model.safetensors")
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+
+    def load_state(self, directory: Path) -> None:
+        load_model_state(self.model, directory / "model.safetensors")
+        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+
+    def barrier(self) -> None:
+        pass
+
+
+def resume_step(checkpoint_dir: Path | None) -> int:
+    """The step a run with this checkpoint dir resumes after (0 = from the start)."""
+    found = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    return int(found.name.removeprefix("step_")) if found else 0
+
+
 def train_reasoning_rl(
     model: nn.Module,
     tokenizer: Any,
@@ -157,8 +194,11 @@ def train_reasoning_rl(
     log_metrics: Log,
     engine: RolloutEngine | None = None,
     on_sample: Callable[[list[Trajectory], int], None] | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, float]:
-    """Train `model` in place; returns the last held-out evaluation and step metrics."""
+    """Train `model` in place; returns the last held-out evaluation and step metrics. With `checkpoint_dir`,
+    state is saved every `cfg.checkpoint_every` steps and a rerun resumes from the newest save, reaching the
+    same weights as an uninterrupted run (per-step sampling seeds, the batch stream replayed to the step)."""
     torch.manual_seed(cfg.seed)
     pad_id = tokenizer.pad_token_id
     model.train()
@@ -166,8 +206,12 @@ def train_reasoning_rl(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
+    state = _RLState(model, optimizer)
+    saved = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    resumed: dict[str, Any] = load_checkpoint(saved, state)[0] if saved else {}
     engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
-    engine.sync_weights(model.state_dict(), 0)
+    start = int(resumed.get("step", 0))
+    engine.sync_weights(model.state_dict(), start)
     log.info("reasoning RL: %d indexer tensors frozen, %d trainable tensors", frozen, len(params))
 
     def evaluate(step: int) -> dict[str, float]:
@@ -175,18 +219,19 @@ def train_reasoning_rl(
         log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
         return out
 
-    final = evaluate(0)
-    train = list(train_tasks)
-    if cfg.filter_samples:
-        pool = _per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
-        rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
-        kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
-        log_metrics(_filter_metrics(pool, rates, kept), 0)
-        # a domain the policy never or always solves gives no signal; keep the pool rather than nothing
-        train = kept if len({t.domain for t in kept}) == len({t.domain for t in pool}) else pool
+    if resumed:
+        log.info("reasoning RL: resumed after step %d from %s", start, saved)
+        final = resumed["heldout"]
+        by_id = {t.id: t for t in train_tasks}
+        train = [by_id[i] for i in resumed["train_ids"]]
+    else:
+        final = evaluate(0)
+        train = _filtered_train(engine, tokenizer, list(train_tasks), suites, cfg, log_metrics)
     batches = mixed_batches(train, cfg.prompts_per_step, cfg.seed)
+    for _ in range(start):  # the batches the saved steps consumed
+        next(batches)
     metrics: dict[str, float] = {}
-    for step in range(1, cfg.steps + 1):
+    for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         engine.sync_weights(model.state_dict(), step - 1)  # fully on-policy: the engine samples θ_old
         sampling = SamplingParams(
@@ -233,7 +278,24 @@ def train_reasoning_rl(
         if step % cfg.eval_every == 0 or step == cfg.steps:
             engine.sync_weights(model.state_dict(), step)
             final = evaluate(step)
+        if checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            trainer_state = {"step": step, "heldout": final, "train_ids": [t.id for t in train]}
+            save_checkpoint(checkpoint_dir, step, state, trainer_state, {})
     return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
+
+
+def _filtered_train(
+    engine: RolloutEngine, tokenizer: Any, train: list[Task], suites, cfg: ReasoningRLConfig, log_metrics: Log
+) -> list[Task]:
+    """The difficulty filter: train prompts the starting policy solves sometimes (the whole pool if a domain
+    would be left without any, since a domain never or always solved gives no signal)."""
+    if not cfg.filter_samples:
+        return train
+    pool = _per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
+    rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
+    kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
+    log_metrics(_filter_metrics(pool, rates, kept), 0)
+    return kept if len({t.domain for t in kept}) == len({t.domain for t in pool}) else pool
 
 
 def _per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:

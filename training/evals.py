@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 # (prompt ids, list of continuation ids) -> log-likelihood of each continuation
 ChoiceScorer = Callable[[np.ndarray, list[list[int]]], np.ndarray]
 
+# DSA mode asked for -> the mode the eval runs: the same attention, computed faster (no KV cache in evals).
+EVAL_DSA_MODES = {"native": "sparse_gather"}
+
 
 class EvalConfig(BaseModel):
     """Checkpoint eval settings (defaults are the `tiny` profile's)."""
@@ -323,7 +326,9 @@ def evaluate_checkpoint_dir(
     """Evaluate an HF checkpoint dir (as exported by the trainer) and package the result for the asset layer.
 
     dsa_mode: attention used for the eval (`native` = transformers' DSA top-k, what a deployed checkpoint runs;
-    `dense` = full attention, e.g. for a base model whose indexer was never trained).
+    `dense` = full attention, e.g. for a base model whose indexer was never trained). `native` is computed by
+    `sparse_gather` (the same top-k keys and softmax, ~3.5x faster on CPU for the tiny model at 1024 tokens;
+    bit-identical to native in our tests up to T = 8 x index_topk, float rounding beyond; see dsa_gather).
     """
     from transformers import AutoModelForCausalLM
 
@@ -334,8 +339,7 @@ def evaluate_checkpoint_dir(
 
     tok = load_corpus_tokenizer(tokenizer_dir)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint_dir), dtype=torch.float32)
-    if dsa_mode != "native":
-        set_dsa_mode(model, dsa_mode)
+    set_dsa_mode(model, EVAL_DSA_MODES.get(dsa_mode, dsa_mode))
     label = f"{Path(checkpoint_dir).name} ({dsa_mode})"
     report = evaluate_checkpoint(
         model,

@@ -37,7 +37,7 @@ class SftConfig(BaseModel):
     trainer: TrainerConfig = Field(
         default_factory=lambda: TrainerConfig(
             steps=400,
-            dsa_mode="native",
+            dsa_mode="sparse_gather",  # native's attention and gradients, ~2-3x faster on CPU
             precision="fp32",
             eval_every=0,
             checkpoint_every=100,

@@ -56,8 +56,10 @@ class TrainerConfig(BaseModel):
     grad_accum_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step")
     grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off)")
     precision: Literal["bf16", "fp32"] = Field("bf16", description="bf16 autocast (CPU or GPU) or plain fp32")
-    dsa_mode: Literal["dense", "indexer_warmup", "sparse", "native"] = Field(
-        "dense", description="DSA stage: dense pre-training, indexer warm-up (stage 1), sparse (stage 2)"
+    dsa_mode: Literal["dense", "indexer_warmup", "sparse", "native", "sparse_gather"] = Field(
+        "dense",
+        description="DSA stage: dense pre-training, indexer warm-up (stage 1), sparse (stage 2); native / "
+        "sparse_gather: the deployed top-k attention (same values and gradients, sparse_gather faster on CPU)",
     )
     indexer_loss_coef: float = Field(1.0, ge=0, description="Weight of the indexer KL loss L_I")
     moe_aux_loss_coef: float = Field(1e-3, ge=0, description="Weight α of the MoE sequence-wise balance loss")

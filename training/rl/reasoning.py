@@ -27,6 +27,7 @@ from training.checkpoint import (
     save_checkpoint,
     save_model_state,
 )
+from training.dsa_indexer import current_dsa_mode, set_dsa_mode
 from training.rl.losses import group_advantages, grpo_icepop_loss
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
@@ -210,6 +211,10 @@ def train_reasoning_rl(
     saved = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
     resumed: dict[str, Any] = load_checkpoint(saved, state)[0] if saved else {}
     engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
+    mode = current_dsa_mode(model)
+    set_dsa_mode(
+        model, "sparse_gather"
+    )  # the trainer's forward: native's values and gradients, faster on CPU
     start = int(resumed.get("step", 0))
     engine.sync_weights(model.state_dict(), start)
     log.info("reasoning RL: %d indexer tensors frozen, %d trainable tensors", frozen, len(params))
@@ -281,6 +286,7 @@ def train_reasoning_rl(
         if checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             trainer_state = {"step": step, "heldout": final, "train_ids": [t.id for t in train]}
             save_checkpoint(checkpoint_dir, step, state, trainer_state, {})
+    set_dsa_mode(model, mode)
     return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
 
 

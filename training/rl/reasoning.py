@@ -147,15 +147,19 @@ def _step_metrics(
 def difficulty_filter_rates(
     engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig
 ) -> dict[str, float]:
-    """Pass rate of each task over `cfg.filter_samples` samples of the current policy."""
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed + 7)
-    trajs = rollout(
-        engine, tokenizer, tasks, cfg.filter_samples, params,
-        lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, "filter-",
-    )  # fmt: skip
+    """Pass rate of each task over `cfg.filter_samples` samples of the current policy, in chunks of a training
+    batch (bounded memory, and a progress line per chunk)."""
     rates: dict[str, list[float]] = defaultdict(list)
-    for t in trajs:
-        rates[t.prompt_id].append(t.reward)
+    size = cfg.prompts_per_step
+    for i in range(0, len(tasks), size):
+        params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed + 7 + i)
+        trajs = rollout(
+            engine, tokenizer, tasks[i : i + size], cfg.filter_samples, params,
+            lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, "filter-",
+        )  # fmt: skip
+        for t in trajs:
+            rates[t.prompt_id].append(t.reward)
+        log.info("difficulty filter: %d / %d prompts sampled", min(i + size, len(tasks)), len(tasks))
     return {k: sum(v) / len(v) for k, v in rates.items()}
 
 

@@ -275,7 +275,8 @@ def _masked_softmax(logits: torch.Tensor, valid: torch.Tensor, scaling: float) -
     """Softmax over the valid keys (float32, like SDPA's accumulation); a row with none gives zeros, as
     SDPA gives for a fully masked query (e.g. a padding position)."""
     logits = (logits * scaling).masked_fill(~valid, float("-inf"))
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32).nan_to_num_(0.0)
+    # Out of place: softmax's backward reads its own output.
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32).nan_to_num(0.0)
     return probs.to(logits.dtype)
 
 

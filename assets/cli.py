@@ -18,6 +18,13 @@ from infra.tracking import process_tags
 
 CLI_TAG = "crucible/cli_run"  # runs `crucible run` executes in its own process
 
+LINEAGE_EXIT_CODES = """exit status:
+  0  every link followed, every read is the output's current committed version
+  2  no such registered model version or MLflow run
+  3  broken: a declared upstream with no recorded read, an upstream run MLflow does not know, a read whose
+     producer run is not recorded, or a read output whose committed pointer is gone (3 wins over 4)
+  4  stale: an upstream output was re-committed after a run in the tree read it"""
+
 # Partitions definition each job runs on (None = unpartitioned); the order is `assets.definitions.JOBS`.
 JOB_PARTITIONS = {"web_corpus": "web_snapshot", "code_corpus": "code_snapshot", "web_rescue": "web_snapshot"}
 
@@ -131,45 +138,44 @@ def _print_summary(result) -> list[str]:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    """Print the upstream tree of a registered model version (name/version) or an MLflow run id."""
+    """Print the upstream tree of a registered model version (name/version) or an MLflow run id, with each
+    recorded read checked against the store's current committed versions. Exit: 0 ok, 2 unknown target,
+    3 broken link, 4 stale lineage (EXIT_BROKEN / EXIT_STALE)."""
+    from infra.lineage_report import exit_code, problems, render_html, render_text
+    from infra.store import open_store
     from infra.tracking import Tracker
 
-    tracker = Tracker.from_profile(load_profile())
+    profile = load_profile()
+    tracker = Tracker.from_profile(profile)
     try:
         if "/" in args.target:
             run_id = tracker.model_version_run_id(*args.target.rsplit("/", 1))
         else:
             run_id = args.target
-        tree = tracker.run_lineage(run_id)
+        tree = tracker.run_lineage(run_id, open_store(profile.store, profile.state_path))
     except LookupError as exc:
         print(f"crucible lineage: {exc}", file=sys.stderr)
         return 2
-    broken = _broken_links(tree)
     if args.json:
         print(json.dumps(tree, indent=2))
-        return 3 if broken else 0
-
-    def show(node: dict, depth: int) -> None:
-        part = f"[{node['partition']}]" if node["partition"] else ""
-        print(
-            f"{'  ' * depth}{node['asset']}{part}  mlflow={node['run_id']} dagster={node['dagster_run_id']} "
-            f"data={node['data_version'][:16]}"
-        )
-        for child in node["upstream"]:
-            show(child, depth + 1)
-        for asset in node.get("missing", []):  # declared upstream the stage recorded no read of
-            print(f"{'  ' * (depth + 1)}{asset}: no recorded read (lineage broken)")
-
-    show(tree, 0)
-    if broken:  # a stage declared an upstream it recorded no read of: the walk cannot say what it used
-        print(f"crucible lineage: incomplete, no recorded read of {', '.join(broken)}", file=sys.stderr)
-        return 3
-    return 0
+    elif args.html:
+        _write_html(render_html(tree, f"Lineage of {args.target}"), args.html)
+    else:
+        print(render_text(tree))
+    broken, stale = problems(tree)
+    for line in broken:  # a link the walk cannot follow: it cannot say what the checkpoint was built from
+        print(f"crucible lineage: incomplete, {line}", file=sys.stderr)
+    for line in stale:  # every link follows, but an upstream output was re-committed after it was read
+        print(f"crucible lineage: stale, {line}", file=sys.stderr)
+    return exit_code(tree)
 
 
-def _broken_links(node: dict) -> list[str]:
-    here = [f"{asset} (by {node['asset']})" for asset in node.get("missing", [])]
-    return here + [link for child in node["upstream"] for link in _broken_links(child)]
+def _write_html(page: str, dest: str) -> None:
+    if dest == "-":
+        sys.stdout.write(page)
+        return
+    Path(dest).write_text(page)
+    print(f"crucible lineage: wrote {dest}", file=sys.stderr)
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -261,9 +267,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--only", nargs="*", help="run only these jobs")
     run.set_defaults(fn=cmd_run)
-    lineage = sub.add_parser("lineage", help="walk a checkpoint back to the crawl snapshots")
+    lineage = sub.add_parser(
+        "lineage",
+        help="walk a checkpoint back to the crawl snapshots",
+        description="Walk a checkpoint's recorded reads back to the crawl and code snapshots, checking each "
+        "read against the output's current committed version.",
+        epilog=LINEAGE_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     lineage.add_argument("target", help="<registered model>/<version> or an MLflow run id")
-    lineage.add_argument("--json", action="store_true", help="print the tree as JSON")
+    fmt = lineage.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print the tree as JSON")
+    fmt.add_argument(
+        "--html",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write the tree as a self-contained HTML page to PATH (no PATH or '-': stdout)",
+    )
     lineage.set_defaults(fn=cmd_lineage)
     ui = sub.add_parser("ui", help="Dagster UI (webserver + daemon) and MLflow UI on 127.0.0.1")
     ui.add_argument("--host", default="127.0.0.1")

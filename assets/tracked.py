@@ -24,6 +24,8 @@ from pydantic import BaseModel
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import resolve
 from infra.committed import CommittedOutput, Producer
+from infra.lineage_report import STATUS_TAG as LINEAGE_STATUS_TAG
+from infra.lineage_report import render_html
 from infra.partition_keys import validate_partition_keys
 from infra.settings import load_profile
 from infra.stage import StageResult
@@ -161,7 +163,8 @@ def run_stage(
                 dagster_run_id=context.run_id,
             )
             result, lineage = _run_partition(fn, cfg, object_store, part, run, producer, upstream)
-            for name, subpath in (register(result) if register else {}).items():
+            registered = register(result) if register else {}
+            for name, subpath in registered.items():
                 version = tracker.register_model(
                     name,
                     run.run_id,
@@ -175,6 +178,9 @@ def run_stage(
                 )
                 result.outputs[f"model/{name}"] = f"models:/{name}/{version.version}"
                 context.log.info("registered %s version %s", name, version.version)
+            if registered:
+                status = _log_lineage_report(tracker, run, object_store)
+                context.log.info("%s: lineage %s (lineage.json on its MLflow run)", run_name, status)
         results[part] = (run, result, lineage)
         if len(partitions) > 1:  # materialized now: a later partition's failure does not take it back
             yield dg.AssetMaterialization(
@@ -188,6 +194,16 @@ def run_stage(
                 },
             )
     yield _materialize_result(results, cfg, checks, per_partition_events=len(partitions) > 1)
+
+
+def _log_lineage_report(tracker, run: StageRun, object_store: ObjectStore) -> str:
+    """A registered checkpoint carries its lineage as it was when it was trained (`lineage.json`, and a page
+    to read in the MLflow UI), and its status as a tag; `crucible lineage` recomputes it later."""
+    tree = tracker.lineage(run.run_id, object_store)
+    run.log_dict(tree, "lineage.json")
+    run.log_text(render_html(tree), "lineage.html")
+    run.set_tags({LINEAGE_STATUS_TAG: tree["lineage_status"]})
+    return tree["lineage_status"]
 
 
 def _run_partition(

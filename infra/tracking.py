@@ -335,34 +335,21 @@ class Tracker:
                 " (see the Models page of the MLflow UI)"
             ) from None
 
-    def run_lineage(self, run_id: str) -> dict:
+    def run_lineage(self, run_id: str, store: Any = None) -> dict:
         """`lineage`, with a LookupError for an unknown run id."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.lineage(run_id)
+            return self.lineage(run_id, store)
         except MlflowException:
             raise LookupError(f"no MLflow run {run_id!r} (give <model>/<version> or a run id)") from None
 
-    def lineage(self, run_id: str, depth: int = 0, seen: set | None = None) -> dict:
-        """Walk the upstream-run tags back to the roots (the crawl snapshots)."""
-        seen = seen if seen is not None else set()
-        run = self.client.get_run(run_id)
-        tags = run.data.tags
-        node = {
-            "run_id": run_id,
-            "asset": tags.get("dagster.asset_key", run.info.run_name),
-            "partition": tags.get("dagster.partition_key", ""),
-            "dagster_run_id": tags.get("dagster.run_id", ""),
-            "data_version": tags.get("crucible.data_version", ""),
-            "upstream": [],
-            "missing": [a for a in tags.get(LINEAGE_MISSING_TAG, "").split(",") if a],
-        }
-        seen.add(run_id)
-        for up in filter(None, tags.get(UPSTREAM_RUNS_TAG, "").split(",")):
-            if up not in seen:
-                node["upstream"].append(self.lineage(up, depth + 1, seen))
-        return node
+    def lineage(self, run_id: str, store: Any = None) -> dict:
+        """The upstream tree of a run back to the roots (the crawl snapshots), its reads checked against the
+        committed pointers of `store` when given (infra/lineage_report.py)."""
+        from infra.lineage_report import lineage
+
+        return lineage(self.client, run_id, store)
 
 
 def write_temp_text(text: str, name: str) -> Path:

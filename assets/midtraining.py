@@ -20,7 +20,7 @@ from training import context_extension, evals
 from training import data as token_data
 from training.context_extension import ContextExtensionConfig
 from training.evals import EvalConfig
-from training.job import job_key, tree_digest
+from training.job import job_key, read_metrics, tree_digest
 from training.pretrain import PretrainConfig
 from training.tokenizer import load_tokenizer
 
@@ -136,6 +136,7 @@ def _midtrain_asset(index: int):
                 report_md=report,
                 artifacts={"checkpoint": hf_dir},
                 data_version=rows.data_version + ":" + str(final.get("step", "")),
+                history=_history(run_dir),
             )
 
         return run_stage(
@@ -243,3 +244,16 @@ def checkpoint_evals(
         upstream=[dg.AssetKey(a) for a in CHECKPOINTS],
         checks=_gate,
     )
+
+
+def _history(run_dir: Path) -> list[dict]:
+    """Per-step metrics of the stage's phases: `main` as is, the others (indexer warm-up, the recall
+    curriculum's lengths) under their phase name."""
+    rows = []
+    for phase_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        prefix = "" if phase_dir.name == "main" else f"{phase_dir.name}/"
+        for r in read_metrics(phase_dir):
+            rows.append(
+                {"step": r["step"], **{prefix + k: v for k, v in r.items() if k not in ("step", "time")}}
+            )
+    return rows

@@ -20,7 +20,8 @@ from infra.store import ObjectStore
 from pipelines.knowledge.facts import dictionary_facts
 from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig
 from training import post_train, sft_data
-from training.job import job_key, tree_digest
+from training.curves import RL_PANELS, SFT_PANELS, plot_history
+from training.job import job_key, read_metrics, tree_digest
 from training.post_train import RLJobSpec, SftConfig
 from training.pretrain import PretrainConfig
 from training.rl import reasoning
@@ -182,12 +183,15 @@ def sft_checkpoint(
         metrics = {
             f"final/{k}": v for k, v in result.get("metrics", {}).items() if isinstance(v, int | float)
         }
+        history = read_metrics(run_dir)
+        plot = plot_history(history, SFT_PANELS, run_dir / "sft_curves.png", f"SFT from {PARENT}")
         return StageResult(
             metrics=metrics,
             outputs={"checkpoint": _publish_checkpoint(s, "sft_checkpoint", hf_dir)},
             report_md=f"## SFT from {PARENT}\n\nsteps {result['step']}, final loss {metrics.get('final/loss', 0):.3f}",
-            artifacts={"checkpoint": hf_dir},
+            artifacts={"checkpoint": hf_dir, "plots/sft_curves.png": plot},
             data_version=result["weights_digest"][:16],
+            history=history,
         )
 
     return run_stage(
@@ -241,12 +245,21 @@ def reasoning_rl_checkpoint(
             for k, v in sorted(metrics.items())
             if k.startswith("heldout/pass_at_1/")
         ]
+        history = read_metrics(Path(spec.run_dir))
+        plot = plot_history(
+            history, RL_PANELS, Path(spec.run_dir) / "reasoning_rl_curves.png", "Reasoning RL"
+        )
         return StageResult(
             metrics=metrics,
             outputs={"checkpoint": _publish_checkpoint(s, "reasoning_rl_checkpoint", hf_dir)},
             report_md="## Reasoning RL: held-out pass_at_1 (greedy)\n\n" + markdown_table(rows),
-            artifacts={"checkpoint": hf_dir, "samples.json": Path(spec.run_dir) / "samples.json"},
+            artifacts={
+                "checkpoint": hf_dir,
+                "samples.json": Path(spec.run_dir) / "samples.json",
+                "plots/reasoning_rl_curves.png": plot,
+            },
             data_version=key,
+            history=history,
         )
 
     return run_stage(

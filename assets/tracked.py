@@ -3,12 +3,14 @@ call the stage function, log what it returns, and hand Dagster metadata that lin
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import inspect
 import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 StageFn = Callable[[Any, ObjectStore, str | None, StageRun], StageResult]
 CheckFn = Callable[[Any, StageResult], list[tuple[str, bool, dict]]]
 METADATA_METRICS = 60  # Dagster shows metadata as one table; the MLflow run has every metric
+PLOT_METADATA_BYTES = 400_000  # a PNG inlined in the Dagster event; the event log keeps it in its database
 
 
 def code_version(*modules: ModuleType) -> str:
@@ -239,13 +242,31 @@ def _partition_metadata(run: StageRun, result: StageResult, lineage: dict[str, s
         metadata["mlflow_run_url"] = dg.MetadataValue.url(run.url)
     if result.report_md:
         metadata["report"] = dg.MetadataValue.md(result.report_md)
+    metadata.update(_plot_metadata(result.artifacts))
     if lineage.get(LINEAGE_MISSING_TAG):
         metadata["lineage_missing"] = dg.MetadataValue.json(lineage[LINEAGE_MISSING_TAG].split(","))
     return metadata
 
 
+def _plot_metadata(artifacts: dict[str, Path]) -> dict[str, Any]:
+    """The run's PNG artifacts inline in the Dagster event (Markdown with a data URI), so a curve or a
+    confusion matrix is seen next to the numbers; larger images are only linked through the MLflow run."""
+    out: dict[str, Any] = {}
+    for subpath, path in artifacts.items():
+        path = Path(path)
+        if path.suffix.lower() != ".png" or not path.is_file() or path.stat().st_size > PLOT_METADATA_BYTES:
+            continue
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        out[f"plot/{Path(str(subpath)).stem}"] = dg.MetadataValue.md(
+            f"![{path.name}](data:image/png;base64,{data})"
+        )
+    return out
+
+
 def _log_result(run: StageRun, result: StageResult) -> None:
-    run.log_metrics(result.metrics)
+    run.log_history(result.history)
+    # At the last step: MLflow shows a key's value at its highest step, and a curve keeps its shape.
+    run.log_metrics(result.metrics, step=max((int(r["step"]) for r in result.history), default=0))
     run.set_tags(
         {
             "crucible.data_version": result.data_version,

@@ -17,6 +17,8 @@ class StageResult:
     sample: a few output records (dicts) logged as a JSON artifact.
     artifacts: local files (plots, eval reports, models) to log to MLflow, by artifact sub-path.
     data_version: a content hash of the output, so downstream runs can record exactly what they read.
+    history: per-step rows ({"step": n, metric: value, ...}, e.g. a trainer's metrics.jsonl), logged to MLflow
+        at their steps so its UI draws the curves.
     """
 
     metrics: dict[str, float] = field(default_factory=dict)
@@ -25,6 +27,7 @@ class StageResult:
     sample: list[dict[str, Any]] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
     data_version: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -30,7 +30,10 @@ UPSTREAM_VERSIONS_TAG = "crucible.upstream_data_versions"
 # Declared upstream assets the stage recorded no read of: the lineage walk reports a broken link there.
 LINEAGE_MISSING_TAG = "crucible.lineage_missing"
 HOST_TAG, PID_TAG = "crucible.host", "crucible.pid"
-_SECRET = re.compile(r"(secret|password|passwd|token|api[_-]?key|credential|access[_-]?key|auth)", re.I)
+# Whole words of a key's last part: `hf_token`, `aws_secret_access_key`, `apiKey` are secret; `max_new_tokens`
+# and `author` are not.
+_SECRET_WORDS = r"secret|password|passwd|token|api[_-]?key|credentials?|access[_-]?key|private[_-]?key|auth"
+_SECRET = re.compile(rf"(?:^|[._-])({_SECRET_WORDS})(?:$|[._-])", re.I)
 _URL_CREDENTIALS = re.compile(r"(\w+://)[^/@\s:]+:[^/@\s]+@")
 _METRIC_SPELLED = {"+": "p", "#": "sharp", " ": "_", ":": "/"}  # labels: C++, Emacs Lisp, source:label
 _METRIC_KEY = re.compile(r"[A-Za-z0-9_/.-]{1,64}")
@@ -151,6 +154,27 @@ class StageRun:
         for i in range(0, len(batch), 900):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
         self.metrics.update({m.key: m.value for m in batch})
+
+    def log_history(self, rows: list[dict[str, Any]], prefix: str = "") -> int:
+        """Log per-step rows (each with an int `step`; `time` is ignored) as metric histories: one MLflow
+        point per (key, step). Returns the number of points logged."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = []
+        for row in rows:
+            step = int(row["step"])
+            for key, value in row.items():
+                if key in ("step", "time") or not isinstance(value, int | float) or isinstance(value, bool):
+                    continue
+                name = metric_name(prefix + key)
+                if name is None:
+                    self._reject(prefix + key)
+                else:
+                    batch.append(Metric(name, float(value), now, step))
+        for i in range(0, len(batch), 900):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
+        return len(batch)
 
     def _reject(self, key: str) -> None:
         if key in self.rejected_metrics:

@@ -181,6 +181,11 @@ def run_pretraining(
         report_md=report,
         artifacts=artifacts,
         data_version=results["sparse"]["weights_digest"],
+        history=[
+            {"step": r["step"], **{f"{p}/{k}": v for k, v in r.items() if k not in ("step", "time")}}
+            for p in PHASES
+            for r in read_metrics(run_root / p)
+        ],
         extra={"phases": results},
     )
 

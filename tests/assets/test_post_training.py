@@ -72,3 +72,16 @@ def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
             assert 0.0 <= metrics[f"{who}{domain}"] <= 1.0
     assert metrics["rho/max"] >= metrics["rho/min"] > 0
     assert 0.0 <= metrics["icepop/masked_fraction"] <= 1.0
+    # per step in MLflow: reward at each RL step, held-out pass@1 at step 0 (the SFT model) and every
+    # eval_every steps; the curves as a PNG on the run and in the Dagster event
+    history = tracker.client.get_metric_history(rl_run.info.run_id, "reward/mean")
+    assert sorted({m.step for m in history}) == [1, 2]
+    held = tracker.client.get_metric_history(rl_run.info.run_id, "heldout/pass_at_1/math")
+    assert sorted({m.step for m in held}) == [0, 2]
+    assert {m.step for m in tracker.client.get_metric_history(sft_run.info.run_id, "loss")}
+    assert "reasoning_rl_curves.png" in {
+        a.path.rsplit("/", 1)[-1] for a in tracker.client.list_artifacts(rl_run.info.run_id, "plots")
+    }
+    rl_event = instance.get_latest_materialization_event(dg.AssetKey("reasoning_rl_checkpoint"))
+    assert "plot/reasoning_rl_curves" in rl_event.asset_materialization.metadata
+    assert tracker.get_run(rl_run.info.run_id).data.params["max_new_tokens"] == "8"  # not redacted

@@ -206,3 +206,39 @@ def test_a_running_mlflow_run_whose_dagster_run_ended_is_failed_when_its_partiti
     run = tracker.get_run(stale)  # on 98a639e it stayed RUNNING for ever
     assert run.info.status == "FAILED"
     assert run.data.tags["crucible.failed_reason"] == f"its Dagster run {ended} ended SUCCESS"
+
+
+@dg.asset(group_name="test")
+def curves(context, store: ObjectStoreResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+    """A stage with a per-step history and a plot of it, drawn by the real plotting helper."""
+    from training.curves import plot_history
+
+    def stage(cfg, object_store, part, run):
+        rows = [{"step": s, "time": 1.0, "loss": 10.0 / (s + 1), "reward/math": s / 100} for s in (0, 10, 20)]
+        rows.append({"step": 20, "heldout/pass_at_1/math": 0.3, "heldout/pass_at_1_se/math": 0.05})
+        tmp = load_profile().state_path / "tmp" / run.run_id
+        plot = plot_history(rows, {"loss": "loss", "held-out": r"heldout/pass_at_1/\w+"}, tmp / "c.png")
+        return StageResult(metrics={"loss": 0.5}, history=rows, artifacts={"plots/c.png": plot})
+
+    return run_stage(context, store=store, mlflow=mlflow, config=_Plain(), fn=stage)
+
+
+def test_history_becomes_mlflow_curves_and_plots_show_in_the_dagster_event(instance):
+    import base64
+
+    _materialize([curves], instance)
+    flt = dg.AssetRecordsFilter(asset_key=dg.AssetKey("curves"))
+    mat = instance.fetch_materializations(flt, limit=1).records[0].asset_materialization
+    meta = _meta(mat)
+    tracker = Tracker.from_profile(load_profile())
+    run_id = meta["mlflow_run_id"]
+    loss = sorted((m.step, m.value) for m in tracker.client.get_metric_history(run_id, "loss"))
+    # the history at its steps; the final value at the last step, so it is the one MLflow shows
+    assert loss == [(0, 10.0), (10, 10 / 11), (20, 10 / 21), (20, 0.5)]
+    assert [m.step for m in tracker.client.get_metric_history(run_id, "reward/math")] == [0, 10, 20]
+    assert "time" not in tracker.get_run(run_id).data.metrics
+    md = meta["plot/c"]
+    head, data = md.split("base64,", 1)
+    assert head == "![c.png](data:image/png;"
+    png = base64.b64decode(data.rstrip(")"))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000  # a drawn figure, not an empty canvas

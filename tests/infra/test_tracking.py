@@ -36,6 +36,16 @@ def test_redact_hides_secrets_and_url_credentials():
     assert "hunter2" not in str(flat) and "sk-123" not in str(flat)
 
 
+def test_redact_matches_secret_words_not_substrings():
+    """`max_new_tokens` was shown as *** in every RL run's params: only whole words of a key are secret."""
+    secret = ["hf_token", "aws_secret_access_key", "store.s3.SECRET_KEY", "apiKey", "auth", "db.credentials",
+              "ssh-private-key"]  # fmt: skip
+    plain = ["max_new_tokens", "tokenizer", "author", "authority", "n_tokens_per_step", "keyword"]
+    flat = redact({k: "v" for k in secret + plain})
+    assert [k for k in secret if flat[k] != "***"] == []
+    assert [k for k in plain if flat[k] != "v"] == []
+
+
 def test_stage_runs_and_lineage(tmp_path):
     tracker = Tracker.from_profile(load_profile())
     assert tracker.tracking_uri.startswith("sqlite:///") and str(tmp_path) in tracker.tracking_uri

@@ -105,3 +105,32 @@ def test_a_resumed_run_reaches_the_weights_of_an_uninterrupted_one(setup, tmp_pa
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert not torch.equal(killed.lm_head.weight, whole.lm_head.weight)  # steps 3-4 do move the weights
+
+
+class Never:
+    """A domain the policy never solves: its groups have zero advantage."""
+
+    domain, version = "never", "t1"
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        return Verdict(0.0, "wrong_answer")
+
+
+def test_a_domain_the_filter_finds_never_solved_is_left_out_not_the_whole_filter(setup):
+    """One never-solved domain used to switch the filter off for every domain (the tiny run trained on
+    all 256 prompts, 70% of groups with zero advantage); now only that domain is left out."""
+    tok, cfg, tasks = setup
+    never = [Task(f"n{i}", "never", f"pick a color {i}", "none", 1, "train") for i in range(8)]
+    rows: list[dict] = []
+    config = ReasoningRLConfig(
+        steps=2, prompts_per_step=4, group_size=4, max_new_tokens=4, max_turns=1, learning_rate=3e-3,
+        eval_every=2, eval_tasks_per_domain=2, filter_samples=4, filter_prompts_per_domain=8,
+    )  # fmt: skip
+    train_reasoning_rl(
+        build_model(cfg, seed=0), tok, tasks + never, tasks + never, {"color": SaysE(), "never": Never()},
+        config, lambda m, s: rows.append(dict(m)),
+    )  # fmt: skip
+    filt = next(r for r in rows if "filter/pool" in r)
+    assert filt["filter/kept/never"] == 0 and 0 < filt["filter/kept/color"] <= 8
+    steps = [r for r in rows if "reward/mean" in r]
+    assert len(steps) == 2 and all("reward/never" not in r and "reward/color" in r for r in steps)

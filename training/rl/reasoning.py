@@ -297,15 +297,24 @@ def train_reasoning_rl(
 def _filtered_train(
     engine: RolloutEngine, tokenizer: Any, train: list[Task], suites, cfg: ReasoningRLConfig, log_metrics: Log
 ) -> list[Task]:
-    """The difficulty filter: train prompts the starting policy solves sometimes (the whole pool if a domain
-    would be left without any, since a domain never or always solved gives no signal)."""
+    """The difficulty filter: train prompts the starting policy solves sometimes. A domain with none is left
+    out (never or always solved, its groups have zero advantage: rollouts with no gradient); only if no domain
+    has any is the whole pool kept, with a warning that this run cannot learn from it."""
     if not cfg.filter_samples:
         return train
     pool = _per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
     rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
     kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
     log_metrics(_filter_metrics(pool, rates, kept), 0)
-    return kept if len({t.domain for t in kept}) == len({t.domain for t in pool}) else pool
+    left_out = sorted({t.domain for t in pool} - {t.domain for t in kept})
+    if not kept:
+        log.warning("difficulty filter: no prompt is solved sometimes by the starting policy; training on the "
+                    "whole pool, where every group has zero advantage (check the SFT checkpoint)")  # fmt: skip
+        return pool
+    if left_out:
+        log.warning("difficulty filter: no %s prompt is solved sometimes by the starting policy (%d samples "
+                    "each); left out of training", ", ".join(left_out), cfg.filter_samples)  # fmt: skip
+    return kept
 
 
 def _per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:
@@ -318,6 +327,8 @@ def _per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:
 
 def _filter_metrics(pool: list[Task], rates: dict[str, float], kept: list[Task]) -> dict[str, float]:
     out: dict[str, float] = {"filter/pool": float(len(pool)), "filter/kept": float(len(kept))}
+    for domain in sorted({t.domain for t in pool}):
+        out[f"filter/kept/{domain}"] = float(sum(t.domain == domain for t in kept))
     for lo, hi, name in ((0.0, 0.0, "never"), (1.0, 1.0, "always")):
         out[f"filter/{name}_solved"] = float(sum(lo <= rates.get(t.id, 0.0) <= hi for t in pool))
     return out

@@ -176,8 +176,10 @@ class _ShardBuffer:
         (self.root / base).parent.mkdir(parents=True, exist_ok=True)
         np.save(self.root / f"{base}.tokens.npy", np.concatenate(self.chunks))
         np.save(self.root / f"{base}.docs.npy", offsets)
-        with gzip.open(self.root / f"{base}.meta.jsonl.gz", "wt", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(m) + "\n" for m in self.meta)
+        text = "".join(json.dumps(m) + "\n" for m in self.meta).encode("utf-8")
+        # mtime=0: gzip stamps the time in its header, so the shard's bytes (and the token_shards data
+        # version every training job keys its run dir on) changed on each rebuild of the same data
+        (self.root / f"{base}.meta.jsonl.gz").write_bytes(gzip.compress(text, mtime=0))
         self.keys.append(f"{base}.tokens.npy")
         self.chunks, self.meta, self.n_tokens = [], [], 0
 

@@ -271,20 +271,9 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     eval_path = work / "eval.json"
     eval_path.write_text(json.dumps(report.to_json(), indent=1))
     heldout_path = work / "heldout.jsonl.gz"
-    with gzip.open(heldout_path, "wt") as fh:
-        for f in eval_files:
-            fh.write(
-                json.dumps(
-                    {
-                        "id": f["id"],
-                        "label": f["label"],
-                        "group": f["group"],
-                        "path": f["path"],
-                        "how": f["how"],
-                    }
-                )
-                + "\n"
-            )
+    keys = ("id", "label", "group", "path", "how")
+    heldout = "".join(json.dumps({k: f[k] for k in keys}) + "\n" for f in eval_files)
+    heldout_path.write_bytes(gzip.compress(heldout.encode("utf-8"), mtime=0))  # same list, same bytes
     files = {"model": model_path, "eval": eval_path, "confusion": plot_path, "heldout": heldout_path}
     # one version (model of one format, its eval, its held-out list), switched in by the pointer last
     out = commit(store, partition_prefix(config.out_prefix, snapshot), {p.name: p for p in files.values()})

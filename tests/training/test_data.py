@@ -286,3 +286,24 @@ def test_a_failed_rebuild_leaves_the_committed_shards_readable_and_unchanged(cor
     with pytest.raises(gzip.BadGzipFile):
         build_token_shards(cfg, store, sources, corpus["tok_dir"], "tok")
     assert tokens() == before
+
+
+def test_rebuilding_the_same_shards_gives_the_same_bytes_and_version(corpus):
+    """The meta .gz carried gzip's timestamp: each rebuild of unchanged data committed a new version, and the
+    training specs record shard paths under it, so a finished pretraining no longer matched its run dir."""
+    import time
+
+    time.sleep(1.1)  # gzip's header time has one-second resolution
+    config = MixtureConfig(
+        weights={"web": 0.5, "code": 0.3, "math": 0.2}, heldout_fraction=0.1, shard_tokens=2048
+    )
+    sources = {
+        "web": ["web/filtered/2026-10/kept/", "web/filtered/2026-11/kept/"],
+        "code": ["code/files/pypi-1/"],
+        "math": ["math/kept/m1/"],
+    }
+    before = read_committed(corpus["store"], "tokens/v1").version
+    again = build_token_shards(config, corpus["store"], sources, corpus["tok_dir"], "tokens/v1")
+    assert again.data_version == corpus["result"].data_version
+    # the committed version names the shard paths a training spec records: it must not move either
+    assert read_committed(corpus["store"], "tokens/v1").version == before

@@ -15,6 +15,11 @@ Metrics: `docs_in`, `docs_out` (kept), `docs_dropped`, `drop_rate`, `seconds`, `
 `dropped/<step>` and `dropped/<step>/<reason>`, `kept_language_docs/<lang>`; the extract stage adds
 `detected_language_docs/<lang>` (top lid.176 label of every document that reached language ID) and
 `target_language_share` (share of those in `config.languages`).
+
+Plots (`plots/funnel.png`: documents left after each step and dropped per step and reason;
+`plots/quality_scores.png`: extract: the lid.176 score of every document that reached language ID with
+`language_threshold`; filter: FineWeb's line-punctuation and short-line ratios of the documents that reached
+it with their thresholds), the numbers behind them in `extra["plots"]`.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from datatrove.pipeline.filters import (
 )
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
+from datatrove.utils.text import TERMINAL_PUNCTUATION
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.committed import POINTER, commit
@@ -43,11 +49,13 @@ from infra.packaged import LID_176, packaged_file
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.bounded_executor import run_tasks_bounded
+from pipelines.plots import ScorePanel, funnel_chart, plot_dir, score_histograms
 from pipelines.web.filters import CountLanguages, DropWriter, MinLengthFilter
 from pipelines.web.html_extraction import DECODED_BY, HtmlWarcReader, TrafilaturaWithDrops
 from pipelines.web.lid import LanguageIdFilter
 from pipelines.web.stage_io import (
     first_per_reason,
+    iter_docs,
     output_files,
     sample_docs,
     stage_inputs,
@@ -377,6 +385,7 @@ def _finish(
     out_prefix: str,
     extra_metrics: Callable | None = None,
     input_committed: bool = True,
+    score_panels: Callable[[Path], list[ScorePanel]] | None = None,
 ) -> StageResult:
     with tempfile.TemporaryDirectory(prefix="crucible-web-") as tmp_name:
         tmp = Path(tmp_name)
@@ -396,6 +405,7 @@ def _finish(
             metrics[f"kept_language_docs/{lang}"] = n
         if extra_metrics:
             metrics.update(extra_metrics(step_stats))
+        artifacts, plots = _plots(title, snapshot, funnel, score_panels(out) if score_panels else [])
         meta = {
             "snapshot": snapshot,
             "input": store.uri(input_prefix),
@@ -424,14 +434,94 @@ def _finish(
         },
         report_md=_report(f"{title} ({snapshot})", funnel, lang_counts, dropped),
         sample=_kept_sample(kept) + _drop_sample(dropped),
+        artifacts=artifacts,
         data_version=committed.version,
         extra={
+            "plots": plots,
             "funnel": [vars(s) for s in funnel],
             "kept_languages": lang_counts,
             "kept_prefix": f"{out_prefix}/{KEPT}/",  # resolve with infra.committed.committed_shards
             "shard_keys": committed.keys(),
         },
     )
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _shards(out: Path, *parts: str) -> list[Path]:
+    folder = out.joinpath(*parts)
+    return output_files(folder) if folder.exists() else []
+
+
+def language_score_panels(config: ExtractConfig, out: Path) -> list[ScorePanel]:
+    """lid.176 top-language score of every document that reached language ID (kept, or dropped there by
+    reason), with the threshold a target language must pass."""
+    series: dict[str, list[float]] = {
+        "kept": [d["metadata"]["language_score"] for d in iter_docs(_shards(out, KEPT))]
+    }
+    for doc in iter_docs(_shards(out, DROPPED, "language")):
+        series.setdefault(f"dropped: {doc['metadata']['drop_reason']}", []).append(
+            doc["metadata"]["language_score"]
+        )
+    return [
+        ScorePanel(
+            f"language ID score (target: {', '.join(config.languages)})",
+            series,
+            xlabel="lid.176 score of the top language",
+            threshold=config.language_threshold,
+            threshold_label="language_threshold",
+        )
+    ]
+
+
+def fineweb_ratios(text: str) -> tuple[float, float] | None:
+    """(share of lines ending in terminal punctuation, share of lines <= 30 chars) as FineWeb's quality
+    filter computes them (non-blank lines); None for a document with no such line."""
+    lines = [line for line in text.split("\n") if line.strip() != ""]
+    if not lines:
+        return None
+    punct = sum(1 for line in lines if line.endswith(tuple(TERMINAL_PUNCTUATION))) / len(lines)
+    short = sum(1 for line in lines if len(line) <= 30) / len(lines)
+    return punct, short
+
+
+def fineweb_score_panels(config: ExtractConfig, out: Path) -> list[ScorePanel]:
+    """FineWeb's two line ratios over the documents that reached the FineWeb filter (the text it saw: the
+    C4 filter before it may remove lines), by outcome, with the configured thresholds. A document is checked
+    for short lines only if its punctuation ratio passed, as in the filter."""
+    if not config.fineweb_quality:
+        return []
+    punct: dict[str, list[float]] = {}
+    short: dict[str, list[float]] = {}
+    docs = [("kept", d) for d in iter_docs(_shards(out, KEPT))]
+    docs += [
+        (f"dropped: {d['metadata']['drop_reason']}", d)
+        for d in iter_docs(_shards(out, DROPPED, "fineweb_quality"))
+    ]
+    for outcome, doc in docs:
+        ratios = fineweb_ratios(doc["text"])
+        if ratios is None:
+            continue
+        punct.setdefault(outcome, []).append(ratios[0])
+        if ratios[0] >= config.fineweb_line_punct_thr:
+            short.setdefault(outcome, []).append(ratios[1])
+    return [
+        ScorePanel("FineWeb: lines ending in punctuation", punct, "share of lines",
+                   config.fineweb_line_punct_thr, "min (fineweb_line_punct_thr)"),
+        ScorePanel("FineWeb: short lines (<= 30 chars)", short, "share of lines",
+                   config.fineweb_short_line_thr, "max (fineweb_short_line_thr)"),
+    ]  # fmt: skip
+
+
+def _plots(
+    title: str, snapshot: str, funnel: list[FunnelStep], panels: list[ScorePanel]
+) -> tuple[dict[str, Path], dict]:
+    folder = plot_dir("crucible-web-plots-")
+    drawn = [funnel_chart(folder / "funnel.png", [vars(s) for s in funnel], f"{title} ({snapshot})")]
+    if panels:
+        drawn.append(score_histograms(folder / "quality_scores.png", panels, f"{title} ({snapshot})"))
+    return {f"plots/{d.path.name}": d.path for d in drawn}, {d.path.stem: d.as_dict() for d in drawn}
 
 
 # ---------------------------------------------------------------- stages
@@ -479,6 +569,7 @@ def extract_documents(
         out_prefix,
         language_metrics,
         input_committed=True,  # the crawl / ingest commits its WARC files (pipelines/web/warc_files.py)
+        score_panels=lambda out: language_score_panels(config, out),
     )
 
 
@@ -499,4 +590,5 @@ def filter_documents(
         f"{docs_prefix.rstrip('/')}/{KEPT}",
         (".jsonl.gz",),
         out_prefix,
+        score_panels=lambda out: fineweb_score_panels(config, out),
     )

@@ -8,6 +8,7 @@ import socket
 from collections import Counter
 
 import pytest
+from png_check import assert_drawn_png  # tests/pipelines is on sys.path (prepend import mode)
 from web_extract_pages import PAGES, write_warc  # tests/pipelines is on sys.path (prepend import mode)
 
 from infra.committed import commit, committed_shards, read_committed
@@ -277,3 +278,44 @@ def test_network_guard_catches_datatrove_own_model_download(monkeypatch, tmp_pat
         FT176LID(["en"]).predict(Document(text="hello world", id="x"))
     # any(): a thread left by an earlier test in the same process may also hit the guard (seen under `make test`)
     assert any("dl.fbaipublicfiles.com" in a for a in attempts)
+
+
+def test_plots_are_drawn_from_the_funnel_and_the_scores(run_once):
+    _, config, extracted, filtered, _ = run_once
+    for result in (extracted, filtered):
+        assert set(result.artifacts) == {"plots/funnel.png", "plots/quality_scores.png"}
+        for path in result.artifacts.values():
+            assert_drawn_png(path)
+        funnel = result.extra["plots"]["funnel"]["panels"]
+        steps = result.extra["funnel"]
+        assert funnel["documents left after each step"]["documents"] == [steps[0]["docs_in"]] + [
+            s["docs_out"] for s in steps
+        ]
+        assert (
+            sum(funnel["documents dropped, by step and reason"]["dropped"]) == result.metrics["docs_dropped"]
+        )
+
+    # language ID: every document that reached it, split by outcome; the threshold separates kept from
+    # low-score drops
+    (panel,) = extracted.extra["plots"]["quality_scores"]["panels"].values()
+    language = extracted.extra["funnel"][-1]
+    assert sum(panel["kept"]) == language["docs_out"] == extracted.metrics["docs_out"]
+    assert sum(sum(c) for c in panel.values()) == language["docs_in"] == 10
+    for reason, n in language["reasons"].items():
+        assert sum(panel[f"dropped: {reason}"]) == n
+
+    # FineWeb: the documents that reached it; those under the punctuation threshold are its line_punct drops
+    panels = filtered.extra["plots"]["quality_scores"]["panels"]
+    edges = filtered.extra["plots"]["quality_scores"]["edges"]
+    fineweb = filtered.extra["funnel"][-1]
+    punct = panels["FineWeb: lines ending in punctuation"]
+    assert sum(sum(c) for c in punct.values()) == fineweb["docs_in"] - fineweb["reasons"].get("empty", 0) == 4
+    assert sum(punct["kept"]) == filtered.metrics["docs_out"] == 3
+    thr, bins = config.fineweb_line_punct_thr, edges["FineWeb: lines ending in punctuation"]
+    for outcome, counts in punct.items():  # the threshold line separates what FineWeb kept from its drops
+        for n, lo, hi in zip(counts, bins, bins[1:], strict=False):
+            if n and outcome == "dropped: line_punct_ratio":
+                assert lo < thr, (outcome, lo)
+            elif n:
+                assert hi > thr, (outcome, hi)
+    assert sum(punct.get("dropped: line_punct_ratio", [])) == fineweb["reasons"].get("line_punct_ratio", 0)

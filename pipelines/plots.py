@@ -39,6 +39,7 @@ class ScorePanel:
     threshold_label: str = "threshold"
     value_range: tuple[float, float] = (0.0, 1.0)
     bins: int = 20
+    ylabel: str = "documents"
 
 
 @dataclass
@@ -98,9 +99,10 @@ def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> P
                        label=f"{panel.threshold_label} = {panel.threshold:g}")  # fmt: skip
         if bottom is None:
             ax.text(0.5, 0.5, "nothing scored", ha="center", va="center", transform=ax.transAxes)
-        ax.set(xlabel=panel.xlabel, ylabel="documents", title=panel.title, xlim=panel.value_range)
+        ax.set(xlabel=panel.xlabel, ylabel=panel.ylabel, title=panel.title, xlim=panel.value_range)
         ax.yaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     _save(fig, path, title)
     return data
 
@@ -150,7 +152,8 @@ def bar_panels(path: Path, panels: list[BarPanel], title: str = "") -> PlotData:
             ax.set_xscale("log")
         else:
             ax.set_xlim(0, peak * 1.18)  # room for the value labels
-            ax.xaxis.get_major_locator().set_params(integer=True)
+            if all(float(v).is_integer() for vs in panel.series.values() for v in vs):
+                ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set(xlabel=panel.xlabel, title=panel.title)
         if n > 1:
             ax.legend(fontsize=7)

@@ -30,6 +30,7 @@ from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.records import ORIGINS, data_version, read_shards, sha256_hex, write_shards
+from pipelines.plots import BarPanel, bar_panels, plot_dir
 
 log = logging.getLogger(__name__)
 
@@ -183,10 +184,12 @@ def fix_metadata(
         )  # fmt: skip
         kept: list[dict] = []
         languages = Counter()
+        language_bytes = Counter()
         for rec in tqdm(fix_records(read_shards(store, src), clf, origins, stats, config.batch_size, transitions),
                         desc="metadata fix", unit="file", mininterval=5):  # fmt: skip
             kept.append(rec)
             languages[rec["metadata"]["language"]] += 1
+            language_bytes[rec["metadata"]["language"]] += len(rec["text"].encode())
     with tempfile.TemporaryDirectory(prefix="crucible-fix-out-") as tmp:
         write_shards(tmp, kept, config.shard_records)
         corrections = [
@@ -209,9 +212,29 @@ def fix_metadata(
           markdown_table(reasons), "", "### Files per final language",
           markdown_table([{"language": k, "files": v} for k, v in languages.most_common()]),
           "", "### Language corrections by extension", markdown_table(corrections[:40])]  # fmt: skip
+    mix = plot_language_mix(languages, language_bytes, f"code files per final language ({snapshot})")
     return StageResult(
         metrics=metrics, outputs={"files": store.uri(dst)}, report_md="\n".join(md),
+        artifacts={f"plots/{mix.path.name}": mix.path},
         sample=[{**r, "text": r["text"][:400]} for r in kept if r["metadata"].get("language_reason") == "ambiguous_resolved"][:5],
         data_version=data_version(r["id"] + r["metadata"]["language"] for r in kept),
-        extra={"shards": keys, "languages": dict(languages), "stats": dict(stats)},
+        extra={"shards": keys, "languages": dict(languages), "stats": dict(stats),
+               "plots": {mix.path.stem: mix.as_dict()}},
     )  # fmt: skip
+
+
+def plot_language_mix(files: Counter, size: Counter, title: str, top: int = 24):
+    """Files and bytes per language, most files first; languages past the `top` summed as `(N others)`."""
+    ranked = [lang for lang, _ in sorted(files.items(), key=lambda kv: (-kv[1], kv[0]))]
+    shown, rest = ranked[:top], ranked[top:]
+    labels = shown + ([f"({len(rest)} others)"] if rest else [])
+    n_files = [files[k] for k in shown] + ([sum(files[k] for k in rest)] if rest else [])
+    n_kib = [size[k] / 1024 for k in shown] + ([sum(size[k] for k in rest) / 1024] if rest else [])
+    return bar_panels(
+        plot_dir("crucible-code-plots-") / "language_mix.png",
+        [
+            BarPanel("files", labels, {"files": n_files}, "files"),
+            BarPanel("size (KiB of UTF-8 text)", labels, {"KiB": [round(v, 1) for v in n_kib]}, "KiB"),
+        ],
+        title,
+    )

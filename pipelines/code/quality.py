@@ -10,7 +10,8 @@ Sampling weights (`sampling_weights.json` of the committed output `<out_prefix>/
 multiplier from temperature sampling over characters (share^(1/T), renormalised; T > 1 upsamples
 low-resource languages), times a per-file factor exp(beta * (quality - language mean)) normalised to mean 1
 within the language, clipped to [min_file_weight, max_file_weight]. Per-file scores and weights:
-`scores/part-*.jsonl.gz` (same output).
+`scores/part-*.jsonl.gz` (same output). Plots: `plots/quality_scores.png` (score histogram per language, the
+classifier's 0.5 decision line) and `plots/language_mix.png` (character share vs sampled share per language).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.language_id import refine_single_group_languages
 from pipelines.code.records import read_shards, write_shards
+from pipelines.plots import BarPanel, ScorePanel, bar_panels, plot_dir, score_histograms
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +242,43 @@ def train_code_quality(
               "mean_quality": summary[lang].mean_quality if lang in summary else "-",
               "language_weight": summary[lang].language_weight if lang in summary else "-"} for lang, ev in evals.items()]  # fmt: skip
     md = [f"## Code quality `{snapshot}`", markdown_table(table)]
+    plots = _plots(snapshot, config, by_lang, evals, dict(chars), lang_w)
+    artifacts.update({f"plots/{d.path.name}": d.path for d in plots})
     return StageResult(metrics=metrics, outputs=outputs, report_md="\n".join(md), artifacts=artifacts,
                        sample=[{k: v for k, v in r.items() if k != "text"} for r in rows[:5]],
-                       extra={"eval": evals, "summary": weights_doc["languages"]})  # fmt: skip
+                       extra={"eval": evals, "summary": weights_doc["languages"],
+                              "plots": {d.path.stem: d.as_dict() for d in plots}})  # fmt: skip
+
+
+def _plots(snapshot: str, config: CodeQualityConfig, by_lang: dict[str, list[dict]], evals: dict,
+           chars: dict[str, int], lang_w: dict[str, float]) -> list:  # fmt: skip
+    """`quality_scores.png`: the score of every file, one panel per configured language (its classifier's
+    P(high quality), 0.5 being its decision; the heuristic score if it got no classifier) and one for all
+    other languages (heuristic scores). `language_mix.png`: each language's share of the characters and its
+    share once sampled with the language weights (temperature sampling)."""
+    folder = plot_dir("crucible-code-quality-plots-")
+    panels = []
+    for lang in config.languages:
+        classified = lang in evals and "skipped" not in evals[lang]
+        scores = [r["quality"] for r in by_lang.get(lang, [])]
+        panels.append(ScorePanel(
+            f"{lang}: {'classifier' if classified else 'heuristic (no classifier)'}", {"files": scores},
+            "P(high quality)" if classified else "heuristic quality", 0.5 if classified else None,
+            "high-quality decision", ylabel="files"))  # fmt: skip
+    others = [r["quality"] for lang, items in by_lang.items() if lang not in config.languages for r in items]
+    if others:
+        panels.append(
+            ScorePanel("other languages: heuristic", {"files": others}, "heuristic quality", ylabel="files")
+        )
+    hist = score_histograms(folder / "quality_scores.png", panels, f"code quality scores ({snapshot})")
+    total = sum(chars.values()) or 1
+    sampled = {k: chars[k] * lang_w[k] for k in chars}
+    total_sampled = sum(sampled.values()) or 1
+    langs = sorted(chars, key=lambda k: (-chars[k], k))
+    shares = {
+        "share of characters": [round(chars[k] / total, 4) for k in langs],
+        f"sampled share (T={config.temperature:g})": [round(sampled[k] / total_sampled, 4) for k in langs],
+    }
+    mix = bar_panels(folder / "language_mix.png", [BarPanel("language mix", langs, shares, "share")],
+                     f"code language mix before and after sampling weights ({snapshot})")  # fmt: skip
+    return [hist, mix]

@@ -8,6 +8,7 @@ import random
 
 import pytest
 from code_snippets import corpus, snippet
+from png_check import assert_drawn_png  # tests/pipelines is on sys.path (prepend import mode)
 
 from classifiers.code_language import train_code_language_model
 from classifiers.code_language_rules import declared_language
@@ -119,3 +120,15 @@ def test_wrong_repo_record_is_reattributed_to_the_package_holding_its_content(fi
     assert (meta["package"], meta["path"]) == ("pkg-a", "src/extra.lua")
     assert meta["original_origin"] == "npm:pkg-b@1.0:lib/extra.lua"
     assert not [key for key in out if key[0] == "pkg-b"]
+
+
+def test_language_mix_plot_counts_the_written_files(fixed):
+    result, out, _ = fixed
+    assert set(result.artifacts) == {"plots/language_mix.png"}
+    assert_drawn_png(result.artifacts["plots/language_mix.png"])
+    mix = result.extra["plots"]["language_mix"]["panels"]
+    langs = sorted(result.extra["languages"], key=lambda k: (-result.extra["languages"][k], k))
+    assert mix["files"]["files"] == [result.extra["languages"][k] for k in langs]
+    assert sum(mix["files"]["files"]) == len(out) == result.metrics["kept"]
+    kib = sum(len(r["text"].encode()) for r in out.values()) / 1024
+    assert sum(mix["size (KiB of UTF-8 text)"]["KiB"]) == pytest.approx(kib, abs=0.1 * len(langs))

@@ -16,6 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from png_check import assert_drawn_png  # tests/pipelines is on sys.path (prepend import mode)
 
 from classifiers.code_quality import heuristic_quality, quality_features
 from infra.committed import read_committed
@@ -221,3 +222,26 @@ def test_judge_labels_replace_heuristics_when_given(quality):
     good = [scores[r["id"]] for r in held if truth[r["id"]]["good"]]
     junk = [scores[r["id"]] for r in held if not truth[r["id"]]["good"]]
     assert auc(good, junk) >= 0.9
+
+
+def test_quality_and_language_mix_plots_cover_every_file(quality):
+    result, _, records, _ = quality
+    assert set(k for k in result.artifacts if k.startswith("plots/")) == {
+        "plots/quality_scores.png",
+        "plots/language_mix.png",
+    }
+    for key in ("plots/quality_scores.png", "plots/language_mix.png"):
+        assert_drawn_png(result.artifacts[key])
+    panels = result.extra["plots"]["quality_scores"]["panels"]
+    summary = result.extra["summary"]
+    # Python has its classifier, Swift has no files, C (no classifier) is in the heuristic panel
+    n_python = sum(1 for r in records if r["metadata"]["language"] == "Python")
+    assert sum(panels["Python: classifier"]["files"]) == summary["Python"]["files"] == n_python
+    assert sum(panels["Swift: heuristic (no classifier)"]["files"]) == 0
+    assert sum(panels["other languages: heuristic"]["files"]) == summary["C"]["files"] == 10
+    assert sum(sum(p["files"]) for p in panels.values()) == len(records)
+    mix = result.extra["plots"]["language_mix"]["panels"]["language mix"]
+    assert sum(mix["share of characters"]) == pytest.approx(1.0, abs=1e-3)
+    # temperature > 1 upsamples the small language (C headers)
+    (sampled,) = (v for k, v in mix.items() if k.startswith("sampled share"))
+    assert sampled[1] > mix["share of characters"][1]

@@ -152,6 +152,9 @@ def passkey_accuracy(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> dict
         cells = {d: h for (n, d), h in hits.items() if n == length}
         flat = [x for h in cells.values() for x in h]
         metrics[f"passkey/acc/{length}"] = float(np.mean(flat))
+        # binomial standard error: with n items a change is real only well outside 2 * sqrt(se1^2 + se2^2)
+        metrics[f"passkey/se/{length}"] = float(np.sqrt(np.mean(flat) * (1 - np.mean(flat)) / len(flat)))
+        metrics[f"passkey/n/{length}"] = float(len(flat))
         for depth, h in sorted(cells.items()):
             metrics[f"passkey/acc/{length}/depth_{depth:.2f}"] = float(np.mean(h))
     metrics["passkey/acc"] = float(np.mean([x for h in hits.values() for x in h]))
@@ -307,7 +310,12 @@ def evaluate_checkpoint(
     report.metrics.update(passkey_accuracy(model_choice_scorer(model, config.batch_size), items))
     report.metrics["passkey/chance"] = 1 / config.passkey_choices
     report.tables["passkey"] = [
-        {"length": n, "accuracy": round(report.metrics[f"passkey/acc/{n}"], 3)}
+        {
+            "length": n,
+            "items": int(report.metrics[f"passkey/n/{n}"]),
+            "accuracy": round(report.metrics[f"passkey/acc/{n}"], 3),
+            "se": round(report.metrics[f"passkey/se/{n}"], 3),
+        }  # fmt: skip
         for n in config.passkey_lengths
     ]
     report.plots["evals/passkey.png"] = _plot_passkey(report.metrics, config, out_dir / "passkey.png", label)
@@ -375,7 +383,11 @@ def compare_to_parent(
         if key.startswith(prefix) and parent.get(key):
             out[f"short_ppl_ratio/{key[len(prefix) :]}"] = value / parent[key]
         elif key.startswith("passkey/acc/") and key.count("/") == 2 and key in parent:
-            out[f"passkey_gain/{key.rsplit('/', 1)[1]}"] = value - parent[key]
+            length = key.rsplit("/", 1)[1]
+            out[f"passkey_gain/{length}"] = value - parent[key]
+            se = (parent.get(f"passkey/se/{length}"), child.get(f"passkey/se/{length}"))
+            if None not in se:
+                out[f"passkey_gain_se/{length}"] = float(np.hypot(*se))
     ratios = [v for k, v in out.items() if k.startswith("short_ppl_ratio/")]
     if ratios:
         out["short_ppl_ratio/max"] = max(ratios)
@@ -398,7 +410,13 @@ def context_extension_checks(
         (
             "passkey_gain_at_longest",
             gain is not None and gain >= config.min_passkey_gain,
-            {"length": longest, "gain": gain, "min_gain": config.min_passkey_gain, **warn},
+            {
+                "length": longest,
+                "gain": gain,
+                "gain_se": final_vs_base.get(f"passkey_gain_se/{longest}"),
+                "min_gain": config.min_passkey_gain,
+                **warn,
+            },  # fmt: skip
         ),
         (
             "short_ppl_within_margin",

@@ -218,6 +218,10 @@ def test_passkey_accuracy_of_a_windowed_copy_model_is_known_per_cell(tok, heldou
     got = {k: v for k, v in report.metrics.items() if k.startswith("passkey/acc")}
     assert got == pytest.approx(expected)
     assert got["passkey/acc/96"] == 1.0 and got["passkey/acc/192/depth_0.20"] < 1.0
+    for n in (96, 192):  # binomial SE over the length's items
+        p, items = expected[f"passkey/acc/{n}"], len(hits[(n, 0.2)] + hits[(n, 0.8)])
+        assert report.metrics[f"passkey/n/{n}"] == items
+        assert report.metrics[f"passkey/se/{n}"] == pytest.approx(math.sqrt(p * (1 - p) / items))
 
 
 def test_topk_and_oracle_mass_on_a_hand_built_attention_matrix():
@@ -325,6 +329,9 @@ def test_compare_to_parent():
         {"short_ppl_ratio/web": 1.05, "short_ppl_ratio/code": 0.95, "short_ppl_ratio/max": 1.05,
          "passkey_gain/1024": 0.5}
     )  # fmt: skip
+    # with each side's SE the gain gets its own: sqrt(0.03^2 + 0.04^2)
+    gains = compare_to_parent({**parent, "passkey/se/1024": 0.03}, {**child, "passkey/se/1024": 0.04}, 256)
+    assert gains["passkey_gain_se/1024"] == pytest.approx(0.05)
 
 
 def test_context_extension_checks_gate_passkey_gain_and_short_ppl():

@@ -96,7 +96,7 @@ def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> P
         data.edges[panel.title] = edges
         if panel.threshold is not None:
             ax.axvline(panel.threshold, color="black", linestyle="--", linewidth=1.2,
-                       label=f"{panel.threshold_label} = {panel.threshold:g}")  # fmt: skip
+                       label=f"{panel.threshold_label} = {panel.threshold:.3g}")  # fmt: skip
         if bottom is None:
             ax.text(0.5, 0.5, "nothing scored", ha="center", va="center", transform=ax.transAxes)
         ax.set(xlabel=panel.xlabel, ylabel=panel.ylabel, title=panel.title, xlim=panel.value_range)

@@ -36,6 +36,7 @@ from pipelines.dedup.index import (
 )
 from pipelines.dedup.job import EngineResult, PartitionJob
 from pipelines.dedup.shards import SHARD_SUFFIX, PartitionLayout
+from pipelines.plots import funnel_chart
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,7 @@ def dedup_partition(
 
     out_dir = Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
     histogram_png = plot_cluster_sizes(result.histogram, out_dir / "cluster_sizes.png", f"{kind} {snapshot}")
+    funnel = funnel_chart(out_dir / "dedup_funnel.png", dedup_funnel(metrics), f"dedup {kind} {snapshot}")
     check = check_dedup_rate(metrics, config)
     report = _report(config, snapshot, seq, metrics, result, earlier, stale, check)
     return StageResult(
@@ -163,12 +165,13 @@ def dedup_partition(
         },
         report_md=report,
         sample=_cluster_sample(store, layout, shard_keys),
-        artifacts={"dedup/cluster_sizes.png": histogram_png},
+        artifacts={"dedup/cluster_sizes.png": histogram_png, "plots/dedup_funnel.png": funnel.path},
         data_version=result.version,
         extra={
             "seq": seq,
             "stale_partitions": stale,
             "histogram": result.histogram,
+            "plots": {"dedup_funnel": funnel.as_dict()},
             "check_passed": check.passed,
             "check_description": check.description,
         },
@@ -219,6 +222,18 @@ def check_dedup_rate(metrics: dict[str, float], config: DedupConfig) -> DedupRat
         )
     ok = config.min_removed_fraction <= rate <= config.max_removed_fraction
     return DedupRateCheck(ok, f"removed {rate:.3f} of {docs:.0f} docs; plausible range {bounds}")
+
+
+def dedup_funnel(m: dict[str, float]) -> list[dict]:
+    """The removal steps in order (exact, URL, MinHash near-dup), as `pipelines.plots.funnel_chart` takes
+    them; a step's removals include copies of documents in earlier partitions."""
+    steps, left = [], m["docs_in"]
+    for name, key in (("exact", "exact_dups"), ("url", "url_dups"), ("near", "near_dups")):
+        steps.append(
+            {"name": name, "docs_in": left, "docs_out": left - m[key], "reasons": {"duplicate": m[key]}}
+        )
+        left -= m[key]
+    return steps
 
 
 def plot_cluster_sizes(histogram: dict[int, int], path: Path, title: str) -> Path:

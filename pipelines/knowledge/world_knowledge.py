@@ -46,6 +46,7 @@ from pipelines.knowledge.world_knowledge_data import (
     web_examples,
     wikipedia_examples,
 )
+from pipelines.plots import BarPanel, ScorePanel, bar_panels, plot_dir, score_histograms
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +240,11 @@ def train_world_knowledge(
         scorers[trained[1].name] = lambda texts: head.predict_proba(embedder.embed(texts))
 
     test_texts = [e.text for e in splits["test"]]
-    rows, metrics = [], {}
+    rows, metrics, panels = [], {}, []
     for clf in trained:
         t0 = time.time()
         scores = scorers[clf.name](test_texts)
+        panels.append(_heldout_panel(clf, splits["test"], scores))
         per_doc_ms = 1000 * (time.time() - t0) / max(1, len(test_texts))
         clf.metrics["auc_encyclopedic_vs_web"] = encyclopedic_vs_web_auc(splits["test"], scores)
         metrics.update({f"{clf.name}/{k}": float(v) for k, v in clf.metrics.items()})
@@ -291,6 +293,10 @@ def train_world_knowledge(
     (work_dir / "classifier_comparison.md").write_text(table + "\n")
     artifacts["classifier_comparison.md"] = work_dir / "classifier_comparison.md"
     artifacts["model_card.json"] = work_dir / "model_card.json"
+    heldout = score_histograms(
+        work_dir / "plots" / "heldout_scores.png", panels, "world-knowledge classifiers, held-out split"
+    )
+    artifacts["plots/heldout_scores.png"] = heldout.path
     report = "\n".join(
         [
             "## World-knowledge classifier",
@@ -314,7 +320,11 @@ def train_world_knowledge(
         [],
         artifacts,
         data_version,
-        extra={"thresholds": {c.name: c.threshold for c in trained}, "comparison": rows},
+        extra={
+            "thresholds": {c.name: c.threshold for c in trained},
+            "comparison": rows,
+            "plots": {"heldout_scores": heldout.as_dict()},
+        },
     )
 
 
@@ -349,9 +359,11 @@ def rescue_documents(
     with store.local_copy(model_key) as path:
         scores = WorldKnowledgeClassifier(path, threshold).score([d["text"] for d in candidates])
     rescued = []
+    by_outcome: dict[str, list[float]] = {"rescued": [], "left dropped": []}
     for doc, score in zip(candidates, scores, strict=True):
         reason = doc.get("metadata", {}).get("drop_reason", "unknown")
         stats[f"dropped_in/{reason}"] += 1
+        by_outcome["rescued" if score >= threshold else "left dropped"].append(float(score))
         if score >= threshold:
             doc["metadata"].update(
                 world_knowledge_score=round(float(score), 4),
@@ -406,6 +418,45 @@ def rescue_documents(
         ]
     )
     digest = hashlib.sha256("".join(sorted(str(d.get("id")) for d in rescued)).encode()).hexdigest()[:16]
+    plots = _rescue_plots(snapshot, threshold, by_outcome, rows)
     return StageResult(
-        metrics, {"rescued": f"{prefix}/", "committed": out.version}, report, samples, {}, digest
+        metrics,
+        {"rescued": f"{prefix}/", "committed": out.version},
+        report,
+        samples,
+        {f"plots/{d.path.name}": d.path for d in plots},
+        digest,
+        extra={"plots": {d.path.stem: d.as_dict() for d in plots}},
     )
+
+
+def _heldout_panel(clf: TrainedClassifier, test: list[LabelledText], scores) -> ScorePanel:
+    """A classifier's held-out scores by true label, with the threshold it was tuned to."""
+    series: dict[str, list[float]] = {"knowledge (label 1)": [], "not knowledge (label 0)": []}
+    for example, score in zip(test, scores, strict=True):
+        series["knowledge (label 1)" if example.label == 1 else "not knowledge (label 0)"].append(
+            float(score)
+        )
+    return ScorePanel(clf.name, series, "P(world knowledge)", clf.threshold, "threshold")
+
+
+def _rescue_plots(snapshot: str, threshold: float, by_outcome: dict[str, list[float]], rows: list[dict]):
+    """`rescue_scores.png`: the classifier's score of every scored dropped document, rescued or not, with
+    the threshold; `rescued_by_reason.png`: dropped and rescued documents per drop reason."""
+    folder = plot_dir("crucible-rescue-plots-")
+    title = f"world-knowledge rescue ({snapshot})"
+    hist = score_histograms(
+        folder / "rescue_scores.png",
+        [
+            ScorePanel(
+                "dropped web documents scored", by_outcome, "P(world knowledge)", threshold, "threshold"
+            )
+        ],
+        title,
+    )
+    reasons = [r["drop_reason"] for r in rows]
+    series = {"dropped": [r["dropped"] for r in rows], "rescued": [r["rescued"] for r in rows]}
+    bars = bar_panels(
+        folder / "rescued_by_reason.png", [BarPanel("per drop reason", reasons, series, "documents")], title
+    )
+    return [hist, bars]

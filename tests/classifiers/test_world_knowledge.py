@@ -3,6 +3,7 @@ and fortunes, and real web pages (Debian git-doc HTML) as the crawled web. Held-
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,13 @@ from pipelines.knowledge.world_knowledge import (
     train_world_knowledge,
 )
 from pipelines.math.doc_pages import iter_doc_pages
+
+# the PNG check the pipeline plot tests use (tests/pipelines/png_check.py; not on sys.path from here)
+_spec = importlib.util.spec_from_file_location(
+    "png_check", Path(__file__).parents[1] / "pipelines" / "png_check.py"
+)
+png_check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(png_check)
 
 
 def test_dump_reader_parses_real_articles():
@@ -120,6 +128,17 @@ def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cach
         web_store.get_json(result.outputs["model_card"])["world_knowledge_fasttext"]["metrics"]
     )
 
+    # held-out score histograms: every test example once per classifier, by its true label
+    png_check.assert_drawn_png(result.artifacts["plots/heldout_scores.png"])
+    panels = result.extra["plots"]["heldout_scores"]["panels"]
+    assert set(panels) == {"world_knowledge_fasttext", "world_knowledge_minilm"}
+    for by_label in panels.values():
+        assert sum(sum(c) for c in by_label.values()) == m["examples/test"]
+    positives = {name: sum(by_label["knowledge (label 1)"]) for name, by_label in panels.items()}
+    assert (
+        len(set(positives.values())) == 1 and 0 < positives["world_knowledge_fasttext"] < m["examples/test"]
+    )
+
     threshold = result.extra["thresholds"]["world_knowledge_fasttext"]
     assert current_classifier(web_store, config) == (
         "world_knowledge_fasttext",
@@ -143,6 +162,19 @@ def test_world_knowledge_auc_on_held_out_split_and_rescue(web_store, debian_cach
     assert wiki_rescued >= 23  # unseen Wikipedia articles come back
     assert len(rescued) - wiki_rescued <= 3  # git manual pages stay dropped
     assert rescue.sample and rescue.sample[0]["score"] >= 0.9
+    # plots: every scored document in the histogram, rescued ones right of the threshold; bars per reason
+    assert set(rescue.artifacts) == {"plots/rescue_scores.png", "plots/rescued_by_reason.png"}
+    for path in rescue.artifacts.values():
+        png_check.assert_drawn_png(path)
+    (hist,) = rescue.extra["plots"]["rescue_scores"]["panels"].values()
+    (edges,) = rescue.extra["plots"]["rescue_scores"]["edges"].values()
+    assert sum(hist["rescued"]) == m["rescued"] and sum(hist["left dropped"]) == m["scored"] - m["rescued"]
+    assert all(hi > threshold for n, hi in zip(hist["rescued"], edges[1:], strict=True) if n)
+    bars = rescue.extra["plots"]["rescued_by_reason"]["panels"]["per drop reason"]
+    assert bars == {
+        "dropped": [m["dropped_in/c4_quality"], m["dropped_in/gopher_repetition"]],
+        "rescued": [m["rescued/c4_quality"], m.get("rescued/gopher_repetition", 0)],
+    }
 
     # dropped docs used as training negatives (cluster option) are never rescued by the same model
     shared = config.model_copy(update={"dropped_negative_fraction": 0.3})

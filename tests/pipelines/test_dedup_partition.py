@@ -23,6 +23,7 @@ from conftest_dedup import (  # tests/pipelines is on sys.path (prepend import m
     tree_bytes,
     write_shards,
 )
+from png_check import assert_drawn_png
 
 from infra.committed import is_committed, read_committed
 from infra.settings import StoreSettings, load_profile, validate_stage
@@ -68,6 +69,11 @@ def test_planted_duplicates_are_removed_by_the_keep_rule(corpus, tmp_path):
     assert {r for r, row in rows.items() if not row["kept"]} == A_DROPPED
     png = result.artifacts["dedup/cluster_sizes.png"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_drawn_png(png, min_bytes=5_000)
+    assert_drawn_png(result.artifacts["plots/dedup_funnel.png"])
+    funnel = result.extra["plots"]["dedup_funnel"]["panels"]
+    assert funnel["documents left after each step"]["documents"] == [166, 156, 150, 132]
+    assert funnel["documents dropped, by step and reason"]["dropped"] == [10, 6, 18]
     assert "| exact (normalised content) | 156 | 10 |" in result.report_md
     assert result.extra["check_passed"] and result.data_version
     out = read_committed(store, f"dedup/web/{A}")

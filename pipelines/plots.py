@@ -65,13 +65,34 @@ class PlotData:
         return {"file": self.path.name, "panels": self.panels, "edges": self.edges}
 
 
-def histogram_counts(values: list[float], value_range: tuple[float, float], bins: int) -> tuple[list, list]:
-    """(counts, edges) over `value_range`; values outside it are clipped into the end bins, so the counts
-    always sum to the number of values."""
+def bin_edges(
+    values: list[float], value_range: tuple[float, float], bins: int, threshold: float | None = None
+) -> tuple[list[float], tuple[float, float]]:
+    """(edges, shown x range) of a panel's histogram: `bins` bins over `value_range`, zoomed in on the data
+    (and threshold) when they fill less than a quarter of it (a classifier whose scores all sit near 0.5
+    would otherwise be one bar), and shifted so the threshold is a bin edge (a bar is never half kept, half
+    dropped)."""
     lo, hi = value_range
-    clipped = np.clip(np.asarray(values, dtype=float), lo, hi)
-    counts, edges = np.histogram(clipped, bins=bins, range=(lo, hi))
-    return [int(c) for c in counts], [round(float(e), 6) for e in edges]
+    data = np.clip(np.asarray(values, dtype=float), lo, hi)
+    if data.size:
+        span = [float(data.min()), float(data.max())] + ([threshold] if threshold is not None else [])
+        a, b = min(span), max(span)
+        if b - a < (hi - lo) / 4:
+            pad = max(0.1 * (b - a), (hi - lo) / 200)
+            lo, hi = max(lo, a - pad), min(hi, b + pad)
+    width = (hi - lo) / bins
+    if threshold is not None and lo < threshold < hi:
+        first, last = int(np.floor((lo - threshold) / width)), int(np.ceil((hi - threshold) / width))
+        edges = threshold + width * np.arange(first, last + 1)
+    else:
+        edges = np.linspace(lo, hi, bins + 1)
+    return [float(e) for e in edges], (lo, hi)
+
+
+def histogram_counts(values: list[float], edges: list[float]) -> list[int]:
+    """Counts per bin; values outside the edges go to the end bins, so the counts sum to len(values)."""
+    clipped = np.clip(np.asarray(values, dtype=float), edges[0], edges[-1])
+    return [int(c) for c in np.histogram(clipped, bins=np.asarray(edges))[0]]
 
 
 def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> PlotData:
@@ -82,9 +103,10 @@ def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> P
     for ax, panel in zip(axes[0], panels, strict=True):
         bottom = None
         counts_by_series: dict[str, list[float]] = {}
-        edges: list[float] = []
+        every = [v for values in panel.series.values() for v in values]
+        edges, shown = bin_edges(every, panel.value_range, panel.bins, panel.threshold)
         for i, (label, values) in enumerate(panel.series.items()):
-            counts, edges = histogram_counts(values, panel.value_range, panel.bins)
+            counts = histogram_counts(values, edges)
             counts_by_series[label] = counts
             if not values:
                 continue
@@ -93,13 +115,14 @@ def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> P
                    edgecolor="white", linewidth=0.5, label=f"{label} ({len(values)})")  # fmt: skip
             bottom = counts if bottom is None else [a + b for a, b in zip(bottom, counts, strict=True)]
         data.panels[panel.title] = counts_by_series
-        data.edges[panel.title] = edges
+        data.edges[panel.title] = [round(e, 6) for e in edges]
         if panel.threshold is not None:
             ax.axvline(panel.threshold, color="black", linestyle="--", linewidth=1.2,
                        label=f"{panel.threshold_label} = {panel.threshold:.3g}")  # fmt: skip
         if bottom is None:
             ax.text(0.5, 0.5, "nothing scored", ha="center", va="center", transform=ax.transAxes)
-        ax.set(xlabel=panel.xlabel, ylabel=panel.ylabel, title=panel.title, xlim=panel.value_range)
+        zoomed = " (zoomed in)" if shown != tuple(panel.value_range) else ""
+        ax.set(xlabel=panel.xlabel + zoomed, ylabel=panel.ylabel, title=panel.title, xlim=shown)
         ax.yaxis.get_major_locator().set_params(integer=True)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

@@ -36,6 +36,7 @@ from pipelines.math.candidates import gather_candidates
 from pipelines.math.chunk_scores import aggregate_chunk_scores, split_into_chunks
 from pipelines.math.distill import distill_judge
 from pipelines.math.synthetic_text import SyntheticTextConfig, drop_synthetic
+from pipelines.plots import ScorePanel, score_histograms
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ def run_math_filter(
         )
     )
     artifacts["judged_sample.jsonl"] = judged_path
+    plot = _score_plot(work_dir / "plots" / "math_scores.png", natural, judged, applied, config, tag)
+    artifacts["plots/math_scores.png"] = plot.path
     digest = hashlib.sha256("".join(sorted(d["id"] for d in kept)).encode()).hexdigest()[:16]
     samples = [
         {
@@ -212,8 +215,28 @@ def run_math_filter(
                 for s in students
             ],
             "applied_student": applied.name if applied else None,
+            "plots": {"math_scores": plot.as_dict()},
         },
     )
+
+
+def _score_plot(path: Path, natural: list[dict], judged: dict, applied, config: MathFilterConfig, tag: str):
+    """The applied classifier's score of every candidate left after the synthetic filter, kept or dropped,
+    with its threshold; next to it the judge's aggregate 0-5 score of the judged sample, with `keep_threshold`
+    (the labels the classifier was distilled from)."""
+    by_outcome: dict[str, list[float]] = {"kept": [], "dropped": []}
+    for doc in natural:
+        meta = doc["metadata"]
+        by_outcome["dropped" if meta.get("drop_reason") else "kept"].append(meta["math_score"])
+    judge_scores = [s for s in (judged.get(d["id"]) for d in natural) if s is not None]
+    name = applied.name if applied else "judge only (score / 5)"
+    panels = [
+        ScorePanel(f"math classifier: {name}", by_outcome, "P(math)",
+                   applied.threshold if applied else config.keep_threshold / 5, "threshold"),
+        ScorePanel("LLM judge, judged sample", {"judged": judge_scores}, "aggregate judge score (0-5)",
+                   config.keep_threshold, "keep_threshold", value_range=(0.0, 5.0)),
+    ]  # fmt: skip
+    return score_histograms(path, panels, f"math filter ({tag})")
 
 
 def judge_documents(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from png_check import assert_drawn_png  # tests/pipelines is on sys.path (prepend import mode)
 
 from classifiers.judge.backends import OpenAIChatBackend
 from classifiers.judge.client import JudgeClient
@@ -99,6 +100,14 @@ def test_math_filter_keeps_math_drops_synthetic_and_reruns_from_cache(judge_url,
     committed = read_committed(store, "math/filtered/t1")
     assert committed.names(under="model") == [f"model/{Path(result.outputs['classifier']).name}"]
     assert committed.meta == {"kept": len(kept), "dropped": len(dropped)}
+    assert_drawn_png(result.artifacts["plots/math_scores.png"])
+    classifier, judge_panel = result.extra["plots"]["math_scores"]["panels"].values()
+    assert (
+        sum(classifier["kept"]) == m["kept"]
+        and sum(classifier["dropped"]) == m["dropped/below_math_threshold"]
+    )
+    assert sum(classifier["kept"]) + sum(classifier["dropped"]) == m["after_synthetic_filter"]
+    assert 0 < sum(judge_panel["judged"]) <= config.judge_sample_size
 
     before = chat_requests(judge_url)
     rerun = run_math_filter(store, config, tmp_path / "work2", tag="t1", judge=judge(), debian_cache=CACHE)

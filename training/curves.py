@@ -11,6 +11,7 @@ from typing import Any
 RL_PANELS = {
     "train reward per domain": r"reward/(?!mean)\w+",
     "held-out pass@1 (greedy)": r"heldout/pass_at_1/\w+",
+    "held-out pass@1 (sampled, rollout temperature)": r"heldout/sampled_pass_at_1/\w+",
     "IcePop rho (trainer / engine prob)": r"rho/(min|mean|max)",
     "token fractions: masked by IcePop, clipped": r"icepop/masked_fraction|clip_fraction",
     "entropy and response length": r"entropy|response_length",

@@ -55,6 +55,11 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, (first, last)
     assert final["heldout/pass_at_1/color"] >= 0.75  # greedy decoding now says blue
+    # sampled pass@1 (4 samples per held-out task at the rollout temperature) at step 0 and at the end
+    sampled = [
+        m["heldout/sampled_pass_at_1/color"] for s, m in rows if "heldout/sampled_pass_at_1/color" in m
+    ]
+    assert len(sampled) == 2 and sampled[1] > sampled[0] + 0.3, sampled
     for name, before in indexer_before.items():
         assert torch.equal(dict(model.named_parameters())[name], before), name
     assert not torch.equal(model.get_input_embeddings().weight, emb_before)
@@ -134,3 +139,13 @@ def test_a_domain_the_filter_finds_never_solved_is_left_out_not_the_whole_filter
     assert filt["filter/kept/never"] == 0 and 0 < filt["filter/kept/color"] <= 8
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 2 and all("reward/never" not in r and "reward/color" in r for r in steps)
+
+
+def test_sampled_pass_at_1_is_the_mean_of_task_rates_with_its_standard_error():
+    from training.rl.reasoning import sampled_pass_at_1
+
+    tasks = [Task(f"t{i}", d, "", "", 1, "heldout") for i, d in enumerate(["a", "a", "a", "b"])]
+    out = sampled_pass_at_1({"t0": 0.0, "t1": 0.5, "t2": 1.0, "t3": 0.25}, tasks)
+    assert out["sampled_pass_at_1/a"] == 0.5 and out["sampled_pass_at_1/b"] == 0.25
+    assert out["sampled_pass_at_1_se/a"] == pytest.approx((0.25 / 3) ** 0.5)  # sample variance 0.25, n = 3
+    assert out["sampled_pass_at_1_se/b"] == 0.0

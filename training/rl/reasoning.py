@@ -60,6 +60,11 @@ class ReasoningRLConfig(BaseModel):
     )
     eval_every: int = Field(20, ge=1, description="Held-out pass_at_1 every N steps (and at the end)")
     eval_tasks_per_domain: int = Field(60, ge=1, description="Held-out tasks scored per domain")
+    eval_samples: int = Field(
+        4,
+        ge=0,
+        description="Held-out samples per task at the rollout temperature for sampled pass@1 (0 = off)",
+    )
     filter_samples: int = Field(
         4, ge=0, description="Difficulty filter: samples per train prompt before RL (0 = off)"
     )
@@ -147,20 +152,45 @@ def _step_metrics(
 def difficulty_filter_rates(
     engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig
 ) -> dict[str, float]:
-    """Pass rate of each task over `cfg.filter_samples` samples of the current policy, in chunks of a training
-    batch (bounded memory, and a progress line per chunk)."""
+    """Pass rate of each task over `cfg.filter_samples` samples of the current policy."""
+    return sampled_pass_rates(
+        engine, tokenizer, tasks, suites, cfg, cfg.filter_samples, 7, "difficulty filter"
+    )
+
+
+def sampled_pass_rates(
+    engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig,
+    samples: int, seed_offset: int, what: str,
+) -> dict[str, float]:  # fmt: skip
+    """Pass rate of each task over `samples` samples at the rollout temperature, in chunks of a training
+    batch (bounded memory, and a progress line per chunk); the seeds depend only on the chunk."""
     rates: dict[str, list[float]] = defaultdict(list)
     size = cfg.prompts_per_step
     for i in range(0, len(tasks), size):
-        params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed + 7 + i)
+        params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed + seed_offset + i)
         trajs = rollout(
-            engine, tokenizer, tasks[i : i + size], cfg.filter_samples, params,
-            lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, "filter-",
+            engine, tokenizer, tasks[i : i + size], samples, params,
+            lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, "sampled-",
         )  # fmt: skip
         for t in trajs:
             rates[t.prompt_id].append(t.reward)
-        log.info("difficulty filter: %d / %d prompts sampled", min(i + size, len(tasks)), len(tasks))
+        log.info("%s: %d / %d prompts sampled", what, min(i + size, len(tasks)), len(tasks))
     return {k: sum(v) / len(v) for k, v in rates.items()}
+
+
+def sampled_pass_at_1(rates: dict[str, float], tasks: Sequence[Task]) -> dict[str, float]:
+    """pass@1 at the rollout temperature per domain (mean of the tasks' sampled pass rates) with its standard
+    error over tasks: `sampled_pass_at_1/<domain>`, `sampled_pass_at_1_se/<domain>`."""
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        by_domain[t.domain].append(rates[t.id])
+    out = {}
+    for domain, r in sorted(by_domain.items()):
+        mean = sum(r) / len(r)
+        var = sum((x - mean) ** 2 for x in r) / max(1, len(r) - 1)
+        out[f"sampled_pass_at_1/{domain}"] = mean
+        out[f"sampled_pass_at_1_se/{domain}"] = math.sqrt(var / len(r))
+    return out
 
 
 class _RLState:
@@ -225,6 +255,18 @@ def train_reasoning_rl(
 
     def evaluate(step: int) -> dict[str, float]:
         out = pass_at_1(engine, tokenizer, heldout_tasks, suites, cfg.max_new_tokens, cfg.max_turns)
+        if cfg.eval_samples:  # the same seeds at every eval: differences between steps are the policy's
+            rates = sampled_pass_rates(
+                engine,
+                tokenizer,
+                heldout_tasks,
+                suites,
+                cfg,
+                cfg.eval_samples,
+                11,
+                f"held-out eval step {step}",
+            )
+            out.update(sampled_pass_at_1(rates, heldout_tasks))
         log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
         return out
 

@@ -12,20 +12,15 @@ matplotlib with the Agg backend; files are written to a temp name and renamed (a
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from infra.figures import pyplot, save_figure
+
 PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
-
-
-def plot_dir(prefix: str = "crucible-plots-") -> Path:
-    """A new directory for a stage's PNGs that outlives the stage's own temp dirs (the asset logs the files
-    after the stage function returns)."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 @dataclass
@@ -97,7 +92,7 @@ def histogram_counts(values: list[float], edges: list[float]) -> list[int]:
 
 def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> PlotData:
     """One stacked histogram per panel, with its threshold line; panels without scores say so."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), squeeze=False)
     data = PlotData(path)
     for ax, panel in zip(axes[0], panels, strict=True):
@@ -126,7 +121,7 @@ def score_histograms(path: Path, panels: list[ScorePanel], title: str = "") -> P
         ax.yaxis.get_major_locator().set_params(integer=True)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    _save(fig, path, title)
+    save_figure(fig, path, title)
     return data
 
 
@@ -149,7 +144,7 @@ def funnel_chart(path: Path, steps: list[dict[str, Any]], title: str = "") -> Pl
 
 def bar_panels(path: Path, panels: list[BarPanel], title: str = "") -> PlotData:
     """Horizontal (grouped) bars, first category on top, each bar labelled with its value."""
-    plt = _pyplot()
+    plt = pyplot()
     rows = max((len(p.categories) for p in panels), default=1)
     fig, axes = plt.subplots(
         1, len(panels), figsize=(5.6 * len(panels), 1.2 + 0.32 * max(rows, 4)), squeeze=False
@@ -180,7 +175,7 @@ def bar_panels(path: Path, panels: list[BarPanel], title: str = "") -> PlotData:
         ax.set(xlabel=panel.xlabel, title=panel.title)
         if n > 1:
             ax.legend(fontsize=7)
-    _save(fig, path, title)
+    save_figure(fig, path, title)
     return data
 
 
@@ -190,24 +185,3 @@ def _fmt(v: float) -> str:
     if v >= 1e4:
         return f"{v / 1e3:.0f}k"
     return f"{v:g}"
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path, title: str) -> None:
-    plt = _pyplot()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(path)

@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from infra.figures import pyplot, save_figure
+
 # Reasoning RL: what a person checks first (is reward rising per domain, does held-out follow, is the
 # train/inference mismatch under control, is the policy collapsing).
 RL_PANELS = {
@@ -22,12 +24,7 @@ SFT_PANELS = {"SFT loss (assistant tokens)": r"loss", "learning rate": r"lr", "g
 def plot_history(rows: list[dict[str, Any]], panels: dict[str, str], out_path: Path, title: str = "") -> Path:
     """One subplot per panel with every key that fully matches its regex; a key with a `_se` twin (e.g.
     `heldout/pass_at_1_se/math`) is drawn with +-1 SE bars. Empty panels say so instead of vanishing."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (name, pattern) in zip(axes[0], panels.items(), strict=True):
         keys = sorted({k for r in rows for k in r if k != "step" and re.fullmatch(pattern, k)})
         for key in keys:
@@ -43,15 +40,7 @@ def plot_history(rows: list[dict[str, Any]], panels: dict[str, str], out_path: P
         ax.set(xlabel="step", title=name)
         if keys:
             ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(out_path)
-    return out_path
+    return save_figure(fig, out_path, title)
 
 
 def _se_key(key: str) -> str:

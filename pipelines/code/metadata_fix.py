@@ -26,11 +26,12 @@ from tqdm import tqdm
 from classifiers.code_language import CodeLanguageClassifier
 from classifiers.code_language_rules import extension_of
 from infra.committed import commit, fetch_file, read_committed
+from infra.figures import plot_dir
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.records import ORIGINS, data_version, read_shards, sha256_hex, write_shards
-from pipelines.plots import BarPanel, bar_panels, plot_dir
+from pipelines.plots import BarPanel, bar_panels
 
 log = logging.getLogger(__name__)
 

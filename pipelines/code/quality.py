@@ -38,13 +38,14 @@ from classifiers.code_quality import (
 )
 from classifiers.fasttext_train import FastTextParams, classification_report
 from infra.committed import commit
+from infra.figures import plot_dir
 from infra.partition_keys import partition_prefix
 from infra.schemas import CodeSamplingWeights, LanguageSamplingWeight
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.code.language_id import refine_single_group_languages
 from pipelines.code.records import read_shards, write_shards
-from pipelines.plots import BarPanel, ScorePanel, bar_panels, plot_dir, score_histograms
+from pipelines.plots import BarPanel, ScorePanel, bar_panels, score_histograms
 
 log = logging.getLogger(__name__)
 

@@ -34,6 +34,7 @@ from classifiers.world_knowledge import (
     train_world_knowledge_classifier,
 )
 from infra.committed import commit, read_committed
+from infra.figures import plot_dir
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -46,7 +47,7 @@ from pipelines.knowledge.world_knowledge_data import (
     web_examples,
     wikipedia_examples,
 )
-from pipelines.plots import BarPanel, ScorePanel, bar_panels, plot_dir, score_histograms
+from pipelines.plots import BarPanel, ScorePanel, bar_panels, score_histograms
 
 log = logging.getLogger(__name__)
 

@@ -45,11 +45,12 @@ from datatrove.utils.text import TERMINAL_PUNCTUATION
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.committed import POINTER, commit
+from infra.figures import plot_dir
 from infra.packaged import LID_176, packaged_file
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.bounded_executor import run_tasks_bounded
-from pipelines.plots import ScorePanel, funnel_chart, plot_dir, score_histograms
+from pipelines.plots import ScorePanel, funnel_chart, score_histograms
 from pipelines.web.filters import CountLanguages, DropWriter, MinLengthFilter
 from pipelines.web.html_extraction import DECODED_BY, HtmlWarcReader, TrafilaturaWithDrops
 from pipelines.web.lid import LanguageIdFilter

@@ -3,8 +3,9 @@
 On a fresh micro-profile stack (tests/browser/conftest.py): the asset graph lists every group of
 assets/definitions.py; a materialization of `web_warc` with config edited in the launchpad and a backfill of two
 web snapshots, both launched by clicks, succeed; each backfilled partition carries its own MLflow run; its
-`mlflow_run_url` link opens that run in MLflow's training (runs) view, not the GenAI view. Screenshots (graph,
-filled launchpad, backfill, MLflow run) go to the folder the test prints.
+`mlflow_run_url` link opens that run in MLflow's training (runs) view, not the GenAI view; a stage's PNG
+(web_documents' funnel) opens from its metadata entry as a decoded picture. Screenshots (graph, filled
+launchpad, backfill, MLflow run, the plot) go to the folder the test prints.
 """
 
 from __future__ import annotations
@@ -278,3 +279,32 @@ def test_mlflow_run_link_opens_the_run_in_the_runs_view(stack, page, backfill, a
     assert mlflow.get_by_text("Evaluation runs", exact=True).count() == 0
     _shot(mlflow, artifacts, "mlflow-runs.jpg")
     mlflow.close()
+
+
+def test_a_stage_plot_shows_inline_in_the_materialization(stack, page, backfill, artifacts):
+    """web_documents logs plots/funnel.png; its materialization's `plot/funnel` entry opens (Dagster's
+    [Show Markdown]) on the picture itself (Markdown with a data URI), decoded by the browser."""
+    key = BACKFILL[0]
+    mutation = """mutation($p: ExecutionParams!) { launchPipelineExecution(executionParams: $p) {
+        __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }"""
+    params = {
+        "selector": {**_repository(stack), "pipelineName": "__ASSET_JOB",
+                     "assetSelection": [{"path": ["web_documents"]}]},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": key}]},
+        "mode": "default",
+    }  # fmt: skip
+    launched = stack.graphql(mutation, {"p": params})["launchPipelineExecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+    status = _wait("web_documents finishes", lambda: _finished(_run_status(stack, run_id)), 240, every=2)
+    assert status == "SUCCESS", f"{status} (logs in {stack.logs})"
+    page.goto(f"{stack.dagster_url}/assets/web_documents?view=partitions&partition={key}")
+    row = page.locator("tr", has=page.get_by_text("plot/funnel", exact=True)).first
+    row.get_by_text("[Show Markdown]").click()
+    image = page.locator('img[src^="data:image/png;base64,"]').first
+    image.wait_for(timeout=30_000)
+    image.scroll_into_view_if_needed()
+    size = image.evaluate("img => [img.complete, img.naturalWidth, img.naturalHeight]")
+    assert size[0] and size[1] > 200 and size[2] > 100, f"the plot did not decode: {size}"
+    assert page.get_by_text("iVBORw0KGgo").count() == 0  # the PNG's base64 is not shown as text
+    _shot(page, artifacts, "plot-in-metadata.jpg")

@@ -160,7 +160,7 @@ def indexer_topk(
 ) -> torch.Tensor:
     """The int32 top-k key indices [B, S - first_query, k] of `GlmMoeDsaIndexer.forward` for the queries from
     `first_query` on: the same set per query (the order within it may differ; neither attention path uses it)."""
-    q, k, weights = _indexer_inputs(indexer, hidden_states, q_resid, position_embeddings)
+    q, k, weights = indexer_inputs(indexer, hidden_states, q_resid, position_embeddings)
     q, weights, mask = q[:, first_query:], weights[:, first_query:], attention_mask[:, 0, first_query:]
     batch_size, seq_len, n_keys = mask.shape[0], q.shape[1], k.shape[1]
     topk = min(indexer.index_topk, n_keys)
@@ -186,7 +186,7 @@ def indexer_topk(
     return out
 
 
-def _indexer_inputs(indexer, hidden_states, q_resid, position_embeddings):
+def indexer_inputs(indexer, hidden_states, q_resid, position_embeddings):
     """Indexer queries [B,S,H,D] (float32), keys [B,T,D] (float32) and head weights [B,S,H], computed
     exactly as in `GlmMoeDsaIndexer.forward`."""
     batch_size, seq_len, _ = hidden_states.shape

@@ -39,7 +39,7 @@ from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import (
 )
 
 from training.dsa_gather import allowed_keys as _allowed_keys
-from training.dsa_gather import gather_forward
+from training.dsa_gather import gather_forward, indexer_inputs
 
 DsaMode = Literal["native", "dense", "indexer_warmup", "sparse", "sparse_gather"]
 DSA_MODES: tuple[str, ...] = ("native", "dense", "indexer_warmup", "sparse", "sparse_gather")
@@ -52,19 +52,8 @@ def indexer_scores(
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
     """Unmasked indexer scores I [B, S, T] (float32), the math of `GlmMoeDsaIndexer.forward` with gradients."""
-    batch_size, seq_len, _ = hidden_states.shape
-    cos, sin = position_embeddings
-    rope = indexer.qk_rope_head_dim
-    q = indexer.wq_b(q_resid).view(batch_size, seq_len, indexer.n_heads, indexer.head_dim)
-    q_rot, q_pass = torch.split(q, [rope, indexer.head_dim - rope], dim=-1)
-    k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
-    k_rot, k_pass = torch.split(k, [rope, indexer.head_dim - rope], dim=-1)
-    q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
-    q = torch.cat([q_rot, q_pass], dim=-1)
-    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
-    scores = F.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * indexer.softmax_scale)
-    weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float()
-    weights = weights * indexer.n_heads**-0.5
+    q, k, weights = indexer_inputs(indexer, hidden_states, q_resid, position_embeddings)
+    scores = F.relu(torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * indexer.softmax_scale)
     return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
 
 

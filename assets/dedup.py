@@ -4,10 +4,9 @@ through a Dagster concurrency pool: each run appends to the shared index."""
 
 import dagster as dg
 
-from assets.partitions import code_snapshots, single_run, web_snapshots
-from assets.resources import MlflowResource, ObjectStoreResource
+from assets.factory import Check, tracked_asset
+from assets.partitions import code_snapshots, web_snapshots
 from assets.stage_config import launchpad_config
-from assets.tracked import code_version, run_stage
 from infra.settings import load_profile
 from pipelines.dedup import stage as dedup_stage
 from pipelines.dedup.config import DedupConfig
@@ -31,64 +30,40 @@ def _stage(kind: str):
     return stage
 
 
-_CHECK_DOC = "The share of removed documents is within the configured plausible range"
-
-
-@dg.asset(
-    partitions_def=web_snapshots,
-    group_name="dedup",
-    deps=["web_filtered"],
-    backfill_policy=single_run,
-    code_version=code_version(dedup_stage),
-    pool="dedup_web",
-    kinds={"python"},
-    check_specs=[
-        dg.AssetCheckSpec("dedup_rate_plausible", asset="web_deduped", blocking=True, description=_CHECK_DOC)
-    ],
+_CHECK = Check(
+    "dedup_rate_plausible", "The share of removed documents is within the configured plausible range"
 )
-def web_deduped(
-    context: dg.AssetExecutionContext,
-    config: WebDedupConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Web documents of one snapshot that survive exact, URL and near dedup across all snapshots."""
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
+
+
+def _dedup_asset(
+    kind: str, config: type[dg.Config], partitions: dg.PartitionsDefinition, upstream: str, doc: str
+):
+    return tracked_asset(
+        f"{kind}_deduped",
+        doc,
         config=config,
-        fn=_stage("web"),
-        upstream=[dg.AssetKey("web_filtered")],
-        checks=_checks,
+        stage=_stage(kind),
+        code_modules=[dedup_stage],
+        group="dedup",
+        partitions=partitions,
+        deps=[upstream],
+        checks=[_CHECK],
+        evaluate=_checks,
+        pool=f"dedup_{kind}",  # one run of a kind at a time: each appends to the shared index
     )
 
 
-@dg.asset(
-    partitions_def=code_snapshots,
-    group_name="dedup",
-    deps=["code_files"],
-    backfill_policy=single_run,
-    code_version=code_version(dedup_stage),
-    pool="dedup_code",
-    kinds={"python"},
-    check_specs=[
-        dg.AssetCheckSpec("dedup_rate_plausible", asset="code_deduped", blocking=True, description=_CHECK_DOC)
-    ],
+web_deduped = _dedup_asset(
+    "web",
+    WebDedupConfig,
+    web_snapshots,
+    "web_filtered",
+    "Web documents of one snapshot that survive exact, URL and near dedup across all snapshots.",
 )
-def code_deduped(
-    context: dg.AssetExecutionContext,
-    config: CodeDedupConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Code files of one source snapshot that survive exact and near dedup (Jaccard ~0.7) across snapshots."""
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=_stage("code"),
-        upstream=[dg.AssetKey("code_files")],
-        checks=_checks,
-    )
+code_deduped = _dedup_asset(
+    "code",
+    CodeDedupConfig,
+    code_snapshots,
+    "code_files",
+    "Code files of one source snapshot that survive exact and near dedup (Jaccard ~0.7) across snapshots.",
+)

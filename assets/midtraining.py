@@ -5,13 +5,10 @@ RULER-style passkey retrieval at several lengths and depths, short-context regre
 import json
 from pathlib import Path
 
-import dagster as dg
-
+from assets.factory import Check, Launches, tracked_asset
 from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.pretraining import SHARDS_PREFIX, local_tokenizer, tokenizer_files
-from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
-from assets.tracked import code_version, run_stage
 from infra.committed import commit, fetch_committed, read_committed
 from infra.settings import SettingsError, load_profile, validate_stage
 from infra.stage import StageResult, markdown_table
@@ -55,101 +52,84 @@ def _heldout(store: ObjectStore) -> dict[str, list[str]]:
 def _midtrain_asset(index: int):
     name, parent = f"midtrain_stage{index}", CHECKPOINTS[index - 1]
 
-    @dg.asset(
-        name=name,
-        group_name="training",
-        deps=[parent, "token_shards"],
-        kinds={"python"},
-        code_version=code_version(context_extension),
-        tags={"crucible/resource": "gpu"},
-    )
-    def midtrain(
-        context: dg.AssetExecutionContext,
-        config: MidtrainConfig,
-        store: ObjectStoreResource,
-        mlflow: MlflowResource,
-        pipes: dg.PipesSubprocessClient,
-    ) -> dg.MaterializeResult:
-        """One context-extension stage trained from the previous checkpoint (see `context_extension`)."""
-
-        def stage(cfg: ContextExtensionConfig, s, _, run) -> StageResult:
-            ctx = cfg.stages[index - 1]
-            pre = validate_stage(PROFILE, "pretrain", PretrainConfig)
-            tok = local_tokenizer(s)
-            model_cfg = pre.model.model_copy(
-                update={
-                    "vocab_size": len(load_tokenizer(tok)),
-                    "bos_token_id": 0,
-                    "eos_token_id": 0,
-                    "pad_token_id": 1,
-                }
-            )
-            rows = context_extension.build_midtrain_shards(
-                cfg,
-                ctx.name,
-                s,
-                SHARDS_PREFIX,
-                tok / "tokenizer.json",
-                f"training/midtrain_rows/{ctx.name}",
-                PROFILE.state_path / "cache" / "midtrain_rows",
-            )
-            shard_path, recall_paths = context_extension.midtrain_shard_paths(
-                s, rows.outputs["prefix"], PROFILE.state_path / "cache" / "midtrain_rows"
-            )
-            recall = {n: [p] for n, p in recall_paths.items()}
-            parent_dir = local_checkpoint(s, parent)
-            # the run dir names the whole job (rows, parent weights, settings): a rerun resumes only the same job
-            key = job_key(rows.data_version, tree_digest(parent_dir), cfg.model_dump(mode="json"),
-                          pre.model_dump(mode="json"), model_cfg.model_dump(mode="json"))  # fmt: skip
-            run_dir = PROFILE.state_path / "runs" / name / key
-            hf_dir = context_extension.midtrain_stage(
-                parent_dir,
-                model_cfg,
-                pre.sparse,
-                cfg,
-                ctx.name,
-                [shard_path],
-                run_dir,
-                heldout=_heldout(s),
-                tokenizer_dir=tok,
-                distributed=pre.distributed,
-                torch_extensions_dir=PROFILE.state_path / "torch_extensions",
-                launch=PipesLaunch(context, pipes),
-                callbacks=[CALLBACK],
-                recall_shards=recall,
-            )
-            for fname, src in tokenizer_files(tok).items():
-                if not (hf_dir / fname).exists():
-                    (hf_dir / fname).write_bytes(Path(src).read_bytes())
-            metrics = {f"rows/{k}": v for k, v in rows.metrics.items()}
-            final = (token_data_json(hf_dir.parent / "result.json") or {}).get("metrics", {})
-            metrics.update({f"final/{k}": v for k, v in final.items() if isinstance(v, int | float)})
-            for phase in ctx.recall_curriculum:  # how far the curriculum got: loss on its last batches
-                done = token_data_json(run_dir / f"recall_{phase.seq_len}" / "result.json") or {}
-                if "loss" in done.get("metrics", {}):
-                    metrics[f"recall_curriculum/{phase.seq_len}/loss"] = done["metrics"]["loss"]
-            metrics.update({"seq_len": ctx.seq_len, "rope_theta": ctx.rope_theta or 0.0})
-            report = f"## {name}: {ctx.name} (seq_len {ctx.seq_len}, {cfg.rope_method})\n\n{rows.report_md}"
-            return StageResult(
-                metrics=metrics,
-                outputs={"checkpoint": s.uri(commit(s, checkpoint_prefix(name), hf_dir).version_prefix)},
-                report_md=report,
-                artifacts={"checkpoint": hf_dir},
-                data_version=rows.data_version + ":" + str(final.get("step", "")),
-                history=_history(run_dir),
-            )
-
-        return run_stage(
-            context,
-            store=store,
-            mlflow=mlflow,
-            config=config,
-            fn=stage,
-            upstream=[dg.AssetKey(parent), dg.AssetKey("token_shards")],
-            register=lambda result: {f"crucible-{name}": "checkpoint"},
+    def stage(launch: PipesLaunch, cfg: ContextExtensionConfig, s, _, run) -> StageResult:
+        ctx = cfg.stages[index - 1]
+        pre = validate_stage(PROFILE, "pretrain", PretrainConfig)
+        tok = local_tokenizer(s)
+        model_cfg = pre.model.model_copy(
+            update={
+                "vocab_size": len(load_tokenizer(tok)),
+                "bos_token_id": 0,
+                "eos_token_id": 0,
+                "pad_token_id": 1,
+            }
+        )
+        rows = context_extension.build_midtrain_shards(
+            cfg,
+            ctx.name,
+            s,
+            SHARDS_PREFIX,
+            tok / "tokenizer.json",
+            f"training/midtrain_rows/{ctx.name}",
+            PROFILE.state_path / "cache" / "midtrain_rows",
+        )
+        shard_path, recall_paths = context_extension.midtrain_shard_paths(
+            s, rows.outputs["prefix"], PROFILE.state_path / "cache" / "midtrain_rows"
+        )
+        recall = {n: [p] for n, p in recall_paths.items()}
+        parent_dir = local_checkpoint(s, parent)
+        # the run dir names the whole job (rows, parent weights, settings): a rerun resumes only the same job
+        key = job_key(rows.data_version, tree_digest(parent_dir), cfg.model_dump(mode="json"),
+                      pre.model_dump(mode="json"), model_cfg.model_dump(mode="json"))  # fmt: skip
+        run_dir = PROFILE.state_path / "runs" / name / key
+        hf_dir = context_extension.midtrain_stage(
+            parent_dir,
+            model_cfg,
+            pre.sparse,
+            cfg,
+            ctx.name,
+            [shard_path],
+            run_dir,
+            heldout=_heldout(s),
+            tokenizer_dir=tok,
+            distributed=pre.distributed,
+            torch_extensions_dir=PROFILE.state_path / "torch_extensions",
+            launch=launch,
+            callbacks=[CALLBACK],
+            recall_shards=recall,
+        )
+        for fname, src in tokenizer_files(tok).items():
+            if not (hf_dir / fname).exists():
+                (hf_dir / fname).write_bytes(Path(src).read_bytes())
+        metrics = {f"rows/{k}": v for k, v in rows.metrics.items()}
+        final = (token_data_json(hf_dir.parent / "result.json") or {}).get("metrics", {})
+        metrics.update({f"final/{k}": v for k, v in final.items() if isinstance(v, int | float)})
+        for phase in ctx.recall_curriculum:  # how far the curriculum got: loss on its last batches
+            done = token_data_json(run_dir / f"recall_{phase.seq_len}" / "result.json") or {}
+            if "loss" in done.get("metrics", {}):
+                metrics[f"recall_curriculum/{phase.seq_len}/loss"] = done["metrics"]["loss"]
+        metrics.update({"seq_len": ctx.seq_len, "rope_theta": ctx.rope_theta or 0.0})
+        report = f"## {name}: {ctx.name} (seq_len {ctx.seq_len}, {cfg.rope_method})\n\n{rows.report_md}"
+        return StageResult(
+            metrics=metrics,
+            outputs={"checkpoint": s.uri(commit(s, checkpoint_prefix(name), hf_dir).version_prefix)},
+            report_md=report,
+            artifacts={"checkpoint": hf_dir},
+            data_version=rows.data_version + ":" + str(final.get("step", "")),
+            history=_history(run_dir),
         )
 
-    return midtrain
+    return tracked_asset(
+        name,
+        "One context-extension stage trained from the previous checkpoint (see `context_extension`).",
+        config=MidtrainConfig,
+        stage=Launches(stage),
+        code_modules=[context_extension],
+        group="training",
+        deps=[parent, "token_shards"],
+        register=lambda result: {f"crucible-{name}": "checkpoint"},
+        tags={"crucible/resource": "gpu"},
+    )
 
 
 def token_data_json(path: Path) -> dict | None:
@@ -163,87 +143,76 @@ def _gate(cfg: EvalConfig, result: StageResult) -> list[tuple[str, bool, dict]]:
     return evals.context_extension_checks(cfg, result.extra["final_vs_base"])
 
 
-@dg.asset(
-    group_name="training",
+def _evaluate(cfg: EvalConfig, s, _, run) -> StageResult:
+    tok, heldout = local_tokenizer(s), _heldout(s)
+    out_root = PROFILE.state_path / "runs" / "evals"
+    per: dict[str, StageResult] = {}
+    metrics: dict[str, float] = {}
+    artifacts: dict[str, Path] = {}
+    rows = []
+    for asset in CHECKPOINTS:
+        mode = "dense" if asset == "base_checkpoint" else "native"
+        result = evals.evaluate_checkpoint_dir(
+            local_checkpoint(s, asset), tok, heldout, cfg, out_root / asset, dsa_mode=mode
+        )
+        per[asset] = result
+        metrics.update({f"{asset}/{k}": v for k, v in result.metrics.items()})
+        artifacts.update({f"{asset}/{Path(k).name}": v for k, v in result.artifacts.items()})
+        rows.append(
+            {
+                "checkpoint": asset,
+                **{
+                    k: round(v, 3)
+                    for k, v in result.metrics.items()
+                    if k.startswith(("passkey/acc/", "ppl/", "dsa/"))
+                },
+            }
+        )
+    for parent, child in zip(CHECKPOINTS, CHECKPOINTS[1:], strict=False):
+        delta = evals.compare_to_parent(per[parent].metrics, per[child].metrics, cfg.short_seq_len)
+        metrics.update({f"{child}/vs_parent/{k}": v for k, v in delta.items()})
+    delta = evals.compare_to_parent(
+        per[CHECKPOINTS[0]].metrics, per[CHECKPOINTS[-1]].metrics, cfg.short_seq_len
+    )
+    metrics.update({f"final_vs_base/{k}": v for k, v in delta.items()})
+    report = (
+        "## Checkpoint evals\n\n"
+        + markdown_table(rows)
+        + "\n\n### Final vs base\n\n"
+        + markdown_table([{"metric": k, "value": round(v, 4)} for k, v in sorted(delta.items())])
+    )
+    return StageResult(
+        metrics=metrics,
+        report_md=report,
+        artifacts=artifacts,
+        data_version=",".join(r.data_version for r in per.values()),
+        extra={"final_vs_base": delta},
+    )
+
+
+checkpoint_evals = tracked_asset(
+    "checkpoint_evals",
+    "Every checkpoint's held-out perplexity and passkey accuracy, and each stage against its parent.",
+    config=EvalRunConfig,
+    stage=_evaluate,
+    code_modules=[evals],
+    group="training",
     deps=[*CHECKPOINTS, "token_shards"],
-    kinds={"python"},
-    code_version=code_version(evals),
-    check_specs=[
-        dg.AssetCheckSpec(
+    upstream=CHECKPOINTS,
+    checks=[
+        Check(
             "passkey_gain_at_longest",
-            asset="checkpoint_evals",
-            description="Passkey accuracy at the longest length: final checkpoint >= base + min_passkey_gain",
+            "Passkey accuracy at the longest length: final checkpoint >= base + min_passkey_gain",
+            blocking=False,
         ),
-        dg.AssetCheckSpec(
+        Check(
             "short_ppl_within_margin",
-            asset="checkpoint_evals",
-            description="Short-context perplexity: final / base <= max_short_ppl_ratio for every source",
+            "Short-context perplexity: final / base <= max_short_ppl_ratio for every source",
+            blocking=False,
         ),
     ],
+    evaluate=_gate,
 )
-def checkpoint_evals(
-    context: dg.AssetExecutionContext,
-    config: EvalRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Every checkpoint's held-out perplexity and passkey accuracy, and each stage against its parent."""
-
-    def stage(cfg: EvalConfig, s, _, run) -> StageResult:
-        tok, heldout = local_tokenizer(s), _heldout(s)
-        out_root = PROFILE.state_path / "runs" / "evals"
-        per: dict[str, StageResult] = {}
-        metrics: dict[str, float] = {}
-        artifacts: dict[str, Path] = {}
-        rows = []
-        for asset in CHECKPOINTS:
-            mode = "dense" if asset == "base_checkpoint" else "native"
-            result = evals.evaluate_checkpoint_dir(
-                local_checkpoint(s, asset), tok, heldout, cfg, out_root / asset, dsa_mode=mode
-            )
-            per[asset] = result
-            metrics.update({f"{asset}/{k}": v for k, v in result.metrics.items()})
-            artifacts.update({f"{asset}/{Path(k).name}": v for k, v in result.artifacts.items()})
-            rows.append(
-                {
-                    "checkpoint": asset,
-                    **{
-                        k: round(v, 3)
-                        for k, v in result.metrics.items()
-                        if k.startswith(("passkey/acc/", "ppl/", "dsa/"))
-                    },
-                }
-            )
-        for parent, child in zip(CHECKPOINTS, CHECKPOINTS[1:], strict=False):
-            delta = evals.compare_to_parent(per[parent].metrics, per[child].metrics, cfg.short_seq_len)
-            metrics.update({f"{child}/vs_parent/{k}": v for k, v in delta.items()})
-        delta = evals.compare_to_parent(
-            per[CHECKPOINTS[0]].metrics, per[CHECKPOINTS[-1]].metrics, cfg.short_seq_len
-        )
-        metrics.update({f"final_vs_base/{k}": v for k, v in delta.items()})
-        report = (
-            "## Checkpoint evals\n\n"
-            + markdown_table(rows)
-            + "\n\n### Final vs base\n\n"
-            + markdown_table([{"metric": k, "value": round(v, 4)} for k, v in sorted(delta.items())])
-        )
-        return StageResult(
-            metrics=metrics,
-            report_md=report,
-            artifacts=artifacts,
-            data_version=",".join(r.data_version for r in per.values()),
-            extra={"final_vs_base": delta},
-        )
-
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey(a) for a in CHECKPOINTS],
-        checks=_gate,
-    )
 
 
 def _history(run_dir: Path) -> list[dict]:

@@ -5,14 +5,11 @@ checkpoint and to the task-suite version it trained on (both read through commit
 import json
 from pathlib import Path
 
-import dagster as dg
-
+from assets.factory import Launches, tracked_asset
 from assets.midtraining import CHECKPOINTS, local_checkpoint
 from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.pretraining import local_tokenizer
-from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
-from assets.tracked import code_version, run_stage
 from infra.committed import commit, fetch_committed, read_committed
 from infra.settings import load_profile, validate_stage
 from infra.stage import StageResult, markdown_table
@@ -45,7 +42,6 @@ SftRunConfig = launchpad_config("sft", SftConfig, PROFILE)
 ReasoningRLRunConfig = launchpad_config("reasoning_rl", ReasoningRLConfig, PROFILE)
 TASKS_PREFIX = "post_training/task_suites"
 SFT_DATA_PREFIX = "post_training/sft_data"
-_post = {"group_name": "post_training", "kinds": {"python"}}
 PARENT = CHECKPOINTS[-1]
 
 
@@ -71,202 +67,176 @@ def _model_cfg(tok_dir: Path):
     return pre.model.model_copy(update=update), pre.distributed
 
 
-@dg.asset(**_post, code_version=code_version(task_suites_module))
-def task_suites(
-    context: dg.AssetExecutionContext,
-    config: TaskSuitesRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Math, code, tool and knowledge tasks with verifiers; train / held-out splits by seed (no shared prompt)."""
-
-    def stage(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
-        wk = validate_stage(PROFILE, "world_knowledge", WorldKnowledgeConfig)
-        facts = dictionary_facts(wk.dictionaries, cfg.max_facts, cfg.seed)
-        sets = build_task_sets(cfg, facts)
-        out = _work("task_suites") / "out"
-        write_tasks(sets["train"], out / "train.jsonl")
-        write_tasks(sets["heldout"], out / "heldout.jsonl")
-        (out / "facts.jsonl").write_text("".join(json.dumps(list(f)) + "\n" for f in facts))
-        version = suite_version(sets)
-        counts = {}
-        for split, tasks in sets.items():
-            for t in tasks:
-                key = f"{split}/{t.domain}/level{t.difficulty}"
-                counts[key] = counts.get(key, 0) + 1
-        commit(s, TASKS_PREFIX, out, meta={"suite_version": version, "counts": counts})
-        rows = [{"split/domain/level": k, "tasks": v} for k, v in sorted(counts.items())]
-        return StageResult(
-            metrics={f"tasks/{k}": float(v) for k, v in counts.items()} | {"facts": float(len(facts))},
-            outputs={"task_suites": s.uri(TASKS_PREFIX)},
-            report_md=f"## Task suites {version}\n\n{markdown_table(rows)}",
-            sample=[t.to_json() for t in sets["heldout"][:: max(1, len(sets["heldout"]) // 8)]],
-            data_version=version,
-        )
-
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey("world_knowledge_classifier")],
+def _build_task_suites(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
+    wk = validate_stage(PROFILE, "world_knowledge", WorldKnowledgeConfig)
+    facts = dictionary_facts(wk.dictionaries, cfg.max_facts, cfg.seed)
+    sets = build_task_sets(cfg, facts)
+    out = _work("task_suites") / "out"
+    write_tasks(sets["train"], out / "train.jsonl")
+    write_tasks(sets["heldout"], out / "heldout.jsonl")
+    (out / "facts.jsonl").write_text("".join(json.dumps(list(f)) + "\n" for f in facts))
+    version = suite_version(sets)
+    counts = {}
+    for split, tasks in sets.items():
+        for t in tasks:
+            key = f"{split}/{t.domain}/level{t.difficulty}"
+            counts[key] = counts.get(key, 0) + 1
+    commit(s, TASKS_PREFIX, out, meta={"suite_version": version, "counts": counts})
+    rows = [{"split/domain/level": k, "tasks": v} for k, v in sorted(counts.items())]
+    return StageResult(
+        metrics={f"tasks/{k}": float(v) for k, v in counts.items()} | {"facts": float(len(facts))},
+        outputs={"task_suites": s.uri(TASKS_PREFIX)},
+        report_md=f"## Task suites {version}\n\n{markdown_table(rows)}",
+        sample=[t.to_json() for t in sets["heldout"][:: max(1, len(sets["heldout"]) // 8)]],
+        data_version=version,
     )
+
+
+task_suites = tracked_asset(
+    "task_suites",
+    "Math, code, tool and knowledge tasks with verifiers; train / held-out splits by seed (no shared prompt).",
+    config=TaskSuitesRunConfig,
+    stage=_build_task_suites,
+    code_modules=[task_suites_module],
+    group="post_training",
+    upstream=["world_knowledge_classifier"],  # its dictionaries give the facts: in lineage, not a Dagster dep
+)
 
 
 def _tasks_dir(s: ObjectStore) -> Path:
     return _local(s, TASKS_PREFIX, "task_suites")
 
 
-@dg.asset(**_post, deps=["task_suites"], code_version=code_version(sft_data))
-def sft_data_set(
-    context: dg.AssetExecutionContext,
-    config: SftDataRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Chat trajectories for SFT: worked solutions, corrected wrong steps and failed tool calls (kept in
-    context, masked from the loss), and definition chats from the corpus's dictionaries."""
-
-    def stage(cfg: SftDataConfig, s, _, run) -> StageResult:
-        tasks_dir = _tasks_dir(s)
-        facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
-        train = read_tasks(tasks_dir / "train.jsonl")
-        rows, kinds = sft_data.build_sft_trajectories(train, suites(facts), facts, cfg)
-        out = _work("sft_data") / "out"
-        sft_data.write_rows(rows, out / "rows.jsonl")
-        version = commit(s, SFT_DATA_PREFIX, out, meta={"kinds": dict(kinds)}).version
-        return StageResult(
-            metrics={f"rows/{k}": float(v) for k, v in kinds.items()} | {"rows": float(len(rows))},
-            outputs={"sft_data": s.uri(SFT_DATA_PREFIX)},
-            report_md="## SFT data\n\n"
-            + markdown_table([{"kind": k, "rows": v} for k, v in sorted(kinds.items())]),
-            sample=rows[:6],
-            data_version=version,
-        )
-
-    return run_stage(
-        context, store=store, mlflow=mlflow, config=config, fn=stage, upstream=[dg.AssetKey("task_suites")]
+def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
+    tasks_dir = _tasks_dir(s)
+    facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
+    train = read_tasks(tasks_dir / "train.jsonl")
+    rows, kinds = sft_data.build_sft_trajectories(train, suites(facts), facts, cfg)
+    out = _work("sft_data") / "out"
+    sft_data.write_rows(rows, out / "rows.jsonl")
+    version = commit(s, SFT_DATA_PREFIX, out, meta={"kinds": dict(kinds)}).version
+    return StageResult(
+        metrics={f"rows/{k}": float(v) for k, v in kinds.items()} | {"rows": float(len(rows))},
+        outputs={"sft_data": s.uri(SFT_DATA_PREFIX)},
+        report_md="## SFT data\n\n"
+        + markdown_table([{"kind": k, "rows": v} for k, v in sorted(kinds.items())]),
+        sample=rows[:6],
+        data_version=version,
     )
+
+
+sft_data_set = tracked_asset(
+    "sft_data_set",
+    "Chat trajectories for SFT: worked solutions, corrected wrong steps and failed tool calls (kept in\n"
+    "context, masked from the loss), and definition chats from the corpus's dictionaries.",
+    config=SftDataRunConfig,
+    stage=_build_sft_data,
+    code_modules=[sft_data],
+    group="post_training",
+    deps=["task_suites"],
+)
 
 
 def _publish_checkpoint(s: ObjectStore, name: str, hf_dir: Path) -> str:
     return s.uri(commit(s, f"checkpoints/{name}", hf_dir).version_prefix)
 
 
-@dg.asset(**_post, deps=[PARENT, "sft_data_set", "corpus_tokenizer"], code_version=code_version(post_train),
-          tags={"crucible/resource": "gpu"})  # fmt: skip
-def sft_checkpoint(
-    context: dg.AssetExecutionContext,
-    config: SftRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-    pipes: dg.PipesSubprocessClient,
-) -> dg.MaterializeResult:
-    """Supervised fine-tuning of the last midtraining checkpoint on `sft_data_set` (loss on assistant tokens)."""
+def _sft(launch: PipesLaunch, cfg: SftConfig, s, _, run) -> StageResult:
+    tok = local_tokenizer(s)
+    parent = local_checkpoint(s, PARENT)
+    rows = _local(s, SFT_DATA_PREFIX, "sft_data") / "rows.jsonl"
+    model_cfg, distributed = _model_cfg(tok)
+    data_version = read_committed(s, SFT_DATA_PREFIX).version
+    key = job_key(
+        cfg.model_dump(mode="json"), tree_digest(parent), data_version, model_cfg.model_dump(mode="json")
+    )
+    run_dir = PROFILE.state_path / "runs" / "sft" / key
+    spec = post_train.sft_spec(cfg, parent, model_cfg, rows, tok, run_dir, distributed, [CALLBACK])
+    result = post_train.run_sft(spec, PROFILE.state_path / "torch_extensions", launch)
+    hf_dir = Path(result["hf_dir"])
+    metrics = {f"final/{k}": v for k, v in result.get("metrics", {}).items() if isinstance(v, int | float)}
+    history = read_metrics(run_dir)
+    plot = plot_history(history, SFT_PANELS, run_dir / "sft_curves.png", f"SFT from {PARENT}")
+    return StageResult(
+        metrics=metrics,
+        outputs={"checkpoint": _publish_checkpoint(s, "sft_checkpoint", hf_dir)},
+        report_md=f"## SFT from {PARENT}\n\nsteps {result['step']}, final loss {metrics.get('final/loss', 0):.3f}",
+        artifacts={"checkpoint": hf_dir, "plots/sft_curves.png": plot},
+        data_version=result["weights_digest"][:16],
+        history=history,
+    )
 
-    def stage(cfg: SftConfig, s, _, run) -> StageResult:
-        tok = local_tokenizer(s)
-        parent = local_checkpoint(s, PARENT)
-        rows = _local(s, SFT_DATA_PREFIX, "sft_data") / "rows.jsonl"
-        model_cfg, distributed = _model_cfg(tok)
-        data_version = read_committed(s, SFT_DATA_PREFIX).version
-        key = job_key(
-            cfg.model_dump(mode="json"), tree_digest(parent), data_version, model_cfg.model_dump(mode="json")
-        )
-        run_dir = PROFILE.state_path / "runs" / "sft" / key
-        spec = post_train.sft_spec(cfg, parent, model_cfg, rows, tok, run_dir, distributed, [CALLBACK])
-        result = post_train.run_sft(
-            spec, PROFILE.state_path / "torch_extensions", PipesLaunch(context, pipes)
-        )
-        hf_dir = Path(result["hf_dir"])
-        metrics = {
-            f"final/{k}": v for k, v in result.get("metrics", {}).items() if isinstance(v, int | float)
+
+sft_checkpoint = tracked_asset(
+    "sft_checkpoint",
+    "Supervised fine-tuning of the last midtraining checkpoint on `sft_data_set` (loss on assistant tokens).",
+    config=SftRunConfig,
+    stage=Launches(_sft),
+    code_modules=[post_train],
+    group="post_training",
+    deps=[PARENT, "sft_data_set", "corpus_tokenizer"],
+    upstream=[PARENT, "sft_data_set"],
+    register=lambda result: {"crucible-sft": "checkpoint"},
+    tags={"crucible/resource": "gpu"},
+)
+
+
+def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> StageResult:
+    parent = _local(s, "checkpoints/sft_checkpoint", "checkpoints/sft_checkpoint")
+    tasks_dir = _tasks_dir(s)
+    model_cfg, distributed = _model_cfg(parent)
+    key = job_key(cfg.model_dump(mode="json"), tree_digest(parent), read_committed(s, TASKS_PREFIX).version)
+    spec = RLJobSpec(
+        run_dir=str(PROFILE.state_path / "runs" / "reasoning_rl" / key),
+        init_from=str(parent),
+        model=model_cfg,
+        train_tasks=str(tasks_dir / "train.jsonl"),
+        heldout_tasks=str(tasks_dir / "heldout.jsonl"),
+        facts=str(tasks_dir / "facts.jsonl"),
+        config=cfg,
+        threads=distributed.threads_per_process or None,
+        compare={PARENT: str(local_checkpoint(s, PARENT))},
+        callbacks=[CALLBACK],
+    )
+    result = post_train.run_rl_job(spec, PROFILE.state_path / "torch_extensions", launch)
+    hf_dir = Path(result["hf_dir"])
+    metrics = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
+    rows = [
+        {
+            "domain": k.split("/")[-1],
+            "pass_at_1": round(v, 3),
+            "se": round(metrics.get(k.replace("pass_at_1", "pass_at_1_se"), 0), 3),
         }
-        history = read_metrics(run_dir)
-        plot = plot_history(history, SFT_PANELS, run_dir / "sft_curves.png", f"SFT from {PARENT}")
-        return StageResult(
-            metrics=metrics,
-            outputs={"checkpoint": _publish_checkpoint(s, "sft_checkpoint", hf_dir)},
-            report_md=f"## SFT from {PARENT}\n\nsteps {result['step']}, final loss {metrics.get('final/loss', 0):.3f}",
-            artifacts={"checkpoint": hf_dir, "plots/sft_curves.png": plot},
-            data_version=result["weights_digest"][:16],
-            history=history,
-        )
+        for k, v in sorted(metrics.items())
+        if k.startswith("heldout/pass_at_1/")
+    ]
+    history = read_metrics(Path(spec.run_dir))
+    plot = plot_history(history, RL_PANELS, Path(spec.run_dir) / "reasoning_rl_curves.png", "Reasoning RL")
+    return StageResult(
+        metrics=metrics,
+        outputs={"checkpoint": _publish_checkpoint(s, "reasoning_rl_checkpoint", hf_dir)},
+        report_md="## Reasoning RL: held-out pass_at_1 (greedy)\n\n" + markdown_table(rows),
+        artifacts={
+            "checkpoint": hf_dir,
+            "samples.json": Path(spec.run_dir) / "samples.json",
+            "plots/reasoning_rl_curves.png": plot,
+        },
+        data_version=key,
+        history=history,
+    )
 
-    return run_stage(
-        context, store=store, mlflow=mlflow, config=config, fn=stage,
-        upstream=[dg.AssetKey(PARENT), dg.AssetKey("sft_data_set")],
-        register=lambda result: {"crucible-sft": "checkpoint"},
-    )  # fmt: skip
 
-
-@dg.asset(**_post, deps=["sft_checkpoint", "task_suites"], code_version=code_version(reasoning),
-          tags={"crucible/resource": "gpu"})  # fmt: skip
-def reasoning_rl_checkpoint(
-    context: dg.AssetExecutionContext,
-    config: ReasoningRLRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-    pipes: dg.PipesSubprocessClient,
-) -> dg.MaterializeResult:
-    """Reasoning RL (GRPO + IcePop, no KL) from the SFT checkpoint on mixed-domain verifiable tasks."""
-
-    def stage(cfg: ReasoningRLConfig, s, _, run) -> StageResult:
-        parent = _local(s, "checkpoints/sft_checkpoint", "checkpoints/sft_checkpoint")
-        tasks_dir = _tasks_dir(s)
-        model_cfg, distributed = _model_cfg(parent)
-        key = job_key(
-            cfg.model_dump(mode="json"), tree_digest(parent), read_committed(s, TASKS_PREFIX).version
-        )
-        spec = RLJobSpec(
-            run_dir=str(PROFILE.state_path / "runs" / "reasoning_rl" / key),
-            init_from=str(parent),
-            model=model_cfg,
-            train_tasks=str(tasks_dir / "train.jsonl"),
-            heldout_tasks=str(tasks_dir / "heldout.jsonl"),
-            facts=str(tasks_dir / "facts.jsonl"),
-            config=cfg,
-            threads=distributed.threads_per_process or None,
-            compare={PARENT: str(local_checkpoint(s, PARENT))},
-            callbacks=[CALLBACK],
-        )
-        result = post_train.run_rl_job(
-            spec, PROFILE.state_path / "torch_extensions", PipesLaunch(context, pipes)
-        )
-        hf_dir = Path(result["hf_dir"])
-        metrics = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
-        rows = [
-            {
-                "domain": k.split("/")[-1],
-                "pass_at_1": round(v, 3),
-                "se": round(metrics.get(k.replace("pass_at_1", "pass_at_1_se"), 0), 3),
-            }
-            for k, v in sorted(metrics.items())
-            if k.startswith("heldout/pass_at_1/")
-        ]
-        history = read_metrics(Path(spec.run_dir))
-        plot = plot_history(
-            history, RL_PANELS, Path(spec.run_dir) / "reasoning_rl_curves.png", "Reasoning RL"
-        )
-        return StageResult(
-            metrics=metrics,
-            outputs={"checkpoint": _publish_checkpoint(s, "reasoning_rl_checkpoint", hf_dir)},
-            report_md="## Reasoning RL: held-out pass_at_1 (greedy)\n\n" + markdown_table(rows),
-            artifacts={
-                "checkpoint": hf_dir,
-                "samples.json": Path(spec.run_dir) / "samples.json",
-                "plots/reasoning_rl_curves.png": plot,
-            },
-            data_version=key,
-            history=history,
-        )
-
-    return run_stage(
-        context, store=store, mlflow=mlflow, config=config, fn=stage,
-        upstream=[dg.AssetKey("sft_checkpoint"), dg.AssetKey("task_suites")],
-        register=lambda result: {"crucible-reasoning_rl": "checkpoint"},
-    )  # fmt: skip
+reasoning_rl_checkpoint = tracked_asset(
+    "reasoning_rl_checkpoint",
+    "Reasoning RL (GRPO + IcePop, no KL) from the SFT checkpoint on mixed-domain verifiable tasks.",
+    config=ReasoningRLRunConfig,
+    stage=Launches(_reasoning_rl),
+    code_modules=[reasoning],
+    group="post_training",
+    deps=["sft_checkpoint", "task_suites"],
+    register=lambda result: {"crucible-reasoning_rl": "checkpoint"},
+    tags={"crucible/resource": "gpu"},
+)
 
 
 post_training_assets = [task_suites, sft_data_set, sft_checkpoint, reasoning_rl_checkpoint]

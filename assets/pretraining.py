@@ -5,10 +5,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.factory import Launches, tracked_asset
 from assets.pipes_launch import CALLBACK, PipesLaunch
-from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import launchpad_config
-from assets.tracked import code_version, run_stage
 from infra.committed import commit, fetch_committed, is_committed, read_committed
 from infra.settings import load_profile
 from infra.store import ObjectStore
@@ -27,7 +26,6 @@ PretrainRunConfig = launchpad_config("pretrain", PretrainConfig, PROFILE)
 CORPUS = ["web_deduped", "code_deduped", "math_filtered", "web_rescued"]
 TOKENIZER_PREFIX = "training/tokenizer"
 SHARDS_PREFIX = "training/token_shards"
-_train = {"group_name": "training", "kinds": {"python"}}
 
 
 def _committed_snapshots(store: ObjectStore, prefix: str) -> list[str]:
@@ -59,54 +57,40 @@ def local_tokenizer(store: ObjectStore) -> Path:
     return fetch_committed(store, TOKENIZER_PREFIX, PROFILE.state_path / "cache" / "tokenizer" / version)[1]
 
 
-@dg.asset(**_train, deps=CORPUS, code_version=code_version(tokenizer))
-def corpus_tokenizer(
-    context: dg.AssetExecutionContext,
-    config: TokenizerRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Byte-level BPE with chat / tool / thinking special tokens and a chat template (`tokenizer.json`)."""
-
-    def stage(cfg, s, _, run):
-        sources = corpus_sources(s)
-        context.log.info("tokenizer sources: %s", sources)
-        out_dir = PROFILE.state_path / "runs" / "tokenizer"
-        result = tokenizer.tokenizer_stage(cfg, s, sources, out_dir, TOKENIZER_PREFIX)
-        result.artifacts["tokenizer"] = Path(result.outputs["tokenizer_dir"])
-        return result
-
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey(a) for a in CORPUS],
-    )
+def _train_tokenizer(cfg: TokenizerConfig, s, _, run):
+    sources = corpus_sources(s)
+    dg.get_dagster_logger().info("tokenizer sources: %s", sources)
+    out_dir = PROFILE.state_path / "runs" / "tokenizer"
+    result = tokenizer.tokenizer_stage(cfg, s, sources, out_dir, TOKENIZER_PREFIX)
+    result.artifacts["tokenizer"] = Path(result.outputs["tokenizer_dir"])
+    return result
 
 
-@dg.asset(**_train, deps=[*CORPUS, "corpus_tokenizer"], code_version=code_version(token_data))
-def token_shards(
-    context: dg.AssetExecutionContext,
-    config: TokenShardsRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Tokenized train / held-out shards per source with document boundaries and the mixture's weights."""
+corpus_tokenizer = tracked_asset(
+    "corpus_tokenizer",
+    "Byte-level BPE with chat / tool / thinking special tokens and a chat template (`tokenizer.json`).",
+    config=TokenizerRunConfig,
+    stage=_train_tokenizer,
+    code_modules=[tokenizer],
+    group="training",
+    deps=CORPUS,
+)
 
-    def stage(cfg, s, _, run):
-        tok = local_tokenizer(s)
-        return token_data.build_token_shards(cfg, s, corpus_sources(s), tok / "tokenizer.json", SHARDS_PREFIX)
 
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey(a) for a in [*CORPUS, "corpus_tokenizer"]],
-    )
+def _build_shards(cfg: MixtureConfig, s, _, run):
+    tok = local_tokenizer(s)
+    return token_data.build_token_shards(cfg, s, corpus_sources(s), tok / "tokenizer.json", SHARDS_PREFIX)
+
+
+token_shards = tracked_asset(
+    "token_shards",
+    "Tokenized train / held-out shards per source with document boundaries and the mixture's weights.",
+    config=TokenShardsRunConfig,
+    stage=_build_shards,
+    code_modules=[token_data],
+    group="training",
+    deps=[*CORPUS, "corpus_tokenizer"],
+)
 
 
 def shard_specs(s: ObjectStore, seed: int, repeat_share: float = 0.0) -> tuple[DataSpec, DataSpec, str]:
@@ -134,56 +118,44 @@ def tokenizer_files(tok: Path) -> dict[str, str]:
     return {p.name: str(p) for p in tok.iterdir() if p.is_file()}
 
 
-@dg.asset(
-    **_train,
+def _pretrain(launch: PipesLaunch, cfg: PretrainConfig, s, _, run):
+    tok = local_tokenizer(s)
+    vocab = len(tokenizer.load_tokenizer(tok))
+    cfg = cfg.model_copy(
+        update={
+            "model": cfg.model.model_copy(
+                update={"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
+            )
+        }
+    )
+    data, eval_data, version = shard_specs(s, seed=cfg.dense.seed, repeat_share=cfg.repeat_share)
+    # named by data and settings both: a rerun with other settings must not resume this run's checkpoints
+    run_root = PROFILE.state_path / "runs" / "pretrain" / job_key(version, cfg.model_dump(mode="json"))
+    result = pretrain.run_pretraining(
+        cfg,
+        run_root,
+        data,
+        eval_data,
+        extra_files=tokenizer_files(tok),
+        torch_extensions_dir=PROFILE.state_path / "torch_extensions",
+        callbacks=[CALLBACK],
+        launch=launch,
+    )
+    hf_dir = Path(result.outputs["hf_dir"])
+    result.outputs["checkpoint"] = s.uri(commit(s, "checkpoints/base", hf_dir).version_prefix)
+    result.artifacts["checkpoint"] = hf_dir
+    return result
+
+
+base_checkpoint = tracked_asset(
+    "base_checkpoint",
+    "GLM-5 (MLA + DSA + MoE) pretrained in three phases: dense LM, DSA indexer warm-up on its KL loss,\n"
+    "sparse training; each phase is a separate process launched over Dagster Pipes.",
+    config=PretrainRunConfig,
+    stage=Launches(_pretrain),
+    code_modules=[pretrain],
+    group="training",
     deps=["token_shards", "corpus_tokenizer"],
-    code_version=code_version(pretrain),
+    register=lambda result: {"crucible-base": "checkpoint"},
     tags={"crucible/resource": "gpu"},
 )
-def base_checkpoint(
-    context: dg.AssetExecutionContext,
-    config: PretrainRunConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-    pipes: dg.PipesSubprocessClient,
-) -> dg.MaterializeResult:
-    """GLM-5 (MLA + DSA + MoE) pretrained in three phases: dense LM, DSA indexer warm-up on its KL loss,
-    sparse training; each phase is a separate process launched over Dagster Pipes."""
-
-    def stage(cfg: PretrainConfig, s, _, run):
-        tok = local_tokenizer(s)
-        vocab = len(tokenizer.load_tokenizer(tok))
-        cfg = cfg.model_copy(
-            update={
-                "model": cfg.model.model_copy(
-                    update={"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 1}
-                )
-            }
-        )
-        data, eval_data, version = shard_specs(s, seed=cfg.dense.seed, repeat_share=cfg.repeat_share)
-        # named by data and settings both: a rerun with other settings must not resume this run's checkpoints
-        run_root = PROFILE.state_path / "runs" / "pretrain" / job_key(version, cfg.model_dump(mode="json"))
-        result = pretrain.run_pretraining(
-            cfg,
-            run_root,
-            data,
-            eval_data,
-            extra_files=tokenizer_files(tok),
-            torch_extensions_dir=PROFILE.state_path / "torch_extensions",
-            callbacks=[CALLBACK],
-            launch=PipesLaunch(context, pipes),
-        )
-        hf_dir = Path(result.outputs["hf_dir"])
-        result.outputs["checkpoint"] = s.uri(commit(s, "checkpoints/base", hf_dir).version_prefix)
-        result.artifacts["checkpoint"] = hf_dir
-        return result
-
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey("token_shards"), dg.AssetKey("corpus_tokenizer")],
-        register=lambda result: {"crucible-base": "checkpoint"},
-    )

@@ -1,13 +1,11 @@
 """Extract and filter, per crawl snapshot: WARC -> Trafilatura -> fastText language ID (`web_documents`),
 then Gopher repetition/quality, C4 and FineWeb quality filters (`web_filtered`), with drop reasons kept."""
 
-import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
 
-from assets.partitions import single_run, web_snapshots
-from assets.resources import MlflowResource, ObjectStoreResource
+from assets.factory import Check, tracked_asset
+from assets.partitions import web_snapshots
 from assets.stage_config import launchpad_config
-from assets.tracked import code_version, run_stage
 from assets.web_crawl import warc_prefix
 from infra.partition_keys import partition_prefix
 from infra.settings import load_profile, validate_stage
@@ -57,83 +55,46 @@ def _filter_checks(cfg: ExtractConfig, result) -> list[tuple[str, bool, dict]]:
     ]
 
 
-@dg.asset(
-    partitions_def=web_snapshots,
-    group_name="web",
+def _extract(cfg: ExtractConfig, object_store, snapshot, run):
+    return extract.extract_documents(
+        cfg, object_store, snapshot, warc_prefix(snapshot), documents_prefix(snapshot)
+    )
+
+
+def _filter(cfg: ExtractConfig, object_store, snapshot, run):
+    return extract.filter_documents(
+        cfg, object_store, snapshot, documents_prefix(snapshot), filtered_prefix(snapshot)
+    )
+
+
+web_documents = tracked_asset(
+    "web_documents",
+    "Extracted text with url, snapshot and language, as JSONL.gz shards under `web/extract/<snapshot>/`.",
+    config=WebExtractConfig,
+    stage=_extract,
+    code_modules=[extract],
+    group="web",
+    partitions=web_snapshots,
     deps=["web_warc"],
-    backfill_policy=single_run,
-    code_version=code_version(extract),
-    kinds={"python"},
-    check_specs=[
-        dg.AssetCheckSpec("documents_not_empty", asset="web_documents", blocking=True),
-        dg.AssetCheckSpec(
-            "language_mix",
-            asset="web_documents",
-            blocking=True,
-            description="Enough documents are in the configured languages",
-        ),
+    checks=[
+        Check("documents_not_empty"),
+        Check("language_mix", "Enough documents are in the configured languages"),
     ],
+    evaluate=_extract_checks,
 )
-def web_documents(
-    context: dg.AssetExecutionContext,
-    config: WebExtractConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Extracted text with url, snapshot and language, as JSONL.gz shards under `web/extract/<snapshot>/`."""
 
-    def stage(cfg: ExtractConfig, object_store, snapshot, run):
-        return extract.extract_documents(
-            cfg, object_store, snapshot, warc_prefix(snapshot), documents_prefix(snapshot)
-        )
-
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey("web_warc")],
-        checks=_extract_checks,
-    )
-
-
-@dg.asset(
-    partitions_def=web_snapshots,
-    group_name="web",
+web_filtered = tracked_asset(
+    "web_filtered",
+    "Documents that pass the quality filters (`kept/`), and the dropped ones with reasons (`dropped/`).",
+    config=WebExtractConfig,
+    stage=_filter,
+    code_modules=[extract],
+    group="web",
+    partitions=web_snapshots,
     deps=["web_documents"],
-    backfill_policy=single_run,
-    code_version=code_version(extract),
-    kinds={"python"},
-    check_specs=[
-        dg.AssetCheckSpec("kept_not_empty", asset="web_filtered", blocking=True),
-        dg.AssetCheckSpec(
-            "drop_rate_within_bounds",
-            asset="web_filtered",
-            blocking=True,
-            description="The quality filters drop a plausible share of documents",
-        ),
+    checks=[
+        Check("kept_not_empty"),
+        Check("drop_rate_within_bounds", "The quality filters drop a plausible share of documents"),
     ],
+    evaluate=_filter_checks,
 )
-def web_filtered(
-    context: dg.AssetExecutionContext,
-    config: WebExtractConfig,
-    store: ObjectStoreResource,
-    mlflow: MlflowResource,
-) -> dg.MaterializeResult:
-    """Documents that pass the quality filters (`kept/`), and the dropped ones with reasons (`dropped/`)."""
-
-    def stage(cfg: ExtractConfig, object_store, snapshot, run):
-        return extract.filter_documents(
-            cfg, object_store, snapshot, documents_prefix(snapshot), filtered_prefix(snapshot)
-        )
-
-    return run_stage(
-        context,
-        store=store,
-        mlflow=mlflow,
-        config=config,
-        fn=stage,
-        upstream=[dg.AssetKey("web_documents")],
-        checks=_filter_checks,
-    )

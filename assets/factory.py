@@ -65,12 +65,12 @@ def tracked_asset(
         raise ValueError(f"{name}: declare checks and the evaluate function that reports them together")
     upstream_keys = [dg.AssetKey(a) for a in (deps if upstream is None else upstream)]
 
-    def materialize(context: dg.AssetExecutionContext, config, store, mlflow, fn: StageFn):
+    def materialize(context: dg.AssetExecutionContext, values: dg.Config, store, mlflow, fn: StageFn):
         return run_stage(
             context,
             store=store,
             mlflow=mlflow,
-            config=config,
+            config=values,
             fn=fn,
             upstream=upstream_keys,
             checks=evaluate,

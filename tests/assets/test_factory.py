@@ -1,11 +1,12 @@
 """assets/factory.py: one `tracked_asset` declaration gives the asset Dagster would get from the hand-written
 `@dg.asset` + `run_stage` form (config schema, checks, partitions, pool, tags, code version), and runs."""
 
+import json
+
 import dagster as dg
 import pytest
 from pydantic import BaseModel, Field
 
-from assets import factory
 from assets.factory import Check, Launches, tracked_asset
 from assets.resources import resources_for
 from assets.stage_config import launchpad_config
@@ -44,7 +45,7 @@ echo = tracked_asset(
     "Writes the configured text.",
     config=EchoConfig,
     stage=_echo,
-    code_modules=[factory],
+    code_modules=[json],
     group="test",
     partitions=PARTS,
     deps=["upstream_thing"],
@@ -62,7 +63,7 @@ def test_the_declaration_sets_what_the_hand_written_asset_did():
     assert echo.partitions_def == PARTS
     assert echo.backfill_policy == dg.BackfillPolicy.single_run()
     assert [d.asset_key for d in spec.deps] == [dg.AssetKey("upstream_thing")]
-    assert echo.code_versions_by_key[key] == code_version(factory)
+    assert echo.code_versions_by_key[key] == code_version(json)
     assert spec.description == "Writes the configured text."
     assert spec.tags["crucible/resource"] == "cpu" and spec.kinds == {"python"}
     assert echo.op.pool == "echo_pool"
@@ -83,7 +84,7 @@ def test_a_launched_stage_takes_the_pipes_resource_and_unpartitioned_has_no_back
         "Launches.",
         config=EchoConfig,
         stage=Launches(lambda launch, cfg, store, part, run: _echo(cfg, store, part, run)),
-        code_modules=[factory],
+        code_modules=[json],
         group="test",
     )
     assert "pipes" in launched.required_resource_keys
@@ -92,7 +93,7 @@ def test_a_launched_stage_takes_the_pipes_resource_and_unpartitioned_has_no_back
 
 def test_checks_without_the_function_that_reports_them_are_refused():
     with pytest.raises(ValueError, match="together"):
-        tracked_asset("bad", "Bad.", config=EchoConfig, stage=_echo, code_modules=[factory], group="test",
+        tracked_asset("bad", "Bad.", config=EchoConfig, stage=_echo, code_modules=[json], group="test",
                       checks=[Check("never_reported")])  # fmt: skip
 
 

@@ -1,0 +1,512 @@
+"""A task service: one agentic task family (an `Environment`, training/agentic/protocol.py) behind HTTP, and
+`TaskServiceClient`, the `Environment` that talks to it, so the RL loop cannot tell local from remote.
+
+Routes (JSON bodies):
+- `POST /episodes {task, episode_id?}` -> `{episode_id}`: opens an episode. A client-chosen `episode_id` (32
+  hex chars) makes the call idempotent: a retry after a lost answer gets the same episode, not a second one.
+- `POST /episodes/<id>/tool {payload}` -> `{observation}`: one tool call (the JSON between <tool_call> tags).
+- `POST /episodes/<id>/finish {response}` -> `{reward, reason}`: scores and closes the episode.
+- `DELETE /episodes/<id>` -> `{closed}`: closes without scoring (idempotent).
+- `GET /health` -> `{domain, version, in_flight, served}`.
+A malformed body or id is a 400 naming the field, an unknown episode a 404, an `EnvironmentCrash` inside the
+family a 503 with its reason (type `environment_crash`), any other failure a 500.
+
+    python -m infra.task_service --family terminal --orchestrator http://127.0.0.1:8700 [--port 0]
+    python -m infra.task_service --family demo --factory package.module:make --factory-arg key=value
+
+prints `listening on http://HOST:PORT`, registers with the orchestrator and sends a heartbeat every
+`--heartbeat-s` seconds (registering again whenever the orchestrator no longer knows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from infra.json_http import BadRequest, HttpCallFailed, HttpRefused, JsonHandler, call_json, field_of
+from training.agentic.protocol import Environment, EnvironmentCrash, Episode
+from training.tasks.base import Task, Verdict
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FACTORY = "training.agentic.families:make_environment"
+_EPISODE_ID = re.compile(r"^[0-9a-f]{32}$")
+_ROUTE = re.compile(r"^/episodes/([^/]+)(?:/(tool|finish))?$")
+
+
+@dataclass
+class _OpenEpisode:
+    episode: Episode
+    task_id: str
+    opened_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one call at a time per episode
+
+
+class TaskServer(ThreadingHTTPServer):
+    """Serves one Environment; episodes idle for longer than `episode_ttl_s` are closed (their client died)."""
+
+    daemon_threads = True
+
+    def __init__(self, env: Environment, host: str = "127.0.0.1", port: int = 0, episode_ttl_s: float = 1800):
+        super().__init__((host, port), _TaskHandler)
+        self.env = env
+        self.episode_ttl_s = episode_ttl_s
+        self.episodes: dict[str, _OpenEpisode] = {}
+        self.served = 0  # episodes finished with a verdict
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def health(self) -> dict:
+        with self.lock:
+            return {
+                "domain": self.env.domain,
+                "version": self.env.version,
+                "in_flight": len(self.episodes),
+                "served": self.served,
+            }
+
+    def close_idle(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            idle = [i for i, e in self.episodes.items() if now - e.opened_at > self.episode_ttl_s]
+            stale = [self.episodes.pop(i) for i in idle]
+        for open_episode in stale:
+            log.warning(
+                "closing episode of task %s: idle for over %.0f s", open_episode.task_id, self.episode_ttl_s
+            )
+            _close_quietly(open_episode.episode)
+
+
+def _close_quietly(episode: Episode) -> None:
+    try:
+        episode.close()
+    except Exception:  # closing is best effort: the episode is gone either way
+        log.exception("closing an episode failed")
+
+
+def parse_task(body: dict, domain: str) -> Task:
+    """The `task` field as a Task of this service's family; BadRequest naming the field otherwise."""
+    row = field_of(body, "task", dict)
+    try:
+        task = Task.from_json(row)
+    except TypeError as exc:
+        raise BadRequest(f"task: not a Task ({exc}); send Task.to_json()") from exc
+    for name in ("id", "domain", "prompt", "answer"):
+        if not isinstance(getattr(task, name), str):
+            raise BadRequest(f"task.{name}: must be a string")
+    if task.domain != domain:
+        raise BadRequest(f"task.domain: this service serves {domain!r}, not {task.domain!r}")
+    return task
+
+
+class _TaskHandler(JsonHandler):
+    server: TaskServer
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/health":
+            self.send_json(200, self.server.health())
+        else:
+            self.send_error_json(404, f"{self.path}: no such route (GET /health)")
+
+    def do_POST(self) -> None:  # noqa: N802
+        try:
+            body = self.read_body()
+            if self.path == "/episodes":
+                self.send_json(200, self._open(body))
+                return
+            episode_id, action = self._route()
+            if action == "tool":
+                payload = field_of(body, "payload", str)
+                self.send_json(200, {"observation": self._call(episode_id, lambda e: e.tool(payload))})
+            elif action == "finish":
+                response = field_of(body, "response", str)
+                verdict = self._call(episode_id, lambda e: e.finish(response), close=True)
+                self.send_json(200, {"reward": verdict.reward, "reason": verdict.reason})
+            else:
+                self.send_error_json(
+                    404, f"POST {self.path}: use /episodes/<id>/tool or /episodes/<id>/finish"
+                )
+        except BadRequest as exc:
+            self.send_error_json(400, str(exc))
+        except KeyError as exc:
+            self.send_error_json(404, str(exc.args[0]), "unknown_episode")
+        except EnvironmentCrash as exc:
+            self.send_error_json(503, f"{self.server.env.domain}: {exc}", "environment_crash")
+        except Exception as exc:  # a bug in the family is the client's 500, not a dead server
+            log.exception("task service request failed")
+            self.send_error_json(500, f"{type(exc).__name__}: {exc}", "internal_error")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        try:
+            episode_id, action = self._route()
+            if action:
+                raise BadRequest(f"DELETE {self.path}: use DELETE /episodes/<id>")
+        except BadRequest as exc:
+            self.send_error_json(400, str(exc))
+            return
+        with self.server.lock:
+            open_episode = self.server.episodes.pop(episode_id, None)
+        if open_episode is not None:
+            with open_episode.lock:
+                _close_quietly(open_episode.episode)
+        self.send_json(200, {"closed": open_episode is not None})
+
+    def _route(self) -> tuple[str, str | None]:
+        match = _ROUTE.match(self.path)
+        if not match:
+            raise BadRequest(f"path {self.path!r}: expected /episodes/<episode_id>[/tool|/finish]")
+        if not _EPISODE_ID.match(match.group(1)):
+            raise BadRequest(f"episode_id: {match.group(1)[:40]!r} is not 32 lowercase hex characters")
+        return match.group(1), match.group(2)
+
+    def _open(self, body: dict) -> dict:
+        task = parse_task(body, self.server.env.domain)
+        episode_id = field_of(body, "episode_id", str, required=False) or uuid.uuid4().hex
+        if not _EPISODE_ID.match(episode_id):
+            raise BadRequest(f"episode_id: {episode_id[:40]!r} is not 32 lowercase hex characters")
+        self.server.close_idle()
+        with self.server.lock:
+            existing = self.server.episodes.get(episode_id)
+        if existing is not None:  # a retried open: the same episode, if it is the same task
+            if existing.task_id != task.id:
+                raise BadRequest(f"episode_id: {episode_id} is already open for task {existing.task_id}")
+            return {"episode_id": episode_id}
+        episode = self.server.env.open(task)  # may take a while (a sandbox starting): outside the lock
+        with self.server.lock:
+            if episode_id in self.server.episodes:  # a concurrent retry won the race: keep one
+                _close_quietly(episode)
+            else:
+                self.server.episodes[episode_id] = _OpenEpisode(episode, task.id, time.monotonic())
+        return {"episode_id": episode_id}
+
+    def _call(self, episode_id: str, fn, close: bool = False) -> Any:
+        with self.server.lock:
+            open_episode = self.server.episodes.get(episode_id)
+        if open_episode is None:
+            raise KeyError(
+                f"episode {episode_id} is not open on this service (finished, closed or never opened)"
+            )
+        with open_episode.lock:
+            try:
+                return fn(open_episode.episode)
+            finally:
+                if close:
+                    with self.server.lock:
+                        self.server.episodes.pop(episode_id, None)
+                        self.server.served += 1
+                    _close_quietly(open_episode.episode)
+
+
+class ServiceUnreachable(EnvironmentCrash):
+    """The task service could not be reached (dead, hung or restarting): take it out of rotation."""
+
+
+def _crash(exc: HttpCallFailed | HttpRefused, what: str) -> EnvironmentCrash:
+    if isinstance(exc, HttpCallFailed) and exc.status is None:
+        return ServiceUnreachable(f"{what}: {exc}")
+    return EnvironmentCrash(f"{what}: {exc}")
+
+
+class RemoteEpisode:
+    """An episode living in a task service; every failure of the service raises EnvironmentCrash."""
+
+    def __init__(self, client: TaskServiceClient, episode_id: str):
+        self.client = client
+        self.episode_id = episode_id
+        self.closed = False
+
+    def _post(self, action: str, body: dict) -> dict:
+        if self.closed:
+            raise EnvironmentCrash(f"episode {self.episode_id} on {self.client.url} is already closed")
+        url = f"{self.client.url}/episodes/{self.episode_id}/{action}"
+        try:  # not retried: a tool call changes the episode's state, and a lost answer may have applied it
+            return call_json(self.client.session, "POST", url, body, self.client.timeout_s)
+        except HttpRefused as exc:
+            if exc.status == 404:  # the service restarted and lost the episode
+                raise EnvironmentCrash(f"task service lost the episode: {exc}") from exc
+            raise ValueError(f"task service refused the call: {exc}") from exc
+        except HttpCallFailed as exc:
+            raise _crash(exc, "task service call failed") from exc
+
+    def tool(self, payload: str) -> str:
+        return str(self._post("tool", {"payload": payload})["observation"])
+
+    def finish(self, response: str) -> Verdict:
+        try:
+            answer = self._post("finish", {"response": response})
+        finally:
+            self.closed = True  # the service closes it whether scoring worked or not
+        return Verdict(float(answer["reward"]), str(answer["reason"]))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            call_json(
+                self.client.session,
+                "DELETE",
+                f"{self.client.url}/episodes/{self.episode_id}",
+                timeout_s=self.client.timeout_s,
+            )
+        except (HttpCallFailed, HttpRefused) as exc:  # a dead service has closed it already
+            log.info("closing episode %s: %s", self.episode_id, exc)
+
+
+class TaskServiceClient:
+    """An `Environment` served by a task service at `url`. `domain` / `version` come from `GET /health` on
+    first use unless given. `open` and `health` are retried `retries` times with backoff (open sends a
+    client-chosen episode id, so a retry cannot open a second episode); episode calls are tried once."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 60.0,
+        retries: int = 2,
+        backoff_s: float = 0.2,
+        domain: str | None = None,
+        version: str | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self._domain, self._version = domain, version
+        self.session = requests.Session()
+        self.session.trust_env = False  # task services are local or cluster-internal: no proxy
+
+    def health(self) -> dict:
+        try:
+            return call_json(
+                self.session, "GET", f"{self.url}/health", None, self.timeout_s, self.retries, self.backoff_s
+            )
+        except (HttpCallFailed, HttpRefused) as exc:
+            raise _crash(exc, "task service health check failed") from exc
+
+    @property
+    def domain(self) -> str:
+        if self._domain is None:
+            self._domain = str(self.health()["domain"])
+        return self._domain
+
+    @property
+    def version(self) -> str:
+        if self._version is None:
+            self._version = str(self.health()["version"])
+        return self._version
+
+    def open(self, task: Task) -> RemoteEpisode:
+        body = {"task": task.to_json(), "episode_id": uuid.uuid4().hex}
+        try:
+            answer = call_json(
+                self.session,
+                "POST",
+                f"{self.url}/episodes",
+                body,
+                self.timeout_s,
+                self.retries,
+                self.backoff_s,
+            )
+        except HttpRefused as exc:
+            raise ValueError(f"task service refused the episode: {exc}") from exc
+        except HttpCallFailed as exc:
+            raise _crash(exc, "task service could not open an episode") from exc
+        return RemoteEpisode(self, str(answer["episode_id"]))
+
+
+# --- the process: a family behind HTTP, registered with the orchestrator ---------------------------------------
+
+
+def load_environment(spec: str, family: str, **kwargs: str) -> Environment:
+    """`module:callable` called as `callable(family, **kwargs)` -> the family's Environment."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--factory {spec!r}: expected module:callable")
+    env = getattr(importlib.import_module(module), attr)(family, **kwargs)
+    if getattr(env, "domain", None) != family:
+        raise ValueError(
+            f"--factory {spec} built a {getattr(env, 'domain', None)!r} environment, not {family!r}"
+        )
+    return env
+
+
+class Heartbeat:
+    """Registers a service with the orchestrator and keeps it registered: a heartbeat every `interval_s`; when
+    the orchestrator answers that it does not know the service (it was reaped or restarted), registers again."""
+
+    def __init__(self, orchestrator_url: str, domain: str, url: str, version: str, interval_s: float = 1.0):
+        self.orchestrator_url = orchestrator_url.rstrip("/")
+        self.domain, self.url, self.version, self.interval_s = domain, url, version, interval_s
+        self.session = requests.Session()
+        self.session.trust_env = False
+        self.registered = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def _post(self, route: str, body: dict) -> dict:
+        timeout = max(self.interval_s, 1.0)
+        return call_json(self.session, "POST", f"{self.orchestrator_url}{route}", body, timeout, retries=2)
+
+    def beat(self) -> None:
+        """One heartbeat (or registration); errors are logged, the next beat tries again."""
+        try:
+            if self.registered and self._post("/heartbeat", {"url": self.url}).get("known"):
+                return
+            self._post("/register", {"domain": self.domain, "url": self.url, "version": self.version})
+            self.registered = True
+            log.info("registered %s (%s) with %s", self.url, self.domain, self.orchestrator_url)
+        except (HttpCallFailed, HttpRefused) as exc:
+            self.registered = False
+            log.warning("orchestrator %s: %s", self.orchestrator_url, exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.beat()
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self, deregister: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        if deregister and self.registered:
+            try:
+                self._post("/deregister", {"url": self.url})
+            except (HttpCallFailed, HttpRefused) as exc:
+                log.warning("deregistering from %s: %s", self.orchestrator_url, exc)
+
+
+@dataclass
+class TaskServiceProcess:
+    """A task service running as a subprocess (its own process group)."""
+
+    url: str
+    proc: subprocess.Popen
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL the service (a crash: no deregistration, no goodbye)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@contextmanager
+def task_service_process(
+    family: str,
+    *args: str,
+    orchestrator: str | None = None,
+    cwd: Path | None = None,
+    startup_timeout_s: float = 60,
+) -> Iterator[TaskServiceProcess]:
+    """Run `python -m infra.task_service --family FAMILY [--orchestrator URL] ARGS` on a free port; yields it
+    once `GET /health` answers, and stops it (by pid: SIGTERM, then SIGKILL) on exit."""
+    from infra.settings import REPO_ROOT
+
+    command = [sys.executable, "-m", "infra.task_service", "--family", family, "--port", "0", *args]
+    if orchestrator:
+        command += ["--orchestrator", orchestrator]
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd or REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    service = TaskServiceProcess("", proc)
+    try:
+        timer = threading.Timer(startup_timeout_s, proc.kill)  # a service that never prints is killed
+        timer.start()
+        line = proc.stdout.readline() if proc.stdout else ""
+        timer.cancel()
+        if not line.startswith("listening on "):
+            raise RuntimeError(
+                f"infra.task_service --family {family} did not start (exit {proc.poll()}): {line!r}"
+            )
+        service.url = line.split("listening on ", 1)[1].strip()
+        TaskServiceClient(service.url, timeout_s=5, retries=5).health()
+        yield service
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--family", required=True, help="the task family (domain) to serve, e.g. terminal")
+    parser.add_argument(
+        "--factory", default=DEFAULT_FACTORY, help="module:callable(family, **kwargs) -> Environment"
+    )
+    parser.add_argument(
+        "--factory-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="keyword argument (a string) for the factory; repeatable",
+    )
+    parser.add_argument(
+        "--orchestrator", default=None, help="orchestrator URL to register with (none: standalone)"
+    )
+    parser.add_argument("--heartbeat-s", type=float, default=1.0, help="seconds between heartbeats")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = a free port")
+    parser.add_argument("--episode-ttl-s", type=float, default=1800, help="close episodes idle for longer")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    kwargs = dict(arg.split("=", 1) for arg in args.factory_arg if "=" in arg)
+    if len(kwargs) != len(args.factory_arg):
+        parser.error(f"--factory-arg takes KEY=VALUE, got {args.factory_arg}")
+    env = load_environment(args.factory, args.family, **kwargs)
+    server = TaskServer(env, args.host, args.port, episode_ttl_s=args.episode_ttl_s)
+    print(f"listening on {server.url}", flush=True)
+    heartbeat = None
+    if args.orchestrator:
+        heartbeat = Heartbeat(
+            args.orchestrator, env.domain, server.url, env.version, args.heartbeat_s
+        ).start()
+    try:
+        server.serve_forever()
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+        server.server_close()
+
+
+if __name__ == "__main__":
+    # Run the importable module, not __main__, so the classes a factory sees are the handler's.
+    from infra import task_service
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SIGTERM: deregister, then exit
+    task_service.main()

@@ -1,0 +1,268 @@
+"""Task services over real HTTP on 127.0.0.1 (services as subprocesses, the orchestrator server on a thread):
+same verdicts as in process, 400s naming the field, heartbeat reaping and replacement, and a task service
+SIGKILLed mid-run while episodes go through ServicePool: every episode ends once, ok or env_failure."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from infra.orchestrator_server import OrchestratorClient, orchestrator_server
+from infra.service_pool import ServicePool
+from infra.task_service import TaskServiceClient, task_service_process
+from training.agentic.orchestrator import NoServiceAvailable, Orchestrator
+from training.agentic.protocol import EnvironmentCrash
+from training.tasks.base import Task, Verdict
+
+FACTORY = "tests.agentic.test_task_services:counter_environment"
+
+
+class CounterEpisode:
+    """State: a running total. Tool `{"name": "add", "arguments": {"n": 3}}` adds; `{"name": "crash"}` is an
+    environment failure; the verdict checks the response's last number against the answer and the total."""
+
+    def __init__(self, task: Task, tool_delay_s: float):
+        self.task, self.total, self.tool_delay_s, self.closed = task, 0, tool_delay_s, False
+
+    def tool(self, payload: str) -> str:
+        time.sleep(self.tool_delay_s)
+        try:
+            call = json.loads(payload)
+        except ValueError as exc:
+            return f"error: tool call is not JSON ({exc})"
+        if call.get("name") == "crash":
+            raise EnvironmentCrash("sandbox died")
+        if call.get("name") != "add":
+            return f"error: unknown tool {call.get('name')!r}"
+        self.total += int(call["arguments"]["n"])
+        return f"total={self.total}"
+
+    def finish(self, response: str) -> Verdict:
+        words = [w for w in response.replace(".", " ").split() if w.lstrip("-").isdigit()]
+        if not words:
+            return Verdict(0.0, "no_answer")
+        if words[-1] != self.task.answer:
+            return Verdict(0.0, "wrong_answer")
+        if self.total != int(self.task.answer):
+            return Verdict(0.0, "tools_not_used")
+        return Verdict(1.0, "correct")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class CounterEnvironment:
+    version = "counter-1"
+
+    def __init__(self, domain: str = "counter", tool_delay_s: float = 0.0):
+        self.domain, self.tool_delay_s = domain, tool_delay_s
+
+    def open(self, task: Task) -> CounterEpisode:
+        return CounterEpisode(task, self.tool_delay_s)
+
+
+def counter_environment(family: str, tool_delay_s: str = "0") -> CounterEnvironment:
+    """The factory the task-service subprocesses load (`--factory`)."""
+    return CounterEnvironment(family, float(tool_delay_s))
+
+
+def counter_task(i: int, numbers=(3, 4, 5), domain: str = "counter") -> Task:
+    prompt = f"#{i}: add {' and '.join(map(str, numbers))} with the add tool"
+    return Task(f"{domain}-{i}", domain, prompt, str(sum(numbers)), 1, "train", {"numbers": list(numbers)})
+
+
+def run_episode(open_episode, task: Task, response: str | None = None) -> tuple[list[str], Verdict]:
+    """Add the task's numbers with the tool, make one malformed call, answer; `open_episode(task)` opens it."""
+    episode = open_episode(task)
+    try:
+        observations = [
+            episode.tool(json.dumps({"name": "add", "arguments": {"n": n}})) for n in task.meta["numbers"]
+        ]
+        observations.append(episode.tool("{not json"))
+        return observations, episode.finish(
+            response if response is not None else f"The sum is {task.answer}."
+        )
+    finally:
+        episode.close()
+
+
+@pytest.fixture(scope="module")
+def counter_service():
+    with task_service_process("counter", "--factory", FACTORY) as service:
+        yield service
+
+
+def test_an_episode_over_http_gives_the_in_process_verdict(counter_service):
+    remote = TaskServiceClient(counter_service.url, timeout_s=10)
+    assert (remote.domain, remote.version) == ("counter", "counter-1")
+    local = CounterEnvironment()
+    for i, response in enumerate([None, "The sum is 11.", "I give up"]):
+        task = counter_task(i)
+        assert run_episode(remote.open, task, response) == run_episode(local.open, task, response)
+    observations, verdict = run_episode(remote.open, counter_task(9))
+    assert observations[:3] == ["total=3", "total=7", "total=12"] and observations[3].startswith(
+        "error: tool"
+    )
+    assert verdict == Verdict(1.0, "correct")
+    health = remote.health()
+    assert (health["in_flight"], health["served"]) == (0, 4)  # finish closed every episode
+
+
+def test_bad_requests_get_400_naming_the_field(counter_service):
+    url = counter_service.url
+    post = lambda route, body: requests.post(f"{url}{route}", json=body, timeout=10)  # noqa: E731
+    task = counter_task(0).to_json()
+
+    def error(resp, status):
+        assert resp.status_code == status, resp.text
+        return resp.json()["error"]["message"]
+
+    assert error(post("/episodes", {}), 400).startswith("task: required")
+    assert error(post("/episodes", {"task": "add 3"}), 400).startswith("task: must be dict")
+    assert error(post("/episodes", {"task": {"id": "x"}}), 400).startswith("task: not a Task")
+    assert error(post("/episodes", {"task": {**task, "domain": "search"}}), 400).startswith("task.domain")
+    assert error(post("/episodes", {"task": task, "episode_id": "../etc"}), 400).startswith("episode_id")
+    resp = requests.post(f"{url}/episodes", data=b"[1, 2", timeout=10)
+    assert error(resp, 400).startswith("body: not JSON")
+    episode_id = post("/episodes", {"task": task}).json()["episode_id"]
+    assert error(post(f"/episodes/{episode_id}/tool", {"payload": {"name": "add"}}), 400).startswith(
+        "payload"
+    )
+    assert error(post(f"/episodes/{episode_id}/finish", {}), 400).startswith("response: required")
+    assert error(post("/episodes/NOT-AN-ID/tool", {"payload": "{}"}), 400).startswith("episode_id")
+    assert "not open" in error(post(f"/episodes/{'0' * 32}/tool", {"payload": "{}"}), 404)
+    # an environment crash is a 503 with the family's reason, and the client raises it as EnvironmentCrash
+    assert (
+        error(post(f"/episodes/{episode_id}/tool", {"payload": '{"name": "crash"}'}), 503)
+        == "counter: sandbox died"
+    )
+    episode = TaskServiceClient(url).open(counter_task(1))
+    with pytest.raises(EnvironmentCrash, match="sandbox died"):
+        episode.tool('{"name": "crash"}')
+    episode.close()
+    assert requests.delete(f"{url}/episodes/{episode_id}", timeout=10).json() == {"closed": True}
+    assert requests.delete(f"{url}/episodes/{episode_id}", timeout=10).json() == {"closed": False}
+
+
+def test_a_dead_service_is_an_environment_crash_naming_the_url():
+    with task_service_process("counter", "--factory", FACTORY) as service:
+        client = TaskServiceClient(service.url, timeout_s=5, retries=1, backoff_s=0.05)
+        episode = client.open(counter_task(0))
+        service.kill()
+    with pytest.raises(EnvironmentCrash, match=service.url):
+        episode.tool('{"name": "add", "arguments": {"n": 1}}')
+    with pytest.raises(EnvironmentCrash, match=f"{service.url}/episodes failed after 2 attempts"):
+        client.open(counter_task(1))
+
+
+def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again():
+    orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.0)
+    with orchestrator_server(orchestrator) as orch_url:
+        client = OrchestratorClient(orch_url)
+        pool = ServicePool(client, timeout_s=5, acquire_wait_s=10)
+        live = lambda: client.stats()["domains"]["counter"]["live_services"]  # noqa: E731
+        with task_service_process(
+            "counter", "--factory", FACTORY, "--heartbeat-s", "0.2", orchestrator=orch_url
+        ) as first:
+            assert wait_for(live, what="registration") == [first.url]
+            held = client.acquire("counter")  # an episode in flight when the service dies
+            first.kill()
+            wait_for(lambda: not live(), what="the reaper")
+        with pytest.raises(NoServiceAvailable, match="counter: 0 live"):
+            client.acquire("counter")
+        assert client.release(held.id, "ok")[0] == "env_failure"  # reaped: recorded once, as a failure
+        with task_service_process(
+            "counter", "--factory", FACTORY, "--heartbeat-s", "0.2", orchestrator=orch_url
+        ) as second:
+            wait_for(live, what="the replacement")
+            _, verdict = run_episode(pool.open_episode, counter_task(1))
+            assert verdict == Verdict(1.0, "correct")
+            stats = client.stats()
+        assert second.url not in {s["url"] for s in client.stats()["services"]}  # SIGTERM: deregistered
+        services = {s["url"]: s for s in stats["services"]}
+        assert not services[first.url]["live"] and "missed heartbeats" in services[first.url]["down_reason"]
+        assert services[second.url]["served"] == 1
+        domain = stats["domains"]["counter"]
+        assert (domain["started"], domain["finished"], domain["env_failures"]) == (2, 1, 1)
+
+
+def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
+    n_episodes, workers = 40, 4
+    orchestrator = Orchestrator({"counter": 1.0}, {"counter": 8}, heartbeat_timeout_s=2.0)
+    results: dict[str, list[tuple[str, str, str, float]]] = {}  # task id -> [(outcome, detail, url, ended)]
+    lock = threading.Lock()
+    with orchestrator_server(orchestrator) as orch_url:
+        client = OrchestratorClient(orch_url)
+        pool = ServicePool(client, timeout_s=5, acquire_wait_s=10)
+        args = ("--factory", FACTORY, "--factory-arg", "tool_delay_s=0.1", "--heartbeat-s", "0.3")
+        with (
+            task_service_process("counter", *args, orchestrator=orch_url) as doomed,
+            task_service_process("counter", *args, orchestrator=orch_url) as survivor,
+        ):
+            wait_for(
+                lambda: len(client.stats()["domains"]["counter"]["live_services"]) == 2, what="registration"
+            )
+            todo = list(range(n_episodes))
+
+            def worker():
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        i = todo.pop()
+                    task = counter_task(i)
+                    url = ""
+                    try:
+                        episode = pool.open_episode(task)
+                        url = episode.url
+                        _, verdict = run_episode(lambda _task: episode, task)  # noqa: B023
+                        outcome = ("ok", verdict.reason, url, time.monotonic())
+                    except EnvironmentCrash as exc:
+                        outcome = ("env_failure", str(exc), url, time.monotonic())
+                    with lock:
+                        results.setdefault(task.id, []).append(outcome)
+
+            threads = [threading.Thread(target=worker) for _ in range(workers)]
+            for thread in threads:
+                thread.start()
+
+            def doomed_busy():
+                services = {s["url"]: s for s in client.stats()["services"]}
+                return len(results) >= 8 and services[doomed.url]["in_flight"] >= 2
+
+            wait_for(doomed_busy, what="episodes in flight on the doomed service")
+            doomed.kill()
+            killed_at = time.monotonic()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert not any(thread.is_alive() for thread in threads)
+
+    assert sorted(results) == sorted(counter_task(i).id for i in range(n_episodes))  # none lost
+    assert all(len(r) == 1 for r in results.values())  # none counted twice
+    outcomes = [r[0] for r in results.values()]
+    failures = [o for o in outcomes if o[0] == "env_failure"]
+    ok = [o for o in outcomes if o[0] == "ok"]
+    assert 1 <= len(failures) <= 8 and all(doomed.url in detail for _, detail, _, _ in failures)
+    assert all(reason == "correct" for _, reason, _, _ in ok)
+    # after the kill every episode ran on the survivor (open failures on the dead one were retried there)
+    assert all(url == survivor.url for _, _, url, ended in ok if ended > killed_at + 1.0)
+    assert sum(url == survivor.url for _, _, url, ended in ok if ended > killed_at) >= n_episodes // 2
+    stats = orchestrator.stats()["domains"]["counter"]
+    assert stats["started"] == stats["finished"] + stats["env_failures"] == n_episodes
+    assert (stats["finished"], stats["env_failures"], stats["in_flight"]) == (len(ok), len(failures), 0)
+    assert pool.stats["ok"] == len(ok) and pool.stats["env_failure"] == len(failures)
+    assert stats["throughput"] > 0

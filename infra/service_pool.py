@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Protocol
 
+from infra.json_http import HttpCallFailed
 from infra.task_service import ServiceUnreachable, TaskServiceClient
 from training.agentic.orchestrator import Lease, NoServiceAvailable
 from training.agentic.protocol import EnvironmentCrash, Episode
@@ -134,7 +135,7 @@ class ServicePool:
         while True:
             try:
                 return self.orchestrator.acquire(domain)
-            except NoServiceAvailable as exc:
+            except (NoServiceAvailable, HttpCallFailed) as exc:  # none free, or the orchestrator restarting
                 if time.monotonic() >= deadline:
                     raise EnvironmentCrash(
                         f"no task service for {domain} within {self.acquire_wait_s:.0f} s: {exc}"

@@ -55,7 +55,7 @@ _ROUTE = re.compile(r"^/episodes/([^/]+)(?:/(tool|finish))?$")
 class _OpenEpisode:
     episode: Episode
     task_id: str
-    opened_at: float
+    last_used: float  # monotonic time of the last call
     lock: threading.Lock = field(default_factory=threading.Lock)  # one call at a time per episode
 
 
@@ -89,7 +89,7 @@ class TaskServer(ThreadingHTTPServer):
     def close_idle(self) -> None:
         now = time.monotonic()
         with self.lock:
-            idle = [i for i, e in self.episodes.items() if now - e.opened_at > self.episode_ttl_s]
+            idle = [i for i, e in self.episodes.items() if now - e.last_used > self.episode_ttl_s]
             stale = [self.episodes.pop(i) for i in idle]
         for open_episode in stale:
             log.warning(
@@ -208,6 +208,7 @@ class _TaskHandler(JsonHandler):
                 f"episode {episode_id} is not open on this service (finished, closed or never opened)"
             )
         with open_episode.lock:
+            open_episode.last_used = time.monotonic()
             try:
                 return fn(open_episode.episode)
             finally:
@@ -449,6 +450,8 @@ def task_service_process(
                 f"infra.task_service --family {family} did not start (exit {proc.poll()}): {line!r}"
             )
         service.url = line.split("listening on ", 1)[1].strip()
+        # keep reading: a family that prints would otherwise block on a full pipe
+        threading.Thread(target=proc.stdout.read, name="task-service-stdout", daemon=True).start()
         TaskServiceClient(service.url, timeout_s=5, retries=5).health()
         yield service
     finally:

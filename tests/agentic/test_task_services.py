@@ -5,6 +5,8 @@ SIGKILLed mid-run while episodes go through ServicePool: every episode ends once
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 
@@ -179,6 +181,10 @@ def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again()
             "counter", "--factory", FACTORY, "--heartbeat-s", "0.2", orchestrator=orch_url
         ) as first:
             assert wait_for(live, what="registration") == [first.url]
+            os.kill(first.pid, signal.SIGSTOP)  # hung: no heartbeats
+            wait_for(lambda: not live(), what="the reaper")
+            os.kill(first.pid, signal.SIGCONT)  # back: its heartbeat is refused, so it registers again
+            assert wait_for(live, what="re-registration") == [first.url]
             held = client.acquire("counter")  # an episode in flight when the service dies
             first.kill()
             wait_for(lambda: not live(), what="the reaper")
@@ -195,6 +201,7 @@ def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again()
         assert second.url not in {s["url"] for s in client.stats()["services"]}  # SIGTERM: deregistered
         services = {s["url"]: s for s in stats["services"]}
         assert not services[first.url]["live"] and "missed heartbeats" in services[first.url]["down_reason"]
+        assert services[first.url]["registrations"] == 2
         assert services[second.url]["served"] == 1
         domain = stats["domains"]["counter"]
         assert (domain["started"], domain["finished"], domain["env_failures"]) == (2, 1, 1)

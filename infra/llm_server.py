@@ -18,7 +18,8 @@ A model that also implements `TokenCompletionModel` (a policy checkpoint for RL 
 - `POST /reload_weights` `{"path": HF dir, "version": int}` (also SGLang's `POST /update_weights_from_disk`
   `{"model_path", "weight_version"}`): loads new weights into the serving engine; a path that is not a model
   dir is a 400 and the old weights keep serving. `GET /health` and SGLang's `GET /get_weight_version` report
-  the version.
+  the version; a model with a `health_info() -> dict` method adds its fields to `GET /health` (e.g. a
+  prefix cache's hit counters).
 
     python -m infra.llm_server --gguf PATH [--port 0]          # prints "listening on http://HOST:PORT"
     python -m infra.llm_server --factory package.module:make   # any ChatModel
@@ -487,6 +488,9 @@ class _Handler(BaseHTTPRequestHandler):
             health: dict[str, Any] = {"status": "ok"}
             if token_model is not None:
                 health["policy_version"] = token_model.policy_version
+            extra = getattr(self.server.model, "health_info", None)  # optional: e.g. prefix-cache counters
+            if callable(extra):
+                health.update(extra())
             self._send(200, health)
         elif self.path == "/get_weight_version" and token_model is not None:  # SGLang's name
             self._send(200, {"weight_version": str(token_model.policy_version)})

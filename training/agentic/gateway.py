@@ -10,8 +10,8 @@ so all turns of a rollout meet the replica that holds their prefix in its cache.
 Fault tolerance: a replica whose request raises a connection-level error (`RolloutServerError`,
 `ConnectionError`, `OSError`, `TimeoutError`) is taken out of rotation and the request is retried on another
 one. A replica out of rotation is probed (`health(replica_id, engine) -> bool`) at most every
-`probe_interval_s`, lazily on the next request or by `check_replicas()`; once healthy it gets the latest
-pushed weights (a restarted server comes back with its start checkpoint) and rejoins the ring.
+`probe_interval_s`, lazily on the next request or by `check_replicas()`; once healthy it is given the latest
+pushed weights again (a restarted server comes back with its start checkpoint) and rejoins the ring.
 
 Sampling seeds: the gateway derives each request's seed from (params.seed, rollout id, turn), so the samples
 of a group differ although they share params, and a retried request draws the same seed on its new replica.
@@ -154,8 +154,8 @@ class TitoGateway:
                 return False
             with self._replica_locks[replica]:
                 latest = self._latest
-                if latest is not None and engine.policy_version != latest[1]:
-                    engine.sync_weights(*latest)  # a restarted server serves its start checkpoint
+                if latest is not None:  # always: a restarted server serves its start checkpoint, whatever
+                    engine.sync_weights(*latest)  # version its client remembers
         except self.failures as exc:
             log.info("replica %s still down: %s", replica, exc)
             return False

@@ -65,6 +65,7 @@ class PrefixCachingEngine(LocalRolloutEngine):
         self.max_cached_tokens = max_cached_tokens
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU order, oldest first
         self._next_key = 0
+        self._cached_tokens = 0  # kept as a number, so cache_stats() never iterates the entries
         self.counters = {
             "requests": 0,
             "prompt_tokens": 0,
@@ -77,13 +78,15 @@ class PrefixCachingEngine(LocalRolloutEngine):
     # --- cache ----------------------------------------------------------------------------------------
     @property
     def cached_tokens(self) -> int:
-        return sum(len(e.tokens) for e in self._entries.values())
+        return self._cached_tokens
 
     def clear_cache(self) -> None:
         self._entries.clear()
+        self._cached_tokens = 0
         self.counters["clears"] += 1
 
     def cache_stats(self) -> dict[str, float]:
+        """Counters and the hit rate; safe to call while another thread generates (no iteration)."""
         c = dict(self.counters)
         c["hit_rate"] = c["hit_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
         c["entries"], c["cached_tokens"] = len(self._entries), self.cached_tokens
@@ -112,11 +115,12 @@ class PrefixCachingEngine(LocalRolloutEngine):
         if self.max_cached_tokens == 0 or len(tokens) > self.max_cached_tokens:
             return
         for key in [k for k, e in self._entries.items() if common_prefix(e.tokens, tokens) == len(e.tokens)]:
-            del self._entries[key]  # a prefix of the new sequence: the new entry serves all it served
+            self._cached_tokens -= len(self._entries.pop(key).tokens)  # the new entry serves all it served
         self._entries[self._next_key] = _Entry(tokens, cache)
         self._next_key += 1
-        while self.cached_tokens > self.max_cached_tokens:
-            self._entries.popitem(last=False)
+        self._cached_tokens += len(tokens)
+        while self._cached_tokens > self.max_cached_tokens:
+            self._cached_tokens -= len(self._entries.popitem(last=False)[1].tokens)
             self.counters["evictions"] += 1
 
     # --- engine ---------------------------------------------------------------------------------------

@@ -1,13 +1,18 @@
 """A policy checkpoint served over HTTP for rollouts, by `infra/llm_server.py`:
 
     python -m infra.llm_server --factory training.rollout.serving:make_policy_server_model \\
-        --factory-arg path=HF_DIR [--factory-arg dtype=float32] [--factory-arg threads=2]
+        --factory-arg path=HF_DIR [--factory-arg dtype=float32] [--factory-arg threads=2] \\
+        [--factory-arg prefix_cache_tokens=N]
 
 The server runs the same `LocalRolloutEngine` as in-process rollouts, so on the same checkpoint and dtype its
 greedy outputs and log-probs are the local engine's. `reload_weights` reads an HF dir (what
 `HttpRolloutEngine.sync_weights` writes) and copies it into the serving engine; a dir that is not a model
 of this architecture is refused before any weight changes. infra/ only sees the `TokenCompletionModel`
 protocol; the model code stays in training/.
+
+With `prefix_cache_tokens=N` (> 0) the server runs `PrefixCachingEngine` (training/rollout/prefix_cache.py):
+up to N tokens of KV cache reused across requests that share a prefix; `GET /health` then reports its hit
+counters under `prefix_cache`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 from infra.llm_server import ChatOutput, InvalidRequest, TokenCompletion, TokenLogprob
 from training.model import load_model
 from training.rollout.engine import LocalRolloutEngine, SamplingParams
+from training.rollout.prefix_cache import PrefixCachingEngine
 from training.tokenizer import END_OF_TURN, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -67,7 +73,13 @@ class PolicyServerModel:
     """A checkpoint behind the OpenAI-compatible server: token completions (and chat, when the dir has a
     tokenizer) from a `LocalRolloutEngine` in `dtype`, with weight reloads that bump the policy version."""
 
-    def __init__(self, path: str | Path, dtype: str = "bfloat16", threads: int | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        dtype: str = "bfloat16",
+        threads: int | None = None,
+        prefix_cache_tokens: int = 0,
+    ):
         path = Path(path)
         problem = model_dir_problem(path)
         if problem:
@@ -81,7 +93,13 @@ class PolicyServerModel:
         self.tokenizer = load_tokenizer(path) if (path / "tokenizer.json").is_file() else None
         config = model.config
         pad = self.tokenizer.pad_token_id if self.tokenizer is not None else config.pad_token_id
-        self.engine = LocalRolloutEngine(model, dtype=DTYPES[dtype], pad_id=1 if pad is None else int(pad))
+        pad_id = 1 if pad is None else int(pad)
+        if prefix_cache_tokens:
+            self.engine: LocalRolloutEngine = PrefixCachingEngine(
+                model, dtype=DTYPES[dtype], pad_id=pad_id, max_cached_tokens=prefix_cache_tokens
+            )
+        else:
+            self.engine = LocalRolloutEngine(model, dtype=DTYPES[dtype], pad_id=pad_id)
         del model
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else config.eos_token_id
         self.eos_token_id: int | None = eos
@@ -93,6 +111,12 @@ class PolicyServerModel:
     @property
     def policy_version(self) -> int:
         return self.engine.policy_version
+
+    def health_info(self) -> dict:
+        """Extra `GET /health` fields: the prefix cache's counters when the engine has one."""
+        if isinstance(self.engine, PrefixCachingEngine):  # no lock: /health must answer during a generation
+            return {"prefix_cache": self.engine.cache_stats()}
+        return {}
 
     def complete(
         self,
@@ -171,7 +195,13 @@ class PolicyServerModel:
 
 
 def make_policy_server_model(
-    path: str, dtype: str = "bfloat16", threads: str | None = None
+    path: str, dtype: str = "bfloat16", threads: str | None = None, prefix_cache_tokens: str = "0"
 ) -> PolicyServerModel:
-    """The `--factory` entry point: `--factory-arg path=DIR [--factory-arg dtype=float32]`."""
-    return PolicyServerModel(path, dtype=dtype, threads=int(threads) if threads else None)
+    """The `--factory` entry point: `--factory-arg path=DIR [--factory-arg dtype=float32]
+    [--factory-arg prefix_cache_tokens=N]`."""
+    return PolicyServerModel(
+        path,
+        dtype=dtype,
+        threads=int(threads) if threads else None,
+        prefix_cache_tokens=int(prefix_cache_tokens),
+    )

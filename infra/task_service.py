@@ -12,6 +12,7 @@ A malformed body or id is a 400 naming the field, an unknown episode a 404, an `
 family a 503 with its reason (type `environment_crash`), any other failure a 500.
 
     python -m infra.task_service --family terminal --orchestrator http://127.0.0.1:8700 [--port 0]
+    python -m infra.task_service --family search --factory-arg facts=facts.json --factory-arg latency_mean_s=0.2
     python -m infra.task_service --family demo --factory package.module:make --factory-arg key=value
 
 prints `listening on http://HOST:PORT`, registers with the orchestrator and sends a heartbeat every
@@ -46,7 +47,7 @@ from training.tasks.base import Task, Verdict
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FACTORY = "training.agentic.families:make_environment"
+DEFAULT_FACTORY = "infra.task_service:agentic_environment"
 _EPISODE_ID = re.compile(r"^[0-9a-f]{32}$")
 _ROUTE = re.compile(r"^/episodes/([^/]+)(?:/(tool|finish))?$")
 
@@ -335,6 +336,31 @@ class TaskServiceClient:
 
 
 # --- the process: a family behind HTTP, registered with the orchestrator ---------------------------------------
+
+
+def agentic_environment(
+    family: str,
+    facts: str | None = None,
+    latency_mean_s: str = "0",
+    latency_sigma: str = "1",
+    latency_seed: str = "0",
+) -> Environment:
+    """The default factory: an agentic family of training/agentic/families.py. `facts` is a JSON file of
+    [term, definition] pairs (the search family's documents; required for search); `latency_*` set its
+    ExtraLatency (the long-tail delay added to every tool call and finish)."""
+    import json
+
+    from training.agentic.episodes import ExtraLatency
+    from training.agentic.families import agentic_suites
+
+    if family == "search" and not facts:
+        raise ValueError("--factory-arg facts=PATH is required for search: a JSON list of [term, definition]")
+    pairs = [tuple(pair) for pair in json.loads(Path(facts).read_text())] if facts else []
+    latency = ExtraLatency(mean_s=float(latency_mean_s), sigma=float(latency_sigma), seed=int(latency_seed))
+    suites = agentic_suites(pairs, latency)
+    if family not in suites:
+        raise ValueError(f"--family {family!r}: the agentic families are {sorted(suites)}")
+    return suites[family]
 
 
 def load_environment(spec: str, family: str, **kwargs: str) -> Environment:

@@ -1,0 +1,370 @@
+"""Agentic task families (terminal, codefix, search): worked solutions score 1 through real episodes (tools
+executed, tests run in the real sandbox), wrong answers score 0 with a reason, splits are disjoint and seeded,
+environment crashes raise EnvironmentCrash, and the agentic rollout loop masks observations from the loss."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+import infra.sandbox
+from infra.sandbox import sandbox_available
+from training.agentic.episodes import ExtraLatency
+from training.agentic.families import (
+    AgenticTasksConfig,
+    agentic_suites,
+    agentic_version,
+    build_agentic_task_sets,
+    read_agentic_tasks,
+    write_agentic_tasks,
+)
+from training.agentic.protocol import AGENTIC_DOMAINS, EnvironmentCrash
+from training.agentic.rollout import agentic_rollout, response_text, scripted_turns
+from training.rollout.engine import Generation, SamplingParams
+from training.sft import render_chat
+from training.sft_data import SftDataConfig, build_sft_trajectories
+from training.tasks.base import Task
+from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+
+_WORDS = (
+    "river stone cloud metal glass paper signal engine circuit market garden winter harbor castle "
+    "lantern mirror ladder anchor copper silver basket candle feather hammer violin pepper saddle "
+    "tunnel valley meadow orchard compass rocket planet island forest desert canyon glacier"
+).split()
+
+
+def synthetic_facts(n: int = 60, seed: int = 0) -> list[tuple[str, str]]:
+    """(term, definition) pairs like the dictionary's: distinct invented terms, definitions of 8-10 words."""
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ra", "tu", "ve", "zo", "ne", "pa", "si"]
+    terms = sorted({"".join(rng.sample(syllables, 3)) for _ in range(4 * n)})[:n]
+    return [(t, "a device of " + " ".join(rng.sample(_WORDS, rng.randint(7, 9)))) for t in terms]
+
+
+FACTS = synthetic_facts()
+
+
+@pytest.fixture(scope="module")
+def families():
+    return agentic_suites(FACTS)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, families):
+    corpus = []
+    for suite in families.values():
+        for level in (1, 2, 3):
+            for task in suite.generate("train", 10, 0, level):
+                corpus.append(task.prompt)
+                corpus += [json.dumps(m) for m in suite.solution(task)]
+    return load_tokenizer(
+        train_tokenizer(corpus * 3, TokenizerConfig(vocab_size=400), tmp_path_factory.mktemp("tok"))
+    )
+
+
+def _play(suite, task: Task) -> tuple[list[str], object]:
+    """Run the worked solution's tool calls on a live episode; (observations, verdict of its final text)."""
+    solution = suite.solution(task)
+    episode = suite.open(task)
+    try:
+        observations = [
+            episode.tool(json.dumps(m["tool_calls"][0]))
+            for m in solution
+            if m["role"] == "assistant" and m.get("tool_calls")
+        ]
+        response = "\n".join(m["content"] for m in solution if m["role"] == "assistant")
+        return observations, episode.finish(response)
+    finally:
+        episode.close()
+
+
+@needs_sandbox
+@pytest.mark.parametrize("domain", AGENTIC_DOMAINS)
+def test_worked_solutions_score_one_through_real_episodes(domain, families, monkeypatch):
+    sandbox_runs = []
+    real_run = infra.sandbox.run_python
+
+    def counting_run(*args, **kwargs):
+        result = real_run(*args, **kwargs)
+        sandbox_runs.append(result.status)
+        return result
+
+    monkeypatch.setattr(f"training.agentic.{domain}.run_python", counting_run, raising=False)
+    suite = families[domain]
+    for level in (1, 2, 3):
+        tasks = suite.generate("train", 3, 0, level)
+        assert len(tasks) == 3, (domain, level)
+        for task in tasks:
+            observations, verdict = _play(suite, task)
+            # the worked solution's tool messages are exactly what the live tools return
+            assert observations == [m["content"] for m in suite.solution(task) if m["role"] == "tool"]
+            assert all(len(o) <= 120 for o in observations)
+            assert verdict.reward == 1.0 and verdict.reason == "correct", (task.prompt, verdict)
+            assert 2 <= sum(m["role"] == "assistant" for m in suite.solution(task)) <= 3
+    expected_runs = {"terminal": 9, "codefix": 9 + 3, "search": 0}[
+        domain
+    ]  # codefix level 3 runs the tests too
+    assert len(sandbox_runs) == expected_runs and all(s == "ok" for s in sandbox_runs), sandbox_runs
+
+
+@needs_sandbox
+def test_wrong_answers_score_zero_with_a_reason(families):
+    terminal, codefix, search = families["terminal"], families["codefix"], families["search"]
+    task = terminal.generate("train", 1, 0, 2)[0]
+    dst = task.meta["steps"][1][1]["path"]
+    wrong = f'<tool_call>{{"name": "write", "arguments": {{"path": "{dst}", "content": "nope"}}}}</tool_call>'
+    verdict = terminal.verify(task, wrong)
+    assert verdict.reward == 0.0 and verdict.reason.startswith("tests_failed") and "nope" in verdict.reason
+    assert terminal.verify(task, "Done.").reason.startswith("tests_failed")
+
+    task = codefix.generate("train", 1, 0, 1)[0]
+    n_f2p, n_p2p = len(task.meta["tests"]["fail_to_pass"]), len(task.meta["tests"]["pass_to_pass"])
+    unfixed = codefix.verify(task, f"```python\n{task.meta['module']}```")
+    assert unfixed.reward == 0.0 and f"fail_to_pass 0/{n_f2p}, pass_to_pass {n_p2p}/{n_p2p}" in unfixed.reason
+    # the bug fixed but the other function broken: pass-to-pass catches it
+    fixed_fn, helper_fn = task.meta["fixed"].split("\n\n")
+    broken = f"{fixed_fn}\n\n{helper_fn.split(':')[0]}:\n    return 12345\n"
+    verdict = codefix.verify(task, f"```python\n{broken}```")
+    assert verdict.reward == 0.0 and f"fail_to_pass {n_f2p}/{n_f2p}, pass_to_pass 0/{n_p2p}" in verdict.reason
+    assert codefix.verify(task, "I would fix it.").reason == "no_code"
+    assert codefix.verify(task, "```python\nimport os\nos._exit(0)\n```").reason.startswith("no_test_report")
+
+    task = search.generate("train", 1, 0, 2)[0]
+    assert search.verify(task, "Answer: kalomi").reason == "wrong_answer"
+    assert search.verify(task, "I do not know.").reason == "no_answer"
+    assert search.verify(task, f"Answer: {task.answer}").reward == 1.0
+
+
+def test_splits_are_disjoint_seeded_and_versioned(tmp_path):
+    config = AgenticTasksConfig(train_per_level=12, heldout_per_level=6)
+    sets = build_agentic_task_sets(config, FACTS)
+    again = build_agentic_task_sets(config, FACTS)
+    assert [t.to_json() for t in sets["train"]] == [t.to_json() for t in again["train"]]
+    assert not {t.prompt for t in sets["train"]} & {t.prompt for t in sets["heldout"]}
+    for domain in AGENTIC_DOMAINS:
+        for level in (1, 2, 3):
+            n_train = sum(t.domain == domain and t.difficulty == level for t in sets["train"])
+            n_heldout = sum(t.domain == domain and t.difficulty == level for t in sets["heldout"])
+            assert n_heldout == 6 and 9 <= n_train <= 12, (domain, level, n_train, n_heldout)
+    # search splits by the answer term: no held-out answer is a train answer
+    search_answers = {s: {t.answer for t in sets[s] if t.domain == "search"} for s in ("train", "heldout")}
+    assert not search_answers["train"] & search_answers["heldout"]
+    other = build_agentic_task_sets(config.model_copy(update={"seed": 1}), FACTS)
+    assert {t.prompt for t in other["train"]} != {t.prompt for t in sets["train"]}
+    version = write_agentic_tasks(sets, tmp_path / "agentic")
+    assert version == agentic_version(read_agentic_tasks(tmp_path / "agentic")) != agentic_version(other)
+    meta = json.loads((tmp_path / "agentic" / "meta.json").read_text())
+    assert meta["version"] == version and meta["counts"]["heldout/search/level2"] == 6
+    with pytest.raises(ValueError, match="unknown family"):
+        build_agentic_task_sets(AgenticTasksConfig(levels={"chess": [1]}), FACTS)
+    with pytest.raises(ValueError, match="level"):
+        build_agentic_task_sets(AgenticTasksConfig(levels={"search": [4]}), FACTS)
+    with pytest.raises(ValueError):
+        AgenticTasksConfig(trainn_per_level=3)
+
+
+def test_search_tool_finds_the_linked_documents(families):
+    search = families["search"]
+    tasks = search.generate("train", 20, 0, 2) + search.generate("train", 20, 0, 3)
+    assert len(tasks) == 40
+    for task in tasks:
+        first, second = task.meta["linked"][1], task.meta["linked"][0]  # B (from the clue), then A (names B)
+        episode = search.open(task)
+        clue = task.prompt.split("defined as: ")[1].rstrip("?")
+        hop1 = episode.tool(json.dumps({"name": "search", "arguments": {"query": clue}}))
+        assert hop1.startswith(f"{first}: ")
+        hop2 = episode.tool(json.dumps({"name": "search", "arguments": {"query": first}}))
+        assert hop2.startswith(f"{second}: ") and task.answer == second
+        # A's document names B; B's does not name itself
+        texts = dict(search.docs)
+        assert first in texts[second] and first not in texts[first]
+        assert episode.finish(f"Answer: {second}").reward == 1.0
+        episode.close()
+    bad = search.open(tasks[0])
+    assert bad.tool('{"name": "search", "arguments": {"query": ""}}').startswith("error")
+    assert bad.tool('{"name": "browse"}').startswith("error: unknown tool")
+    assert bad.tool("not json").startswith("error")
+
+
+def test_terminal_tools_and_limits(families):
+    terminal = families["terminal"]
+    task = terminal.generate("train", 1, 0, 3)[0]
+    episode = terminal.open(task)
+    try:
+        assert episode.tool('{"name": "ls", "arguments": {}}') == " ".join(sorted(task.meta["files"]))
+        assert episode.tool('{"name": "cat", "arguments": {"path": "../etc/passwd"}}').startswith("error")
+        assert episode.tool('{"name": "write", "arguments": {"path": "main.py", "content": "x"}}').startswith(
+            "error"
+        )
+        assert episode.tool('{"name": "cat", "arguments": {"path": "zzz.txt"}}') == "error: no file zzz.txt"
+    finally:
+        episode.close()
+    assert not episode.dir.exists()
+
+
+@needs_sandbox
+def test_crashes_raise_environment_crash(families, monkeypatch):
+    terminal, codefix, search = families["terminal"], families["codefix"], families["search"]
+    task = terminal.generate("train", 1, 0, 1)[0]
+    episode = terminal.open(task)
+    episode.close()  # the episode's dir is deleted
+    with pytest.raises(EnvironmentCrash, match="is gone"):
+        episode.tool('{"name": "ls", "arguments": {}}')
+    with pytest.raises(EnvironmentCrash, match="is gone"):
+        episode.finish("Done.")
+    closed = search.open(search.generate("train", 1, 0, 1)[0])
+    closed.close()
+    with pytest.raises(EnvironmentCrash):
+        closed.tool('{"name": "search", "arguments": {"query": "x"}}')
+
+    monkeypatch.setattr(infra.sandbox, "sandbox_available", lambda: "unshare is gone")
+    task = codefix.generate("train", 1, 0, 3)[0]
+    episode = codefix.open(task)
+    with pytest.raises(EnvironmentCrash, match="unshare is gone"):
+        episode.tool('{"name": "run_tests", "arguments": {}}')
+    with pytest.raises(EnvironmentCrash, match="unshare is gone"):
+        episode.finish(f"```python\n{task.meta['fixed']}```")
+    with pytest.raises(EnvironmentCrash, match="unshare is gone"):
+        terminal.verify(terminal.generate("train", 1, 0, 1)[0], "Done.")
+
+
+def test_extra_latency_is_seeded_with_a_long_tail(families):
+    latency = ExtraLatency(mean_s=1.0, sigma=1.5, seed=3)
+    rng = latency.delays("t")
+    draws = sorted(latency.sample(rng) for _ in range(20000))
+    assert 0.85 < sum(draws) / len(draws) < 1.15  # the configured mean, tail included
+    assert draws[len(draws) // 2] < 0.5 and draws[-200] > 5.0  # median well below the mean, p99 far above
+    first = latency.delays("t")
+    second = latency.delays("t")
+    assert [latency.sample(first) for _ in range(5)] == [latency.sample(second) for _ in range(5)]
+    assert ExtraLatency().sample(latency.delays("t")) == 0.0
+    slow = agentic_suites(FACTS, ExtraLatency(mean_s=0.05, sigma=0.0))["search"]
+    episode = slow.open(slow.generate("train", 1, 0, 1)[0])
+    started = time.perf_counter()
+    episode.tool('{"name": "search", "arguments": {"query": "device"}}')
+    episode.finish("Answer: x")
+    assert 0.1 <= time.perf_counter() - started < 0.5
+    assert episode.delay.total_s == pytest.approx(0.1)
+
+
+def _scripted_generate(tokenizer, tasks, families, calls):
+    """A policy that emits each task's worked solution, turn by turn, with made-up log-probs."""
+    turns = {
+        tuple(_prompt_ids(tokenizer, t)): scripted_turns(tokenizer, families[t.domain].solution(t))
+        for t in tasks
+    }
+
+    def generate(prompts, params):
+        calls.append(len(prompts))
+        out = []
+        for ids in prompts:
+            key = next(k for k in turns if tuple(ids[: len(k)]) == k)
+            turn = turns[key][len(calls) - 1]
+            out.append(Generation(turn, [-0.25] * len(turn), "stop", policy_version=7))
+        return out
+
+    return generate
+
+
+def _prompt_ids(tokenizer, task):
+    from training.rollout.multiturn import prompt_ids
+
+    return prompt_ids(tokenizer, task)
+
+
+@needs_sandbox
+def test_agentic_rollout_with_a_scripted_policy(families, tokenizer):
+    tasks = [families[d].generate("heldout", 1, 0, level)[0] for d in AGENTIC_DOMAINS for level in (1, 3)]
+    calls: list[int] = []
+    generate = _scripted_generate(tokenizer, tasks, families, calls)
+    trajs = agentic_rollout(generate, tokenizer, tasks, families, 2, SamplingParams(max_new_tokens=80), max_turns=4,
+                            env_threads=4)  # fmt: skip
+    assert len(trajs) == 12 and calls[0] == 12
+    for traj, task in zip(trajs, [t for t in tasks for _ in range(2)], strict=True):
+        solution = families[task.domain].solution(task)
+        assert traj.status == "ok" and traj.reward == 1.0 and traj.reason == "correct", (
+            task.prompt,
+            traj.reason,
+        )
+        assert [m["role"] for m in traj.messages[1:]] == [m["role"] for m in solution]
+        assert [m["content"] for m in traj.messages if m["role"] == "tool"] == [
+            m["content"] for m in solution if m["role"] == "tool"
+        ]
+        # loss mask: 1 on exactly the policy's tokens, 0 on every observation token
+        policy = sum(len(t) for t in scripted_turns(tokenizer, solution))
+        assert sum(traj.loss_mask) == policy and len(traj.loss_mask) == len(traj.response_ids)
+        masked = tokenizer.decode(
+            [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if not m]
+        )
+        for m in solution:
+            if m["role"] == "tool":
+                assert f"<tool_response>{m['content']}</tool_response>" in masked
+        assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True) if not m)
+        assert traj.policy_versions == [7] * sum(m["role"] == "assistant" for m in solution)
+        # the token stream decodes to the chat template's rendering of the same conversation
+        rendered = tokenizer.apply_chat_template([traj.messages[0], *solution], tokenize=False)
+        assert tokenizer.decode(traj.token_ids) == rendered.rstrip("\n")
+        assert traj.timings["verify_s"] > 0
+    assert response_text(trajs[0]).split("\n")[-1].startswith("Done.")
+
+
+def test_agentic_rollout_records_environment_failures(families, tokenizer):
+    task = families["search"].generate("train", 1, 0, 2)[0]
+    closed: list[str] = []
+
+    class FlakyEpisode:
+        def __init__(self, fail_on: str):
+            self.fail_on = fail_on
+
+        def tool(self, payload):
+            if self.fail_on == "tool":
+                raise EnvironmentCrash("task service died")
+            return "ok"
+
+        def finish(self, response):
+            raise EnvironmentCrash("sandbox would not start")
+
+        def close(self):
+            closed.append(self.fail_on)
+
+    class FlakyEnvironment:
+        domain, version = "search", "flaky"
+
+        def __init__(self):
+            self.opened = 0
+
+        def open(self, task):
+            self.opened += 1
+            if self.opened == 1:
+                raise EnvironmentCrash("no free sandbox")
+            return FlakyEpisode("tool" if self.opened == 2 else "finish")
+
+    calls: list[int] = []
+    generate = _scripted_generate(tokenizer, [task], families, calls)
+    trajs = agentic_rollout(generate, tokenizer, [task], {"search": FlakyEnvironment()}, 3,
+                            SamplingParams(max_new_tokens=80), max_turns=3)  # fmt: skip
+    assert [t.status for t in trajs] == ["env_failure"] * 3
+    assert ["no free sandbox" in trajs[0].reason, "task service died" in trajs[1].reason] == [True, True]
+    assert "sandbox would not start" in trajs[2].reason and trajs[2].reward == 0.0
+    assert sorted(closed) == ["finish", "tool"]  # every opened episode is closed
+
+
+def test_sft_rows_include_agentic_trajectories_with_masked_observations(families, tokenizer):
+    tasks = [t for d in AGENTIC_DOMAINS for t in families[d].generate("train", 2, 0, 2)]
+    rows, kinds = build_sft_trajectories(tasks, families, [], SftDataConfig(definition_chats=0))
+    assert kinds == {"terminal": 2, "codefix": 2, "search": 2}
+    for row in rows:
+        chat = render_chat(tokenizer, row["messages"])
+        trained = tokenizer.decode([t for t, m in zip(chat.input_ids, chat.loss_mask, strict=True) if m])
+        assert "<tool_call>" in trained and "<tool_response>" not in trained
+        untrained = tokenizer.decode(
+            [t for t, m in zip(chat.input_ids, chat.loss_mask, strict=True) if not m]
+        )
+        for m in row["messages"]:
+            if m["role"] == "tool":
+                assert f"<tool_response>{m['content']}</tool_response>" in untrained

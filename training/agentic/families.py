@@ -1,0 +1,101 @@
+"""The agentic task families (terminal, codefix, search) together: their registry, the versioned train /
+held-out sets and the config that says which levels, how many tasks and how much extra latency."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.agentic.codefix import CodefixSuite
+from training.agentic.episodes import ExtraLatency
+from training.agentic.protocol import AGENTIC_DOMAINS
+from training.agentic.search import SearchSuite
+from training.agentic.terminal import TerminalSuite
+from training.tasks.base import Split, Task
+from training.tasks.suites import read_tasks, suite_version, write_tasks
+
+
+class AgenticTasksConfig(BaseModel):
+    """Which agentic tasks the Agentic RL stage (and SFT's worked trajectories) use; defaults are `tiny`'s."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int = Field(0, description="Seed of the train stream; the held-out stream uses its own seed")
+    levels: dict[str, list[int]] = Field(
+        default_factory=lambda: {"terminal": [1, 2, 3], "codefix": [1, 2, 3], "search": [1, 2, 3]},
+        description="Difficulty levels (1..3) generated per family (terminal, codefix, search)",
+    )
+    train_per_level: int = Field(200, ge=1, description="Train tasks per family and level")
+    heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per family and level")
+    max_facts: int = Field(
+        2000, ge=0, description="Dictionary facts the search family's documents are built from"
+    )
+    latency: ExtraLatency = Field(
+        default_factory=ExtraLatency,
+        description="Extra seeded long-tail latency on every tool call and finish",
+    )
+
+
+def agentic_suites(
+    facts: Sequence[tuple[str, str]] = (), latency: ExtraLatency | None = None
+) -> dict[str, TerminalSuite | CodefixSuite | SearchSuite]:
+    """domain -> the family's suite, which is also its in-process `Environment` (protocol.py)."""
+    return {
+        "terminal": TerminalSuite(latency),
+        "codefix": CodefixSuite(latency),
+        "search": SearchSuite(facts, latency),
+    }
+
+
+def build_agentic_task_sets(
+    config: AgenticTasksConfig, facts: Sequence[tuple[str, str]] = ()
+) -> dict[Split, list[Task]]:
+    """Train and held-out tasks of every configured family and level; no train prompt is a held-out prompt."""
+    unknown = sorted(set(config.levels) - set(AGENTIC_DOMAINS))
+    if unknown:
+        raise ValueError(
+            f"agentic_tasks.levels: unknown family {unknown}; families are {list(AGENTIC_DOMAINS)}"
+        )
+    bad = sorted({lvl for levels in config.levels.values() for lvl in levels} - {1, 2, 3})
+    if bad:
+        raise ValueError(
+            f"agentic_tasks.levels: level(s) {bad} do not exist; every family has levels 1, 2, 3"
+        )
+    registry = agentic_suites(facts[: config.max_facts], config.latency)
+    out: dict[Split, list[Task]] = {"train": [], "heldout": []}
+    for domain, levels in config.levels.items():
+        for level in levels:
+            for split, n in (("train", config.train_per_level), ("heldout", config.heldout_per_level)):
+                out[split] += registry[domain].generate(split, n, config.seed, level)
+    heldout_prompts = {t.prompt for t in out["heldout"]}
+    out["train"] = [t for t in out["train"] if t.prompt not in heldout_prompts]
+    return out
+
+
+def agentic_version(tasks: dict[Split, list[Task]]) -> str:
+    """Content hash of both splits and of the families' versions (what an Agentic RL checkpoint names)."""
+    families = ",".join(f"{d}={s.version}" for d, s in sorted(agentic_suites().items()))
+    return hashlib.sha256(f"{suite_version(tasks)}\t{families}".encode()).hexdigest()[:16]
+
+
+def write_agentic_tasks(tasks: dict[Split, list[Task]], out_dir: Path) -> str:
+    """train.jsonl, heldout.jsonl and meta.json (version, counts per split / family / level) under `out_dir`."""
+    for split in ("train", "heldout"):
+        write_tasks(tasks[split], Path(out_dir) / f"{split}.jsonl")
+    counts: dict[str, int] = {}
+    for split, rows in tasks.items():
+        for t in rows:
+            key = f"{split}/{t.domain}/level{t.difficulty}"
+            counts[key] = counts.get(key, 0) + 1
+    version = agentic_version(tasks)
+    (Path(out_dir) / "meta.json").write_text(
+        json.dumps({"version": version, "counts": counts}, sort_keys=True)
+    )
+    return version
+
+
+def read_agentic_tasks(out_dir: Path) -> dict[Split, list[Task]]:
+    return {split: read_tasks(Path(out_dir) / f"{split}.jsonl") for split in ("train", "heldout")}

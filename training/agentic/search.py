@@ -1,0 +1,235 @@
+"""Multi-hop search over the project's own documents: one document per dictionary fact (term: definition, the
+facts the knowledge suite uses), a BM25 index over the definitions, and a `search` tool returning the top two
+documents. Questions link two documents: document A's definition names term B.
+
+Level 1: one hop: "which term is defined as <the start of B's definition>" (search the clue, answer B).
+Level 2: two hops: "which term's definition uses the term defined as <the start of B's definition>"
+         (search the clue -> B, search B -> A, answer A).
+Level 3: two hops from a shorter clue taken from the middle of B's definition.
+Only questions the worked solution answers with this index are kept (the top hit of each hop is right)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify
+from training.agentic.protocol import EnvironmentCrash
+from training.tasks.base import (
+    Split,
+    Task,
+    Verdict,
+    extract_answer,
+    normalise_text,
+    split_seed,
+    task_id,
+)
+
+TOOLS = {"search": ("query",)}
+STOPWORDS = frozenset(
+    "a an the of to in on for and or is are be by as at with from that this which it its".split()
+)
+MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS = 80, 2, 56
+_WORD = re.compile(r"[a-z0-9]+")
+_SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
+_PRONUNCIATION = re.compile(r"/[^/\s][^/]{0,40}/|\\[^\\]{1,80}\\")
+
+
+def terms_of(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+
+
+class BM25Index:
+    """Okapi BM25 (k1=1.2, b=0.75) over documents' text; `search` returns document indices, best first."""
+
+    def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.docs = [Counter(terms_of(t)) for t in texts]
+        self.lengths = [sum(d.values()) for d in self.docs]
+        self.avg_length = sum(self.lengths) / max(len(self.docs), 1)
+        df = Counter(term for d in self.docs for term in d)
+        n = len(self.docs)
+        self.idf = {term: math.log(1 + (n - f + 0.5) / (f + 0.5)) for term, f in df.items()}
+
+    def search(self, query: str, k: int = TOP_K) -> list[int]:
+        words = set(terms_of(query))
+        scores = []
+        for i, (doc, length) in enumerate(zip(self.docs, self.lengths, strict=True)):
+            score = 0.0
+            for w in words & doc.keys():
+                tf = doc[w]
+                norm = tf + self.k1 * (1 - self.b + self.b * length / self.avg_length)
+                score += self.idf[w] * tf * (self.k1 + 1) / norm
+            if score > 0:
+                scores.append((-score, i))
+        return [i for _, i in sorted(scores)[:k]]
+
+
+def clean_definition(definition: str) -> str:
+    """The definition without dictionary markup: sense labels ("n 1:"), pronunciations (/.../, \\...\\)."""
+    text = _SENSE.sub("", definition.strip())
+    text = _PRONUNCIATION.sub(" ", text)
+    return " ".join(text.split()).rstrip(".")
+
+
+def documents(facts: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str, str]]:
+    """(term, text) per fact: its cleaned definition and a "See <term>." reference to one other fact, along
+    one seeded cycle over all facts, so every term is referred to by exactly one other document."""
+    order = list(range(len(facts)))
+    random.Random(seed).shuffle(order)
+    see = {order[i]: order[(i + 1) % len(order)] for i in range(len(order))} if len(order) > 1 else {}
+    out = []
+    for i, (term, definition) in enumerate(facts):
+        text = clean_definition(definition)
+        out.append((term, f"{text}. See {facts[see[i]][0]}." if i in see else f"{text}."))
+    return out
+
+
+def _clue(text: str, level: int) -> str:
+    words = text.split(". See ")[0].split()
+    if level == 3 and len(words) >= 8:
+        return " ".join(words[2:6])
+    return " ".join(words[:6])
+
+
+class SearchEpisode:
+    def __init__(self, suite: SearchSuite, task: Task, latency: ExtraLatency):
+        self.suite, self.task, self.delay, self.closed = suite, task, Delay(latency, task.id), False
+
+    def tool(self, payload: str) -> str:
+        if self.closed:
+            raise EnvironmentCrash("search: episode already closed")
+        self.delay.wait()
+        parsed = parse_tool_call(payload, TOOLS)
+        if isinstance(parsed, str):
+            return parsed
+        query = parsed[1].get("query", "").strip()
+        if not query or len(query) > MAX_QUERY_CHARS:
+            return f"error: query must be 1 to {MAX_QUERY_CHARS} characters"
+        return self.suite.search_text(query)
+
+    def finish(self, response: str) -> Verdict:
+        if self.closed:
+            raise EnvironmentCrash("search: episode already closed")
+        self.delay.wait()
+        answer = extract_answer(response)
+        if answer is None:
+            return Verdict(0.0, "no_answer")
+        accepted = self.task.meta.get("accepted") or [self.task.answer]
+        if normalise_text(answer) in {normalise_text(a) for a in accepted}:
+            return Verdict(1.0, "correct")
+        return Verdict(0.0, "wrong_answer")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class SearchSuite:
+    """Task suite and in-process environment of multi-hop search; `facts` are (term, definition) pairs."""
+
+    domain = "search"
+    version = "search-v1"
+
+    def __init__(self, facts: Sequence[tuple[str, str]], latency: ExtraLatency | None = None):
+        facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
+        self.docs = documents(facts)
+        self.index = BM25Index([text for _, text in self.docs])
+        self.latency = latency or ExtraLatency()
+        self._links: dict[int, list[int]] | None = None
+
+    def search_text(self, query: str) -> str:
+        hits = self.index.search(query)
+        if not hits:
+            return "no results"
+        return clip("\n".join(clip(f"{self.docs[i][0]}: {self.docs[i][1]}", SNIPPET_CHARS) for i in hits))
+
+    def top_term(self, query: str) -> str | None:
+        hits = self.index.search(query, 1)
+        return self.docs[hits[0]][0] if hits else None
+
+    def links(self) -> dict[int, list[int]]:
+        """{b: [a, ...]}: the documents whose text names document b's term (its "See" reference and any
+        definition that uses the term)."""
+        if self._links is None:
+            words = [" ".join(_WORD.findall(d.lower())) for _, d in self.docs]
+            docs_by_word: dict[str, set[int]] = {}
+            for i, text in enumerate(words):
+                for w in text.split():
+                    docs_by_word.setdefault(w, set()).add(i)
+            self._links = {}
+            for b, (term, _) in enumerate(self.docs):
+                phrase = _WORD.findall(term.lower())
+                users = set.intersection(*(docs_by_word.get(w, set()) for w in phrase)) if phrase else set()
+                users = [a for a in sorted(users - {b}) if f" {' '.join(phrase)} " in f" {words[a]} "]
+                if users:
+                    self._links[b] = users
+        return self._links
+
+    def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
+        if difficulty not in (1, 2, 3):
+            raise ValueError(f"search: difficulty {difficulty} is not one of 1, 2, 3")
+        rng = random.Random(split_seed(split, seed) * 41 + difficulty)
+        if difficulty == 1:
+            candidates = [(None, b) for b in range(len(self.docs))]
+        else:
+            candidates = [(a, b) for b, users in self.links().items() for a in users]
+        rng.shuffle(candidates)
+        tasks: dict[str, Task] = {}
+        for a, b in candidates:
+            if len(tasks) >= n:
+                break
+            answer = self.docs[b if a is None else a][0]
+            # split by the answer term: a held-out question never has a train question's answer
+            if (_stable_hash(answer.lower()) % 5 == 0) != (split == "heldout"):
+                continue
+            task = self._make(a, b, difficulty, split)
+            if task is not None:
+                tasks.setdefault(task.id, task)
+        return list(tasks.values())
+
+    def _make(self, a: int | None, b: int, level: int, split: Split) -> Task | None:
+        term_b, definition_b = self.docs[b]
+        clue = _clue(definition_b, level)
+        if self.top_term(clue) != term_b:
+            return None
+        steps = [(clue, self.search_text(clue))]
+        if a is None:
+            prompt, answer = f"Search: which term is defined as: {clue}?", term_b
+        else:
+            answer = self.docs[a][0]
+            if self.top_term(term_b) != answer:
+                return None
+            steps.append((term_b, self.search_text(term_b)))
+            prompt = f"Search: which term's entry names the term defined as: {clue}?"
+        accepted = [answer] if a is None else [self.docs[u][0] for u in self.links()[b]]
+        meta = {
+            "steps": steps,
+            "linked": [self.docs[i][0] for i in (a, b) if i is not None],
+            "accepted": accepted,
+        }
+        return Task(task_id(self.domain, prompt), self.domain, prompt, answer, level, split, meta)
+
+    def open(self, task: Task) -> SearchEpisode:
+        return SearchEpisode(self, task, self.latency)
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        return replay_verify(self, task, response)
+
+    def solution(self, task: Task) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        for query, result in task.meta["steps"]:
+            call = {"name": "search", "arguments": {"query": query}}
+            messages += [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": result},
+            ]
+        return [*messages, {"role": "assistant", "content": f"Answer: {task.answer}"}]
+
+
+def _stable_hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")

@@ -29,7 +29,7 @@ import torch
 
 from infra.settings import REPO_ROOT
 from training.agentic.gateway import TitoGateway
-from training.agentic.routing import ConsistentHashRouter, RoundRobinRouter
+from training.agentic.routing import ConsistentHashRouter, NoReplica, RoundRobinRouter
 from training.checkpoint import export_hf
 from training.model import ModelConfig, build_model
 from training.rollout.engine import LocalRolloutEngine, SamplingParams, sequence_logprobs
@@ -290,3 +290,61 @@ def test_a_killed_replica_leaves_the_rotation_and_a_restarted_one_rejoins(tokeni
     finally:
         for proc in procs.values():
             kill(proc, signal.SIGTERM)
+
+
+class Flaky(LocalRolloutEngine):
+    """An in-process replica whose connection can be cut (what an HttpRolloutEngine raises when its server
+    is gone); the real-server version of this is the test above."""
+
+    broken = False
+
+    def generate(self, prompts, params):
+        if self.broken:
+            raise ConnectionError("connection refused")
+        return super().generate(prompts, params)
+
+
+def test_generate_many_batches_per_replica_and_reroutes_a_failed_batch(tokenizer, model):
+    engines = {r: Flaky(model, dtype=torch.float32) for r in ("a", "b", "c")}
+    healthy = {"a": True, "b": True, "c": True}
+    gateway = TitoGateway(
+        engines, ConsistentHashRouter(engines), health=lambda r, e: healthy[r], probe_interval_s=0.0
+    )
+    prompt = chat_prompt(tokenizer, QUESTIONS[1])
+    batch = [(f"r{i}", prompt) for i in range(9)]
+    outs = gateway.generate_many(batch, PARAMS)
+    assert len(outs) == 9 and all(o.token_ids for o in outs)
+    assert [r.rollout_id for r in sorted(gateway.log, key=lambda r: int(r.rollout_id[1:]))] == [
+        b[0] for b in batch
+    ]
+    assert len({r.replica for r in gateway.log}) == 3  # spread over the ring, one batch per replica
+    # answers come back in request order: each output is the one recorded for its rollout
+    for (rid, _), out in zip(batch, outs, strict=True):
+        assert gateway.records(rid)[-1].token_ids == tuple(out.token_ids)
+
+    engines["b"].broken, healthy["b"] = True, False
+    outs = gateway.generate_many(
+        [(rid, prompt + list(o.token_ids)) for (rid, _), o in zip(batch, outs, strict=True)], PARAMS
+    )
+    assert len(outs) == 9 and gateway.live_replicas() == ["a", "c"]
+    turn1 = [r for r in gateway.log if r.turn == 1]
+    assert len(turn1) == 9 and {r.replica for r in turn1} <= {"a", "c"}
+    assert gateway.stats()["retries"] >= 1
+    assert all(v["in_flight"] == 0 for v in gateway.stats()["replicas"].values())
+
+    # b is healthy again: the next probe brings it back with the latest weights and it serves its keys again
+    noisy = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    assert gateway.sync_weights(noisy, version=4) == ["a", "c"]
+    engines["b"].broken, healthy["b"] = False, True
+    out = gateway.generate_many([(rid, prompt) for rid, _ in batch], PARAMS)
+    assert gateway.live_replicas() == ["a", "b", "c"] and engines["b"].policy_version == 4
+    assert {o.policy_version for o in out} == {4}
+    assert "b" in {r.replica for r in gateway.log if r.turn == 2}
+
+    # nothing left: a clear error, and no in-flight slot leaks
+    for e in engines.values():
+        e.broken = True
+    healthy.update(dict.fromkeys(healthy, False))
+    with pytest.raises(NoReplica):
+        gateway.generate("r0", prompt, PARAMS)
+    assert all(v["in_flight"] == 0 for v in gateway.stats()["replicas"].values())

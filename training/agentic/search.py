@@ -34,8 +34,9 @@ TOOLS = {"search": ("query",)}
 STOPWORDS = frozenset(
     "a an the of to in on for and or is are be by as at with from that this which it its".split()
 )
-MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS = 80, 2, 56
+MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 48, 40
 _WORD = re.compile(r"[a-z0-9]+")
+_CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
 _SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
 _PRONUNCIATION = re.compile(r"/[^/\s][^/]{0,40}/|\\[^\\]{1,80}\\")
 
@@ -91,10 +92,13 @@ def documents(facts: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str
 
 
 def _clue(text: str, level: int) -> str:
-    words = text.split(". See ")[0].split()
-    if level == 3 and len(words) >= 8:
-        return " ".join(words[2:6])
-    return " ".join(words[:6])
+    """Plain words of the definition (no punctuation, at most CLUE_CHARS): its start, or at level 3 a shorter
+    run from the middle."""
+    words = _CLUE_WORD.findall(text.split(". See ")[0])
+    words = words[2:6] if level == 3 and len(words) >= 8 else words[:6]
+    while len(" ".join(words)) > CLUE_CHARS and len(words) > 2:
+        words = words[:-1]
+    return " ".join(words)
 
 
 class SearchEpisode:

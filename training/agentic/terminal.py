@@ -18,11 +18,12 @@ from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call
 from training.agentic.protocol import EnvironmentCrash
 from training.tasks.base import Split, Task, Verdict, split_seed, task_id
 
-FILES = ["a.txt", "b.txt", "c.txt", "notes.txt", "data.txt", "log.txt", "todo.txt", "out.txt"]
 WORDS = [
     "red", "blue", "green", "gold", "lime", "pink", "cat", "dog", "owl", "fox", "bee", "elk",
     "sun", "moon", "star", "rain", "snow", "wind", "oak", "pine", "rose", "fig", "plum", "kiwi",
 ]  # fmt: skip
+# file names like owl.txt or plum.log: enough distinct (source, target) pairs for hundreds of level-2 prompts
+FILES = [f"{w}.{ext}" for w in WORDS for ext in ("txt", "log", "md")]
 TOOLS = {"ls": (), "cat": ("path",), "grep": ("word",), "write": ("path", "content")}
 MAX_FILES, MAX_CONTENT = 8, 80
 _LIMITS = SandboxLimits(wall_s=10, cpu_s=2, memory_mb=256, output_bytes=4096)
@@ -145,7 +146,7 @@ class TerminalSuite:
             ]
             return f"Copy the text of {src} to {dst}.", files, {dst: values[0], src: values[0]}, steps
         # level 3: three files of three words; exactly one holds the word asked for
-        words = [f"{w}{rng.randint(1, 9)}" for w in rng.sample(WORDS, 7)]
+        words = [f"{w}{rng.randint(1, 99)}" for w in rng.sample(WORDS, 7)]
         target_word, others = words[0], words[1:]
         files = {name: " ".join(others[2 * i : 2 * i + 2]) for i, name in enumerate(names)}
         holder = rng.randrange(3)

@@ -336,7 +336,7 @@ def test_generate_many_batches_per_replica_and_reroutes_a_failed_batch(tokenizer
     noisy = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
     assert gateway.sync_weights(noisy, version=4) == ["a", "c"]
     engines["b"].broken, healthy["b"] = False, True
-    out = gateway.generate_many([(rid, prompt) for rid, _ in batch], PARAMS)
+    out = gateway.generate_batch([rid for rid, _ in batch], [prompt] * len(batch), PARAMS)
     assert gateway.live_replicas() == ["a", "b", "c"] and engines["b"].policy_version == 4
     assert {o.policy_version for o in out} == {4}
     assert "b" in {r.replica for r in gateway.log if r.turn == 2}

@@ -11,7 +11,8 @@ Fault tolerance: a replica whose request raises a connection-level error (`Rollo
 `ConnectionError`, `OSError`, `TimeoutError`) is taken out of rotation and the request is retried on another
 one. A replica out of rotation is probed (`health(replica_id, engine) -> bool`) at most every
 `probe_interval_s`, lazily on the next request or by `check_replicas()`; once healthy it is given the latest
-pushed weights again (a restarted server comes back with its start checkpoint) and rejoins the ring.
+pushed weights again (a restarted server comes back with its start checkpoint) and rejoins the ring. Give
+`HttpRolloutEngine` replicas few retries (e.g. `retries=1`): their own backoff delays the failover.
 
 Sampling seeds: the gateway derives each request's seed from (params.seed, rollout id, turn), so the samples
 of a group differ although they share params, and a retried request draws the same seed on its new replica.
@@ -285,6 +286,14 @@ class TitoGateway:
                     rollout_id, turn, prompt = todo[i]
                     self._record(rollout_id, turn, replica, prompt, out, seeds[replica], len(tried[i]))
         return [r for r in results if r is not None]
+
+    def generate_batch(
+        self, rollout_ids: Sequence[str], prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        """`generate_many` in the (rollout ids, prompts, params) shape of training/agentic/driver.Generate."""
+        if len(rollout_ids) != len(prompts):
+            raise ValueError(f"{len(rollout_ids)} rollout ids for {len(prompts)} prompts")
+        return self.generate_many(list(zip(rollout_ids, prompts, strict=True)), params)
 
     def _record(
         self,

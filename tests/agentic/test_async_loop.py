@@ -1,0 +1,206 @@
+"""The asynchronous Agentic RL pipeline on a micro model: the buffer's staleness / failure / padding rules and
+their counts, the rollout driver's TITO bookkeeping, partial rollouts that resume on new weights, and the
+trainer + separate rollout worker raising the reward of a task with a slow, crashing environment."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from training.agentic.async_loop import AgenticRLConfig, WorkerSpec, heldout_success, train_agentic_rl
+from training.agentic.buffer import TrajectoryBuffer
+from training.agentic.driver import RolloutDriver
+from training.agentic.protocol import EnvironmentCrash
+from training.checkpoint import export_hf
+from training.model import ModelConfig, build_model
+from training.rollout.engine import Generation, SamplingParams
+from training.rollout.trajectory import Trajectory
+from training.tasks.base import Task, Verdict
+from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
+
+
+class _ColorEpisode:
+    def __init__(self, env: ColorEnv, task: Task):
+        self.env, self.task, self.closed = env, task, False
+
+    def tool(self, payload: str) -> str:
+        time.sleep(self.env.latency_s)
+        return f"echo {payload[:20]}"
+
+    def finish(self, response: str) -> Verdict:
+        time.sleep(self.env.latency_s)
+        return Verdict(1.0, "correct") if self.env.target in response else Verdict(0.0, "wrong_answer")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ColorEnv:
+    """Reward 1 when the answer contains `target` (an "e": about half of an untrained model's samples, so
+    groups carry signal); opening an episode sleeps, and every `crash_every`-th open crashes (an environment
+    failure, not the policy's)."""
+
+    domain, version = "color", "c1"
+
+    def __init__(self, latency_s: float = 0.0, crash_every: int = 0, target: str = "e"):
+        self.latency_s, self.crash_every, self.target, self.opened = latency_s, crash_every, target, 0
+        self.lock = threading.Lock()
+
+    def open(self, task: Task) -> _ColorEpisode:
+        with self.lock:
+            self.opened += 1
+            n = self.opened
+        time.sleep(self.latency_s)
+        if self.crash_every and n % self.crash_every == 0:
+            raise EnvironmentCrash(f"container {n} did not start")
+        return _ColorEpisode(self, task)
+
+
+def color_environments(
+    latency_s: float = 0.0, crash_every: int = 0, target: str = "e"
+) -> dict[str, ColorEnv]:
+    return {"color": ColorEnv(latency_s, crash_every, target)}
+
+
+def _traj(tid: str, group: str, versions: list[int], status: str = "ok", reward: float = 1.0) -> Trajectory:
+    t = Trajectory(tid, "color", "p", group, [], [1, 2], [3], [-0.5], [1], versions, reward)
+    t.status = status
+    return t
+
+
+def test_buffer_drops_stale_and_crashed_pads_majority_groups_and_counts_add_up():
+    buf = TrajectoryBuffer(group_size=4, max_staleness=1)
+    for k in range(4):  # group a: one crash -> 3 of 4 valid -> padded to 4
+        buf.add(_traj(f"a{k}", "a", [5], "env_failure" if k == 0 else "ok", reward=float(k % 2)))
+    for k in range(4):  # group b: two stale (version 2 at trainer version 5, tau 1) -> half valid -> dropped
+        buf.add(_traj(f"b{k}", "b", [2, 5] if k < 2 else [4, 5]))
+    for k in range(3):  # group c: incomplete, stays buffered
+        buf.add(_traj(f"c{k}", "c", [5]))
+    buf.add(_traj("a1", "a", [5]))  # a retried delivery of the same trajectory
+    assert buf.take(min_trajectories=9, version=5) is None  # only 8 ready
+    groups = buf.take(min_trajectories=4, version=5)
+    assert [len(g) for g in groups] == [4]
+    assert [t.id for t in groups[0]] == ["a1", "a2", "a3", "a1"]
+    assert buf.take(min_trajectories=4, version=5) == []  # b: consumed and dropped whole
+    assert buf.take(min_trajectories=1, version=5) is None  # c is incomplete
+    c = buf.counts
+    assert (c.received, c.duplicates, c.env_failures, c.stale, c.dropped_groups) == (11, 1, 1, 2, 1)
+    assert (c.dropped_in_groups, c.padded_samples, c.trained_unique) == (2, 1, 3)
+    assert (
+        c.received == c.trained_unique + c.stale + c.env_failures + c.dropped_in_groups + 3
+    )  # 3 of c pending
+    assert c.env_failure_reasons == {"": 1}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    corpus = [" ".join(WORDS) + " pick a color" for _ in range(50)]
+    tok_dir = train_tokenizer(corpus, TokenizerConfig(vocab_size=320), tmp_path_factory.mktemp("tok"))
+    tok = load_tokenizer(tok_dir)
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
+    )
+    tasks = [Task(f"c{i}", "color", f"pick a color {i}", "blue", 1, "train") for i in range(8)]
+    return tok, tok_dir, cfg, tasks
+
+
+class ScriptedEngine:
+    """Turn 1 makes a tool call, turn 2 answers; the version is whatever the test set last."""
+
+    def __init__(self, tok):
+        self.tok, self.policy_version, self.calls = tok, 0, 0
+
+    def __call__(self, ids: list[str], prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        self.calls += 1
+        outs = []
+        for prompt in prompts:
+            text = "blue<|end_of_turn|>" if "tool_response" in self.tok.decode(prompt) else (
+                '<tool_call>{"name": "x"}</tool_call><|end_of_turn|>'
+            )  # fmt: skip
+            toks = self.tok(text, add_special_tokens=False)["input_ids"]
+            outs.append(Generation(toks, [-0.1] * len(toks), "stop", self.policy_version, toks[-1]))
+        return outs
+
+
+def test_driver_keeps_engine_tokens_masks_observations_and_resumes_paused_rollouts_on_new_weights(setup):
+    tok, _, _, tasks = setup
+    engine = ScriptedEngine(tok)
+    envs = color_environments(latency_s=0.01, crash_every=5, target="blue")
+    driver = RolloutDriver(engine, tok, envs, SamplingParams(16), max_turns=3)
+    for i, task in enumerate(tasks[:3]):
+        driver.start_group(task, 2, f"g{i}")
+    done: list[Trajectory] = []
+
+    def settle() -> None:  # paused: environment calls finish, nothing is generated
+        driver.paused, deadline = True, time.time() + 10
+        while driver.env_calls and time.time() < deadline:
+            done.extend(driver.poll(timeout=0.2))
+
+    settle()  # every episode open (one crashed)
+    driver.paused = False
+    done += driver.poll(timeout=0)  # the first turn of every rollout, in one batch
+    settle()  # the trainer is stepping: tool results come back, the rollouts wait
+    assert engine.calls == 1 and driver.waiting  # stragglers parked with their state
+    parked = {live.traj.id: list(live.traj.response_ids) for live in driver.waiting}
+    engine.policy_version = 1  # new weights
+    driver.paused = False
+    while driver.in_flight():
+        done += driver.poll(timeout=0.2)
+    driver.close()
+    assert len(done) == 6 and len({t.id for t in done}) == 6
+    failed = [t for t in done if t.status == "env_failure"]
+    assert len(failed) == 1 and "open: container 5 did not start" in failed[0].reason
+    for t in done:
+        if t.status == "env_failure":
+            continue
+        assert t.reward == 1.0 and t.policy_versions == [0, 1], t
+        assert t.response_ids[: len(parked[t.id])] == parked[t.id]  # resumed, not restarted
+        assert len(t.loss_mask) == len(t.response_ids) == len(t.logprobs)
+        assert 0 in t.loss_mask and t.loss_mask[0] == 1 and t.loss_mask[-1] == 1  # observation masked
+        obs = [i for i, m in zip(t.response_ids, t.loss_mask, strict=True) if m == 0]
+        assert "tool_response" in tok.decode(obs)
+        assert {m["role"] for m in t.messages} == {"user", "assistant", "tool"}
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_environment(setup, tmp_path, mode):
+    tok, tok_dir, cfg, tasks = setup
+    model = build_model(cfg, seed=0)
+    extra = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    hf = export_hf(model, tmp_path / "hf", extra)
+    envs = f"{__name__}:color_environments"  # the worker imports this module as pytest did
+    config = AgenticRLConfig(
+        steps=30, group_size=8, batch_trajectories=16, in_flight_groups=4 if mode == "async" else 2,
+        push_every=2 if mode == "async" else 1,
+        max_staleness=2, mode=mode, task_ratios={"color": 1.0}, max_new_tokens=4, max_turns=1,
+        learning_rate=3e-3, env_threads=16, eval_tasks_per_domain=8,
+    )  # fmt: skip
+    spec = WorkerSpec(
+        hf_dir=str(hf), tasks=[t.to_json() for t in tasks], environments=envs,
+        environment_kwargs={"latency_s": 0.02, "crash_every": 11}, config=config, pad_id=tok.pad_token_id,
+    )  # fmt: skip
+    before = heldout_success(model, tok, tasks, color_environments(), config, tok.pad_token_id)
+    rows: list[tuple[int, dict]] = []
+    final = train_agentic_rl(model, spec, tmp_path / "run", lambda m, s: rows.append((s, dict(m))))
+    after = heldout_success(model, tok, tasks, color_environments(), config, tok.pad_token_id)
+    rewards = [m["reward/mean"] for _, m in rows]
+    assert len(rewards) == 30
+    assert sum(rewards[-6:]) / 6 > sum(rewards[:6]) / 6 + 0.15, rewards
+    assert after["n/color"] == before["n/color"] == 8
+    assert after["success/color"] >= before["success/color"], (before, after)
+    assert final["buffer/env_failures"] >= 1  # crashes were dropped and counted, never scored
+    assert final["buffer/received"] >= 30 * 16 * 0.5
+    assert final["policy_version"] == (15 if mode == "async" else 30)
+    assert 0 <= final["trainer/idle_fraction"] < 1
+    if mode == "sync":  # the trainer always trains on the newest weights' samples
+        assert all(m["staleness/max"] == 0 for _, m in rows)
+    else:  # the worker kept generating while the trainer stepped: some samples are a version behind
+        assert max(m["staleness/max"] for _, m in rows) >= 1
+    assert json.dumps(final)  # plain numbers, ready for MLflow
+    assert not torch.isnan(next(model.parameters())).any()

@@ -1,0 +1,377 @@
+"""Agentic RL (docs/recipe.md, Stage 2): the trainer and the rollout worker are separate processes.
+
+The worker (`worker_main`, its own process) keeps `in_flight_groups` groups of rollouts going through a
+`RolloutDriver` and sends every finished trajectory to the trainer over a queue. The trainer buffers them
+(`TrajectoryBuffer`: groups, staleness, environment failures, padding), takes a batch once
+`batch_trajectories` are ready, and makes one update on Eq. 3-5 (direct double-sided importance sampling
+against the rollout log-probs). Every `push_every` steps it writes its weights (temp + rename) and tells the
+worker, which loads them between two generation batches; the optimizer state is reset after each push.
+
+Modes: "async" never pauses the worker. "sync" is the baseline and the partial-rollout mode: the worker
+pauses generation once a batch of groups is complete and resumes when the trainer has stepped; with
+`in_flight_groups` above the batch's groups the stragglers are held with their tokens, log-probs and versions
+and resume on the new weights (APRIL's partial rollouts)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import random
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from training.agentic.buffer import TrajectoryBuffer
+from training.agentic.driver import RolloutDriver
+from training.agentic.protocol import Environment
+from training.dsa_indexer import set_dsa_mode
+from training.rl.losses import double_sided_is_loss, group_advantages
+from training.rl.policy import freeze_indexer, response_batch, token_logprobs
+from training.rollout.engine import LocalRolloutEngine, SamplingParams
+from training.rollout.trajectory import Trajectory
+from training.tasks.base import Task
+
+log = logging.getLogger(__name__)
+Log = Callable[[dict[str, float], int], None]
+
+
+class AgenticRLConfig(BaseModel):
+    """Agentic RL settings (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(30, ge=1, description="Optimizer steps")
+    group_size: int = Field(4, ge=2, description="Rollouts per task (K in Eq. 5)")
+    batch_trajectories: int = Field(
+        24, ge=1, description="The trainer takes a batch once this many are ready"
+    )
+    in_flight_groups: int = Field(12, ge=1, description="Groups the worker keeps in flight (over-sampling)")
+    push_every: int = Field(2, ge=1, description="Push weights to the rollout engine every K optimizer steps")
+    max_staleness: int = Field(2, ge=0, description="Drop a sample whose oldest version is > tau behind")
+    mode: Literal["async", "sync"] = Field(
+        "async", description="async pipeline, or sync with partial rollouts"
+    )
+    task_ratios: dict[str, float] = Field(
+        default_factory=lambda: {"terminal": 1.0, "codefix": 1.0, "search": 1.0},
+        description="Share of rollouts per agentic task family",
+    )
+    max_new_tokens: int = Field(64, ge=1, description="Tokens generated per turn")
+    max_turns: int = Field(4, ge=1, description="Assistant turns per rollout")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts")
+    learning_rate: float = Field(2e-5, gt=0, description="AdamW learning rate")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
+    eps_low: float = Field(0.2, gt=0, lt=1, description="Double-sided IS band: lower edge 1 - eps_low")
+    eps_high: float = Field(0.28, gt=0, description="Double-sided IS band: upper edge 1 + eps_high")
+    engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Rollout engine precision")
+    env_threads: int = Field(32, ge=1, description="Environment calls in flight in the worker")
+    eval_tasks_per_domain: int = Field(40, ge=1, description="Held-out tasks scored per family")
+    seed: int = Field(0, description="Seed of task order and sampling")
+
+
+class WorkerSpec(BaseModel):
+    """What the rollout worker process needs (plain data: it crosses a process boundary)."""
+
+    model_config = ConfigDict(extra="forbid")
+    hf_dir: str = Field(description="HF dir of the starting policy")
+    tasks: list[dict[str, Any]] = Field(description="Train tasks (Task.to_json())")
+    environments: str = Field(description="module:function returning {domain: Environment}")
+    environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+    config: AgenticRLConfig
+    pad_id: int
+    threads: int = 1
+
+
+# -- the rollout worker (its own process) ---------------------------------------------------------------
+def _pick_domain(ratios: Mapping[str, float], started: Counter) -> str:
+    total = sum(started.values()) + 1
+    return max(ratios, key=lambda d: ratios[d] / sum(ratios.values()) - started[d] / total)
+
+
+def worker_main(spec_json: str, out_q: Any, ctl_q: Any) -> None:
+    """Rollouts until told to stop: ("weights", version, path) loads new weights, ("resume",) unpauses."""
+    try:
+        _worker_loop(WorkerSpec.model_validate_json(spec_json), out_q, ctl_q)
+    except Exception as exc:  # the trainer must hear why, not wait forever
+        log.exception("rollout worker failed")
+        out_q.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
+    from training.job import import_object
+    from training.model import load_model
+    from training.tokenizer import load_tokenizer
+
+    torch.set_num_threads(spec.threads)
+    cfg = spec.config
+    tokenizer = load_tokenizer(spec.hf_dir)
+    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
+    model = load_model(spec.hf_dir)
+    set_dsa_mode(model, "sparse_gather")
+    engine = LocalRolloutEngine(model, dtype=dtype, pad_id=spec.pad_id)
+    del model
+    envs: dict[str, Environment] = import_object(spec.environments)(**spec.environment_kwargs)
+    tasks = [Task.from_json(t) for t in spec.tasks]
+    pools: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        pools[t.domain].append(t)
+    ratios = {d: r for d, r in cfg.task_ratios.items() if r > 0 and pools.get(d)}
+    if not ratios:
+        raise ValueError(f"no train tasks for any family in task_ratios {cfg.task_ratios}")
+    rng = random.Random(cfg.seed)
+    orders = {d: [] for d in ratios}
+    params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed)
+    driver = RolloutDriver(
+        lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, envs, params, cfg.max_turns,
+        env_threads=cfg.env_threads,
+    )  # fmt: skip
+    per_batch = math.ceil(cfg.batch_trajectories / cfg.group_size)
+    started, finished_in_group = Counter(), Counter()
+    groups_open, groups_done_since_resume, n_groups = 0, 0, 0
+    pause_after, refill = cfg.mode == "sync", True
+    last_stats = time.perf_counter()
+    try:
+        while True:
+            try:
+                msg = ctl_q.get_nowait()
+            except queue.Empty:
+                msg = None
+            if msg is not None:
+                if msg[0] == "stop":
+                    return
+                if msg[0] == "weights":
+                    _, version, path = msg
+                    engine.sync_weights(torch.load(path, map_location="cpu", weights_only=True), version)
+                driver.paused, groups_done_since_resume, refill = False, 0, True
+            # async refills whenever a group ends; sync only when a round starts (stragglers carry over)
+            while (refill or not pause_after) and groups_open < cfg.in_flight_groups:
+                domain = _pick_domain(ratios, started)
+                if not orders[domain]:
+                    orders[domain] = rng.sample(pools[domain], len(pools[domain]))
+                task = orders[domain].pop()
+                driver.start_group(task, cfg.group_size, f"g{n_groups}-{uuid.uuid4().hex[:6]}")
+                started[domain] += 1
+                groups_open, n_groups = groups_open + 1, n_groups + 1
+            refill = False
+            for traj in driver.poll(timeout=0.02):
+                out_q.put(("trajectory", traj.to_json()))
+                finished_in_group[traj.group_id] += 1
+                if finished_in_group[traj.group_id] == cfg.group_size:
+                    del finished_in_group[traj.group_id]
+                    groups_open -= 1
+                    groups_done_since_resume += 1
+            if pause_after and groups_done_since_resume >= per_batch:
+                driver.paused = True  # stragglers keep their state and resume on the next weights
+            if time.perf_counter() - last_stats > 2.0:
+                out_q.put(
+                    ("stats", {"generated_tokens": driver.generated_tokens, "in_flight": driver.in_flight()})
+                )
+                last_stats = time.perf_counter()
+    finally:
+        driver.close()
+
+
+# -- the trainer ------------------------------------------------------------------------------------------
+class AgenticRun:
+    """The trainer's end of one run: owns the worker process, the weight files and the buffer."""
+
+    def __init__(self, model: nn.Module, spec: WorkerSpec, run_dir: Path):
+        self.model, self.spec, self.cfg = model, spec, spec.config
+        self.weights_dir = run_dir / "weights"
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        ctx = mp.get_context("spawn")
+        self.out_q, self.ctl_q = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(
+            target=worker_main, args=(spec.model_dump_json(), self.out_q, self.ctl_q), daemon=True
+        )
+        self.buffer = TrajectoryBuffer(self.cfg.group_size, self.cfg.max_staleness)
+        self.worker_stats: dict[str, float] = {}
+        self.idle_s = 0.0
+        self.pushed: list[Path] = []
+
+    def __enter__(self) -> AgenticRun:
+        self.proc.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.ctl_q.put(("stop",))
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+    def next_batch(self, version: int, timeout_s: float = 900.0) -> list[list[Trajectory]]:
+        """Block until the buffer yields a batch; the wait counts as trainer idle time."""
+        t0 = time.perf_counter()
+        while True:
+            groups = self.buffer.take(self.cfg.batch_trajectories, version)
+            if groups:
+                self.idle_s += time.perf_counter() - t0
+                return groups
+            if (
+                groups == [] and self.cfg.mode == "sync"
+            ):  # the whole batch was dropped: the paused worker goes on
+                self.resume()
+            if not self.proc.is_alive() and self.out_q.empty():
+                raise RuntimeError(f"rollout worker exited with code {self.proc.exitcode}; see its log above")
+            if time.perf_counter() - t0 > timeout_s:
+                raise TimeoutError(
+                    f"no batch of {self.cfg.batch_trajectories} trajectories in {timeout_s:.0f} s"
+                )
+            try:
+                kind, payload = self.out_q.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if kind == "error":
+                raise RuntimeError(f"rollout worker failed: {payload}")
+            if kind == "stats":
+                self.worker_stats = payload
+            else:
+                self.buffer.add(Trajectory(**payload))
+
+    def push(self, version: int) -> None:
+        path = self.weights_dir / f"policy-v{version}.pt"
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, tmp)
+        tmp.replace(path)
+        self.ctl_q.put(("weights", version, str(path)))
+        self.pushed.append(path)
+        for old in self.pushed[:-3]:  # the worker may still be loading the previous one
+            old.unlink(missing_ok=True)
+        self.pushed = self.pushed[-3:]
+
+    def resume(self) -> None:
+        self.ctl_q.put(("resume",))
+
+
+def _optimizer(model: nn.Module, cfg: AgenticRLConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+
+
+def update(
+    model: nn.Module, optimizer: torch.optim.Optimizer, groups: list[list[Trajectory]], pad_id: int,
+    cfg: AgenticRLConfig,
+) -> dict[str, float]:  # fmt: skip
+    """One optimizer step on Eq. 3-5 over whole groups (advantage = reward - group mean, no std)."""
+    trajs = [t for g in groups for t in g]
+    rewards = torch.tensor([[t.reward for t in g] for g in groups])
+    adv = group_advantages(rewards, normalise_std=False).flatten()
+    batch = response_batch(trajs, pad_id)
+    logp, entropy = token_logprobs(model, batch)
+    loss, stats = double_sided_is_loss(
+        logp, batch["logp_infer"], adv, batch["mask"], cfg.eps_low, cfg.eps_high
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], cfg.grad_clip
+    )
+    optimizer.step()
+    mask = batch["mask"]
+    out = {
+        "loss": float(loss.detach()),
+        "grad_norm": float(grad_norm),
+        "ratio/mean": stats.rho_mean,
+        "ratio/min": stats.rho_min,
+        "ratio/max": stats.rho_max,
+        "is/masked_fraction": stats.masked_fraction,
+        "entropy": float((entropy * mask).sum() / mask.sum().clamp_min(1)),
+        "reward/mean": float(rewards.mean()),
+        "response_tokens": float(mask.sum()) / len(trajs),
+    }
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        by_domain[t.task].append(t.reward)
+    out.update({f"reward/{d}": sum(r) / len(r) for d, r in by_domain.items()})
+    return out
+
+
+def train_agentic_rl(
+    model: nn.Module, spec: WorkerSpec, run_dir: Path, log_metrics: Log,
+    on_batch: Callable[[list[Trajectory], int], None] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """Train `model` in place with a separate rollout worker; returns the last step's metrics, throughput,
+    trainer idle fraction and the buffer's drop and padding counts."""
+    cfg = spec.config
+    torch.manual_seed(cfg.seed)
+    model.train()
+    freeze_indexer(model)
+    set_dsa_mode(model, "sparse_gather")
+    optimizer = _optimizer(model, cfg)
+    version, metrics = 0, {}
+    spanning = trained = 0
+    t_start = time.perf_counter()
+    with AgenticRun(model, spec, run_dir) as run:
+        for step in range(1, cfg.steps + 1):
+            groups = run.next_batch(version)
+            trajs = [t for g in groups for t in g]
+            lags = [version - min(t.policy_versions) for t in trajs if t.policy_versions]
+            spanning += sum(len(set(t.policy_versions)) > 1 for t in {t.id: t for t in trajs}.values())
+            trained += len(trajs)
+            metrics = update(model, optimizer, groups, spec.pad_id, cfg)
+            if step % cfg.push_every == 0:
+                version += 1
+                run.push(version)
+                optimizer = _optimizer(model, cfg)  # the recipe resets the optimizer after each push
+            elif cfg.mode == "sync":
+                run.resume()
+            wall = time.perf_counter() - t_start
+            metrics.update(run.buffer.counts.metrics())
+            metrics.update({
+                "policy_version": float(version),
+                "staleness/mean": sum(lags) / max(1, len(lags)),
+                "staleness/max": float(max(lags, default=0)),
+                "partial/spanning_versions": float(spanning),
+                "throughput/trajectories_per_s": run.buffer.counts.received / wall,
+                "trainer/idle_fraction": run.idle_s / wall,
+                "worker/generated_tokens": float(run.worker_stats.get("generated_tokens", 0)),
+            })  # fmt: skip
+            log_metrics(metrics, step)
+            if on_batch is not None:
+                on_batch(trajs, step)
+            log.info(
+                "agentic RL step %d/%d: reward %.3f, %d trajectories, idle %.0f%%, stale %d, env failures %d",
+                step, cfg.steps, metrics["reward/mean"], len(trajs), 100 * metrics["trainer/idle_fraction"],
+                run.buffer.counts.stale, run.buffer.counts.env_failures,
+            )  # fmt: skip
+    metrics["wall_s"] = time.perf_counter() - t_start
+    return metrics
+
+
+def heldout_success(
+    model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
+    cfg: AgenticRLConfig, pad_id: int,
+) -> dict[str, float]:  # fmt: skip
+    """Greedy held-out success per family with its standard error: `success/<d>`, `success_se/<d>`, `n/<d>`;
+    environment failures are counted (`env_failures/<d>`) and left out of the rate."""
+    engine = LocalRolloutEngine(model, dtype=torch.float32, pad_id=pad_id)
+    params = SamplingParams(cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
+    driver = RolloutDriver(
+        lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, environments, params, cfg.max_turns,
+        env_threads=cfg.env_threads,
+    )  # fmt: skip
+    try:
+        trajs = driver.run(list(tasks), 1, "heldout")
+    finally:
+        driver.close()
+    out: dict[str, float] = {}
+    by_domain: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_domain[t.task].append(t)
+    for d, ts in sorted(by_domain.items()):
+        ok = [t.reward for t in ts if t.status != "env_failure"]
+        p = sum(ok) / max(1, len(ok))
+        out[f"success/{d}"] = p
+        out[f"success_se/{d}"] = math.sqrt(p * (1 - p) / max(1, len(ok)))
+        out[f"n/{d}"] = float(len(ok))
+        out[f"env_failures/{d}"] = float(len(ts) - len(ok))
+    return out

@@ -19,6 +19,7 @@ from training.agentic.families import (
     agentic_version,
     build_agentic_task_sets,
     read_agentic_tasks,
+    sft_tasks,
     write_agentic_tasks,
 )
 from training.agentic.protocol import AGENTIC_DOMAINS, EnvironmentCrash
@@ -27,6 +28,7 @@ from training.rollout.engine import Generation, SamplingParams
 from training.sft import render_chat
 from training.sft_data import SftDataConfig, build_sft_trajectories
 from training.tasks.base import Task
+from training.tasks.tools import ToolSuite
 from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
@@ -235,14 +237,14 @@ def test_crashes_raise_environment_crash(families, monkeypatch):
 
 def test_extra_latency_is_seeded_with_a_long_tail(families):
     latency = ExtraLatency(mean_s=1.0, sigma=1.5, seed=3)
-    rng = latency.delays("t")
+    rng = latency.rng("t")
     draws = sorted(latency.sample(rng) for _ in range(20000))
     assert 0.85 < sum(draws) / len(draws) < 1.15  # the configured mean, tail included
     assert draws[len(draws) // 2] < 0.5 and draws[-200] > 5.0  # median well below the mean, p99 far above
-    first = latency.delays("t")
-    second = latency.delays("t")
+    first = latency.rng("t")
+    second = latency.rng("t")
     assert [latency.sample(first) for _ in range(5)] == [latency.sample(second) for _ in range(5)]
-    assert ExtraLatency().sample(latency.delays("t")) == 0.0
+    assert ExtraLatency().sample(latency.rng("t")) == 0.0
     slow = agentic_suites(FACTS, ExtraLatency(mean_s=0.05, sigma=0.0))["search"]
     episode = slow.open(slow.generate("train", 1, 0, 1)[0])
     started = time.perf_counter()
@@ -354,10 +356,21 @@ def test_agentic_rollout_records_environment_failures(families, tokenizer):
     assert sorted(closed) == ["finish", "tool"]  # every opened episode is closed
 
 
-def test_sft_rows_include_agentic_trajectories_with_masked_observations(families, tokenizer):
-    tasks = [t for d in AGENTIC_DOMAINS for t in families[d].generate("train", 2, 0, 2)]
-    rows, kinds = build_sft_trajectories(tasks, families, [], SftDataConfig(definition_chats=0))
-    assert kinds == {"terminal": 2, "codefix": 2, "search": 2}
+def test_sft_rows_include_agentic_trajectories_with_masked_observations(tokenizer):
+    """The wiring of sft_data_set: reasoning train tasks + the agentic SFT share, reasoning suites | agentic."""
+    config = AgenticTasksConfig(train_per_level=4, heldout_per_level=2, sft_per_level=2)
+    agentic = build_agentic_task_sets(config, FACTS)
+    chosen = sft_tasks(agentic["train"], config.sft_per_level)
+    assert len(chosen) == 18 and {(t.domain, t.difficulty) for t in chosen} == {
+        (d, lvl) for d in AGENTIC_DOMAINS for lvl in (1, 2, 3)
+    }
+    reasoning = ToolSuite().generate("train", 3, 0, 1)
+    registry = {"tool": ToolSuite()} | agentic_suites(FACTS)
+    rows, kinds = build_sft_trajectories(
+        reasoning + chosen, registry, [], SftDataConfig(definition_chats=0, error_share=0.0)
+    )
+    assert kinds == {"tool": 3, "terminal": 6, "codefix": 6, "search": 6}
+    rows = [r for r in rows if r["kind"] != "tool"]
     for row in rows:
         chat = render_chat(tokenizer, row["messages"])
         trained = tokenizer.decode([t for t, m in zip(chat.input_ids, chat.loss_mask, strict=True) if m])

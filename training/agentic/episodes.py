@@ -31,7 +31,7 @@ class ExtraLatency(BaseModel):
     )
     seed: int = Field(0, description="Seed of the delays (mixed with the task id and the call index)")
 
-    def delays(self, task_id: str) -> random.Random:
+    def rng(self, task_id: str) -> random.Random:
         digest = hashlib.sha256(f"{self.seed}\t{task_id}".encode()).digest()
         return random.Random(int.from_bytes(digest[:8], "big"))
 
@@ -45,7 +45,7 @@ class Delay:
     """The per-episode delay stream: `wait()` sleeps the next seeded delay and returns it."""
 
     def __init__(self, latency: ExtraLatency, task_id: str):
-        self.latency, self.rng, self.total_s = latency, latency.delays(task_id), 0.0
+        self.latency, self.rng, self.total_s = latency, latency.rng(task_id), 0.0
 
     def wait(self) -> float:
         seconds = self.latency.sample(self.rng)

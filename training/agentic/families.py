@@ -30,6 +30,9 @@ class AgenticTasksConfig(BaseModel):
     )
     train_per_level: int = Field(200, ge=1, description="Train tasks per family and level")
     heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per family and level")
+    sft_per_level: int = Field(
+        100, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
+    )
     max_facts: int = Field(
         2000, ge=0, description="Dictionary facts the search family's documents are built from"
     )
@@ -95,6 +98,19 @@ def write_agentic_tasks(tasks: dict[Split, list[Task]], out_dir: Path) -> str:
         json.dumps({"version": version, "counts": counts}, sort_keys=True)
     )
     return version
+
+
+def sft_tasks(train: Sequence[Task], per_level: int) -> list[Task]:
+    """The first `per_level` train tasks of each family and level (file order): their worked solutions go into
+    SFT, the rest of train is left for Agentic RL."""
+    taken: dict[tuple[str, int], int] = {}
+    out = []
+    for t in train:
+        key = (t.domain, t.difficulty)
+        if taken.get(key, 0) < per_level:
+            taken[key] = taken.get(key, 0) + 1
+            out.append(t)
+    return out
 
 
 def read_agentic_tasks(out_dir: Path) -> dict[Split, list[Task]]:

@@ -71,7 +71,9 @@ def test_a_batch_is_rows_with_their_own_seeds_and_logprobs_are_the_models(model)
         assert g.token_ids == ref.token_ids
         full = sequence_logprobs(cached.model, prompt, g.token_ids)
         assert torch.allclose(torch.tensor(g.logprobs), full, atol=1e-4)
-    assert cached.cache_stats()["hit_tokens"] == 3 * 3  # rows 1-3 reuse row 0's prompt (all but its last token)
+    assert (
+        cached.cache_stats()["hit_tokens"] == 3 * 3
+    )  # rows 1-3 reuse row 0's prompt (all but its last token)
 
 
 def test_lru_budget_weight_sync_and_disabled_cache(model):
@@ -108,3 +110,25 @@ def test_common_prefix():
     assert common_prefix(t([1, 2, 3]), t([1, 2, 4, 5])) == 2
     assert common_prefix(t([1, 2]), t([1, 2, 3])) == 2
     assert common_prefix(t([9]), t([1])) == 0
+
+
+def test_sparse_dsa_regime_stays_within_the_engines_own_cache_error():
+    """Longer than index_topk: transformers' cached DSA path differs from a full pass; the prefix cache adds
+    no more error than the plain engine's own decode has against a full forward."""
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=300, bos_token_id=0, eos_token_id=EOS, pad_token_id=1, index_topk=16
+    )
+    sparse = build_model(cfg, seed=0).eval()
+    plain = LocalRolloutEngine(sparse, dtype=torch.float32)
+    cached = PrefixCachingEngine(sparse, dtype=torch.float32, max_cached_tokens=10_000)
+    seq, cache_err, engine_err = list(range(20, 60)), 0.0, 0.0
+    for _ in range(3):
+        (a,) = plain.generate([seq], GREEDY)
+        (b,) = cached.generate([seq], GREEDY)
+        assert a.token_ids == b.token_ids
+        cache_err = max(cache_err, (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item())
+        full = sequence_logprobs(plain.model, seq, a.token_ids)
+        engine_err = max(engine_err, (torch.tensor(a.logprobs) - full).abs().max().item())
+        seq = seq + a.token_ids + [7, 8, 9]
+    assert cached.cache_stats()["hit_rate"] > 0.5
+    assert 0 < cache_err <= engine_err, (cache_err, engine_err)

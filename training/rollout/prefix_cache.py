@@ -9,6 +9,10 @@ shares m leading tokens with the prompt serves them (cropped to m). Outputs equa
 the same prompt and seed up to float rounding (chunked vs one-shot prefill). Each prompt runs as a batch of
 one: row i samples with `row_seed(seed, i)` (row 0 with `seed` itself, so a single request is exactly the
 local engine's at the same seed). A weight sync changes every KV: it empties the cache.
+
+Sparse attention: once a sequence is longer than DSA's `index_topk`, transformers' cached path selects keys
+a little differently from a one-shot pass (the local engine's own decode differs from a full forward by
+~1e-2 in log-prob there); chunked prefill from the cache stays within that, not within 1e-4.
 """
 
 from __future__ import annotations

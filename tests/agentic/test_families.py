@@ -5,7 +5,10 @@ environment crashes raise EnvironmentCrash, and the agentic rollout loop masks o
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -381,3 +384,28 @@ def test_sft_rows_include_agentic_trajectories_with_masked_observations(tokenize
         for m in row["messages"]:
             if m["role"] == "tool":
                 assert f"<tool_response>{m['content']}</tool_response>" in untrained
+
+
+def test_task_sets_are_the_same_in_every_process(tmp_path):
+    """A task service in another process (another PYTHONHASHSEED) rebuilds the same tasks, search results
+    included."""
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(FACTS))
+    script = (
+        "import json, sys\n"
+        "from training.agentic.families import AgenticTasksConfig, build_agentic_task_sets\n"
+        "facts = [tuple(f) for f in json.load(open(sys.argv[1]))]\n"
+        "sets = build_agentic_task_sets(AgenticTasksConfig(train_per_level=5, heldout_per_level=3), facts)\n"
+        "print(json.dumps({s: [t.to_json() for t in ts] for s, ts in sets.items()}, sort_keys=True))\n"
+    )
+    versions = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(facts)], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        versions.add(out.stdout.strip())
+    sets = build_agentic_task_sets(AgenticTasksConfig(train_per_level=5, heldout_per_level=3), FACTS)
+    here = {s: [t.to_json() for t in ts] for s, ts in sets.items()}
+    assert len(versions) == 1 and json.loads(versions.pop()) == json.loads(json.dumps(here))

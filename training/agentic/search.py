@@ -46,29 +46,28 @@ def terms_of(text: str) -> list[str]:
 
 
 class BM25Index:
-    """Okapi BM25 (k1=1.2, b=0.75) over documents' text; `search` returns document indices, best first."""
+    """Okapi BM25 (k1=1.2, b=0.75) over documents' text; `search` returns document indices, best first (ties
+    by index)."""
 
     def __init__(self, texts: Sequence[str], k1: float = 1.2, b: float = 0.75):
         self.k1, self.b = k1, b
-        self.docs = [Counter(terms_of(t)) for t in texts]
-        self.lengths = [sum(d.values()) for d in self.docs]
-        self.avg_length = sum(self.lengths) / max(len(self.docs), 1)
-        df = Counter(term for d in self.docs for term in d)
-        n = len(self.docs)
-        self.idf = {term: math.log(1 + (n - f + 0.5) / (f + 0.5)) for term, f in df.items()}
+        docs = [Counter(terms_of(t)) for t in texts]
+        self.lengths = [sum(d.values()) for d in docs]
+        self.avg_length = sum(self.lengths) / max(len(docs), 1)
+        self.postings: dict[str, list[tuple[int, int]]] = {}
+        for i, doc in enumerate(docs):
+            for term, tf in doc.items():
+                self.postings.setdefault(term, []).append((i, tf))
+        n = len(docs)
+        self.idf = {t: math.log(1 + (n - len(p) + 0.5) / (len(p) + 0.5)) for t, p in self.postings.items()}
 
     def search(self, query: str, k: int = TOP_K) -> list[int]:
-        words = set(terms_of(query))
-        scores = []
-        for i, (doc, length) in enumerate(zip(self.docs, self.lengths, strict=True)):
-            score = 0.0
-            for w in words & doc.keys():
-                tf = doc[w]
-                norm = tf + self.k1 * (1 - self.b + self.b * length / self.avg_length)
-                score += self.idf[w] * tf * (self.k1 + 1) / norm
-            if score > 0:
-                scores.append((-score, i))
-        return [i for _, i in sorted(scores)[:k]]
+        scores: dict[int, float] = {}
+        for w in sorted(set(terms_of(query))):  # a fixed order: the same float sums in every process
+            for i, tf in self.postings.get(w, ()):
+                norm = tf + self.k1 * (1 - self.b + self.b * self.lengths[i] / self.avg_length)
+                scores[i] = scores.get(i, 0.0) + self.idf[w] * tf * (self.k1 + 1) / norm
+        return [i for i, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]]
 
 
 def clean_definition(definition: str) -> str:

@@ -84,19 +84,22 @@ def agentic_version(tasks: dict[Split, list[Task]]) -> str:
     return hashlib.sha256(f"{suite_version(tasks)}\t{families}".encode()).hexdigest()[:16]
 
 
-def write_agentic_tasks(tasks: dict[Split, list[Task]], out_dir: Path) -> str:
-    """train.jsonl, heldout.jsonl and meta.json (version, counts per split / family / level) under `out_dir`."""
+def write_agentic_tasks(
+    tasks: dict[Split, list[Task]], out_dir: Path, facts: Sequence[tuple[str, str]] = ()
+) -> str:
+    """train.jsonl, heldout.jsonl, meta.json (version, counts per split / family / level) and facts.json (the
+    search family's facts, the exact slice the tasks were built from: a task service must load the same)."""
+    out_dir = Path(out_dir)
     for split in ("train", "heldout"):
-        write_tasks(tasks[split], Path(out_dir) / f"{split}.jsonl")
+        write_tasks(tasks[split], out_dir / f"{split}.jsonl")
     counts: dict[str, int] = {}
     for split, rows in tasks.items():
         for t in rows:
             key = f"{split}/{t.domain}/level{t.difficulty}"
             counts[key] = counts.get(key, 0) + 1
     version = agentic_version(tasks)
-    (Path(out_dir) / "meta.json").write_text(
-        json.dumps({"version": version, "counts": counts}, sort_keys=True)
-    )
+    (out_dir / "meta.json").write_text(json.dumps({"version": version, "counts": counts}, sort_keys=True))
+    (out_dir / "facts.json").write_text(json.dumps([list(f) for f in facts]))
     return version
 
 

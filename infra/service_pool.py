@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Protocol
 
 from infra.json_http import HttpCallFailed
@@ -36,6 +37,8 @@ class LeaseSource(Protocol):
     def release(self, lease_id: str, outcome: str, reason: str = "") -> tuple[str, str]: ...
 
     def mark_failed(self, url: str, reason: str) -> None: ...
+
+    def stats(self) -> dict: ...
 
 
 class PooledEpisode:
@@ -142,6 +145,10 @@ class ServicePool:
                     ) from exc
                 time.sleep(self.poll_s)
 
+    def environments(self, domains: Iterable[str]) -> dict[str, PoolEnvironment]:
+        """{domain: Environment} over this pool, for `agentic_rollout(environments=...)`."""
+        return {domain: PoolEnvironment(self, domain) for domain in domains}
+
     def open_episode(self, task: Task) -> PooledEpisode:
         """Open `task` on a live service of its family; EnvironmentCrash (with every attempt's reason) if
         none is available in time or `max_open_attempts` services failed to open it."""
@@ -168,3 +175,22 @@ class ServicePool:
         raise EnvironmentCrash(
             f"task {task.id}: {self.max_open_attempts} service(s) failed to open it: " + " | ".join(reasons)
         )
+
+
+class PoolEnvironment:
+    """One family's `Environment` backed by the pool, for code that takes `{domain: Environment}` (e.g.
+    training/agentic/rollout.py's `agentic_rollout`). `version` joins the versions of its live services."""
+
+    def __init__(self, pool: ServicePool, domain: str):
+        self.pool, self.domain = pool, domain
+
+    @property
+    def version(self) -> str:
+        services = self.pool.orchestrator.stats()["services"]
+        versions = sorted({s["version"] for s in services if s["domain"] == self.domain and s["live"]})
+        return "+".join(versions) or "none-live"
+
+    def open(self, task: Task) -> PooledEpisode:
+        if task.domain != self.domain:
+            raise ValueError(f"task {task.id} is a {task.domain!r} task, not {self.domain!r}")
+        return self.pool.open_episode(task)

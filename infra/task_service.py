@@ -426,20 +426,73 @@ class Heartbeat:
 
 @dataclass
 class TaskServiceProcess:
-    """A task service running as a subprocess (its own process group)."""
+    """A task service running as a subprocess in its own process group: `start` waits until it is healthy,
+    `stop` ends it politely (SIGTERM: it deregisters), `kill` crashes it (SIGKILL: no goodbye)."""
 
-    url: str
-    proc: subprocess.Popen
+    family: str
+    args: tuple[str, ...] = ()
+    orchestrator: str | None = None
+    url: str = ""
+    proc: subprocess.Popen | None = None
 
     @property
     def pid(self) -> int:
+        assert self.proc is not None, "not started"
         return self.proc.pid
 
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, cwd: Path | None = None, startup_timeout_s: float = 60) -> TaskServiceProcess:
+        from infra.settings import REPO_ROOT
+
+        command = [
+            sys.executable,
+            "-m",
+            "infra.task_service",
+            "--family",
+            self.family,
+            "--port",
+            "0",
+            *self.args,
+        ]
+        if self.orchestrator:
+            command += ["--orchestrator", self.orchestrator]
+        self.proc = proc = subprocess.Popen(
+            command,
+            cwd=cwd or REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        timer = threading.Timer(startup_timeout_s, proc.kill)  # a service that never prints is killed
+        timer.start()
+        line = proc.stdout.readline() if proc.stdout else ""
+        timer.cancel()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(
+                f"infra.task_service --family {self.family} did not start (exit {proc.poll()}): {line!r}"
+            )
+        self.url = line.split("listening on ", 1)[1].strip()
+        # keep reading: a family that prints would otherwise block on a full pipe
+        threading.Thread(target=proc.stdout.read, name="task-service-stdout", daemon=True).start()
+        TaskServiceClient(self.url, timeout_s=5, retries=5).health()
+        return self
+
     def kill(self) -> None:
-        """SIGKILL the service (a crash: no deregistration, no goodbye)."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.alive():
+            os.killpg(self.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def stop(self) -> None:
+        if self.alive():
+            os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
 
 @contextmanager
@@ -452,42 +505,63 @@ def task_service_process(
 ) -> Iterator[TaskServiceProcess]:
     """Run `python -m infra.task_service --family FAMILY [--orchestrator URL] ARGS` on a free port; yields it
     once `GET /health` answers, and stops it (by pid: SIGTERM, then SIGKILL) on exit."""
-    from infra.settings import REPO_ROOT
-
-    command = [sys.executable, "-m", "infra.task_service", "--family", family, "--port", "0", *args]
-    if orchestrator:
-        command += ["--orchestrator", orchestrator]
-    proc = subprocess.Popen(
-        command,
-        cwd=cwd or REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    service = TaskServiceProcess("", proc)
+    service = TaskServiceProcess(family, args, orchestrator)
     try:
-        timer = threading.Timer(startup_timeout_s, proc.kill)  # a service that never prints is killed
-        timer.start()
-        line = proc.stdout.readline() if proc.stdout else ""
-        timer.cancel()
-        if not line.startswith("listening on "):
-            raise RuntimeError(
-                f"infra.task_service --family {family} did not start (exit {proc.poll()}): {line!r}"
-            )
-        service.url = line.split("listening on ", 1)[1].strip()
-        # keep reading: a family that prints would otherwise block on a full pipe
-        threading.Thread(target=proc.stdout.read, name="task-service-stdout", daemon=True).start()
-        TaskServiceClient(service.url, timeout_s=5, retries=5).health()
-        yield service
+        yield service.start(cwd, startup_timeout_s)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        service.stop()
+
+
+class TaskServiceFleet:
+    """`replicas` task-service processes per family, registered with `orchestrator`; a watchdog thread starts
+    a replacement for any that exits (crashed or killed), which registers and is used again. `restarts`
+    counts them. Use as a context manager; leaving it stops every process."""
+
+    def __init__(
+        self,
+        replicas: dict[str, int],
+        orchestrator: str,
+        args: tuple[str, ...] = (),
+        check_s: float = 0.5,
+    ):
+        self.services = [
+            TaskServiceProcess(family, args, orchestrator) for family, n in replicas.items() for _ in range(n)
+        ]
+        self.check_s = check_s
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="task-service-watchdog", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.check_s):
+            for service in self.services:
+                if self._stop.is_set() or service.alive():
+                    continue
+                log.warning(
+                    "task service %s (%s) exited; starting a replacement", service.url, service.family
+                )
+                try:
+                    service.start()
+                    self.restarts += 1
+                except RuntimeError as exc:  # try again on the next check
+                    log.warning("replacement failed: %s", exc)
+
+    def __enter__(self) -> TaskServiceFleet:
+        try:
+            for service in self.services:
+                service.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        self._watchdog.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._watchdog.is_alive():
+            self._watchdog.join(timeout=70)
+        for service in self.services:
+            service.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

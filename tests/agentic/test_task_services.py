@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import requests
 
 from infra.orchestrator_server import OrchestratorClient, orchestrator_server
 from infra.service_pool import ServicePool
-from infra.task_service import TaskServiceClient, task_service_process
+from infra.task_service import TaskServiceClient, TaskServiceFleet, task_service_process
 from training.agentic.orchestrator import NoServiceAvailable, Orchestrator
 from training.agentic.protocol import EnvironmentCrash
 from training.tasks.base import Task, Verdict
@@ -195,7 +196,9 @@ def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again()
             "counter", "--factory", FACTORY, "--heartbeat-s", "0.2", orchestrator=orch_url
         ) as second:
             wait_for(live, what="the replacement")
-            _, verdict = run_episode(pool.open_episode, counter_task(1))
+            environment = pool.environments(["counter"])["counter"]  # what agentic_rollout takes
+            assert environment.version == "counter-1"
+            _, verdict = run_episode(environment.open, counter_task(1))
             assert verdict == Verdict(1.0, "correct")
             stats = client.stats()
         assert second.url not in {s["url"] for s in client.stats()["services"]}  # SIGTERM: deregistered
@@ -205,6 +208,26 @@ def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again()
         assert services[second.url]["served"] == 1
         domain = stats["domains"]["counter"]
         assert (domain["started"], domain["finished"], domain["env_failures"]) == (2, 1, 1)
+
+
+class MarkMidEpisode:
+    """Wraps an episode: its id is in `mid` from the end of its first tool call until it finishes."""
+
+    def __init__(self, episode, mid: set[int]):
+        self.episode, self.mid = episode, mid
+
+    def tool(self, payload: str) -> str:
+        observation = self.episode.tool(payload)
+        self.mid.add(id(self))
+        return observation
+
+    def finish(self, response: str) -> Verdict:
+        self.mid.discard(id(self))
+        return self.episode.finish(response)
+
+    def close(self) -> None:
+        self.mid.discard(id(self))
+        self.episode.close()
 
 
 def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
@@ -224,6 +247,7 @@ def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
                 lambda: len(client.stats()["domains"]["counter"]["live_services"]) == 2, what="registration"
             )
             todo = list(range(n_episodes))
+            mid_episode: dict[str, set[int]] = {doomed.url: set(), survivor.url: set()}
 
             def worker():
                 while True:
@@ -236,7 +260,11 @@ def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
                     try:
                         episode = pool.open_episode(task)
                         url = episode.url
-                        _, verdict = run_episode(lambda _task: episode, task)  # noqa: B023
+
+                        def open_and_mark(_task, episode=episode, url=url):
+                            return MarkMidEpisode(episode, mid_episode[url])
+
+                        _, verdict = run_episode(open_and_mark, task)
                         outcome = ("ok", verdict.reason, url, time.monotonic())
                     except EnvironmentCrash as exc:
                         outcome = ("env_failure", str(exc), url, time.monotonic())
@@ -247,11 +275,8 @@ def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
             for thread in threads:
                 thread.start()
 
-            def doomed_busy():
-                services = {s["url"]: s for s in client.stats()["services"]}
-                return len(results) >= 8 and services[doomed.url]["in_flight"] >= 2
-
-            wait_for(doomed_busy, what="episodes in flight on the doomed service")
+            # kill while an episode on the doomed service is between tool calls (3 calls of 0.1 s still to go)
+            wait_for(lambda: len(results) >= 8 and mid_episode[doomed.url], what="an episode mid-run")
             doomed.kill()
             killed_at = time.monotonic()
             for thread in threads:
@@ -273,3 +298,70 @@ def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
     assert (stats["finished"], stats["env_failures"], stats["in_flight"]) == (len(ok), len(failures), 0)
     assert pool.stats["ok"] == len(ok) and pool.stats["env_failure"] == len(failures)
     assert stats["throughput"] > 0
+
+
+def test_a_fleet_replaces_a_killed_service_and_the_replacement_serves():
+    orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.0)
+    with orchestrator_server(orchestrator) as orch_url:
+        pool = ServicePool(orchestrator, timeout_s=5, acquire_wait_s=10)
+        live = lambda: orchestrator.stats()["domains"]["counter"]["live_services"]  # noqa: E731
+        args = ("--factory", FACTORY, "--heartbeat-s", "0.2")
+        with TaskServiceFleet({"counter": 2}, orch_url, args, check_s=0.2) as fleet:
+            first_urls = sorted(s.url for s in fleet.services)
+            assert wait_for(lambda: live() == first_urls, what="registration")
+            fleet.services[0].kill()
+            dead = first_urls[0] if first_urls[0] != fleet.services[1].url else first_urls[1]
+            wait_for(
+                lambda: fleet.restarts == 1 and len(live()) == 2 and dead not in live(), what="replacement"
+            )
+            replacement = fleet.services[0].url
+            assert replacement != dead and replacement in live()
+            urls = set()
+            for i in range(4):  # least in flight, then least served: the replacement gets its share
+                episode = pool.open_episode(counter_task(i))
+                urls.add(episode.url)
+                assert run_episode(lambda _task: episode, counter_task(i))[1].reward == 1.0  # noqa: B023
+            assert replacement in urls
+
+
+def play_solution(open_episode, suite, task: Task) -> tuple[list[str], Verdict]:
+    """The family's worked solution on an episode: its tool calls, then its assistant text as the response."""
+    solution = suite.solution(task)
+    episode = open_episode(task)
+    try:
+        calls = [m["tool_calls"][0] for m in solution if m["role"] == "assistant" and m.get("tool_calls")]
+        observations = [episode.tool(json.dumps(call)) for call in calls]
+        return observations, episode.finish(
+            "\n".join(m["content"] for m in solution if m["role"] == "assistant")
+        )
+    finally:
+        episode.close()
+
+
+@pytest.mark.parametrize("family", ["search", "codefix"])
+def test_a_real_family_over_http_gives_the_in_process_verdicts(family, tmp_path):
+    from infra.sandbox import sandbox_available
+    from training.agentic.families import agentic_suites
+
+    if family == "codefix" and sandbox_available() is not None:
+        pytest.skip(str(sandbox_available()))
+    rng = random.Random(0)
+    words = "river stone cloud metal glass paper signal engine circuit market garden winter harbor".split()
+    terms = sorted(
+        {"".join(rng.sample(["ka", "lo", "mi", "ra", "tu", "ve", "zo", "ne"], 3)) for _ in range(200)}
+    )
+    facts = [(t, "a device of " + " ".join(rng.sample(words, 8))) for t in terms[:50]]
+    (tmp_path / "facts.json").write_text(json.dumps(facts))
+    suite = agentic_suites(facts)[family]
+    tasks = [suite.generate("heldout", 1, 0, level)[0] for level in (1, 2, 3)][
+        : 3 if family == "search" else 1
+    ]
+    with task_service_process(family, "--factory-arg", f"facts={tmp_path / 'facts.json'}") as service:
+        remote = TaskServiceClient(service.url, timeout_s=60)
+        assert (remote.domain, remote.version) == (suite.domain, suite.version)
+        for task in tasks:
+            over_http = play_solution(remote.open, suite, task)
+            assert over_http == play_solution(suite.open, suite, task)
+            assert over_http[1] == Verdict(1.0, "correct") and over_http[0]
+            assert remote.open(task).finish("no idea").reward == 0.0
+        assert remote.health()["in_flight"] == 0

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import infra.sandbox
-from infra.sandbox import sandbox_available
+from infra.sandbox import SandboxResult, sandbox_available
 from training.agentic.episodes import ExtraLatency
 from training.agentic.families import (
     AgenticTasksConfig,
@@ -228,6 +228,21 @@ def test_crashes_raise_environment_crash(families, monkeypatch):
     closed.close()
     with pytest.raises(EnvironmentCrash):
         closed.tool('{"name": "search", "arguments": {"query": "x"}}')
+
+    with monkeypatch.context() as patch:  # no room for a throwaway dir
+        patch.setattr("tempfile.mkdtemp", lambda **kw: (_ for _ in ()).throw(OSError(28, "No space left")))
+        with pytest.raises(EnvironmentCrash, match="No space left"):
+            terminal.open(task)
+    with (
+        monkeypatch.context() as patch
+    ):  # a sandbox run that times out: on our module a crash, on the policy's a 0
+        timeout = SandboxResult("timeout", None, "", "", "wall-clock limit 10s", 10.0)
+        patch.setattr("training.agentic.codefix.run_python", lambda *a, **kw: timeout)
+        episode = codefix.open(codefix.generate("train", 1, 0, 3)[0])
+        with pytest.raises(EnvironmentCrash, match="timeout"):
+            episode.tool('{"name": "run_tests", "arguments": {}}')
+        verdict = episode.finish("```python\nwhile True: pass\n```")
+        assert verdict.reward == 0.0 and verdict.reason.startswith("no_test_report: timeout")
 
     monkeypatch.setattr(infra.sandbox, "sandbox_available", lambda: "unshare is gone")
     task = codefix.generate("train", 1, 0, 3)[0]

@@ -104,7 +104,8 @@ class CodefixEpisode:
         for line in result.stdout.splitlines():
             if line.startswith(nonce):
                 return json.loads(line[len(nonce) :])
-        # the module's own code ended the run (exit at import, endless loop, memory): the policy's fault
+        # the module's code ended the run (exit at import, endless loop, memory): the policy's fault. (A module
+        # that reads the runner could forge the report; the nonce only stops accidents, not a determined policy.)
         return Verdict(0.0, f"no_test_report: {result.status} {result.reason}"[:200])
 
     def tool(self, payload: str) -> str:
@@ -118,7 +119,9 @@ class CodefixEpisode:
                 return f"error: the module is {self.task.meta['module_file']}"
             return clip(self.task.meta["module"])
         report = self._run(self.task.meta["module"])
-        return report.reason if isinstance(report, Verdict) else summary(report)
+        if isinstance(report, Verdict):  # our own two-line module gave no report: the sandbox failed
+            raise EnvironmentCrash(f"codefix: run_tests on the task's module: {report.reason}"[:200])
+        return summary(report)
 
     def finish(self, response: str) -> Verdict:
         self.delay.wait()

@@ -46,9 +46,12 @@ def _check_script(expected: dict[str, str]) -> str:
 class TerminalEpisode:
     def __init__(self, task: Task, latency: ExtraLatency, limits: SandboxLimits):
         self.task, self.limits, self.delay = task, limits, Delay(latency, task.id)
-        self.dir = Path(tempfile.mkdtemp(prefix="crucible-terminal-"))
-        for name, text in task.meta["files"].items():
-            (self.dir / name).write_text(text + "\n")
+        try:
+            self.dir = Path(tempfile.mkdtemp(prefix="crucible-terminal-"))
+            for name, text in task.meta["files"].items():
+                (self.dir / name).write_text(text + "\n")
+        except OSError as exc:
+            raise EnvironmentCrash(f"terminal: cannot make the episode dir: {exc}") from exc
 
     def _files(self) -> dict[str, str]:
         if not self.dir.is_dir():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from infra.json_http import HttpCallFailed
@@ -194,3 +194,24 @@ class PoolEnvironment:
         if task.domain != self.domain:
             raise ValueError(f"task {task.id} is a {task.domain!r} task, not {self.domain!r}")
         return self.pool.open_episode(task)
+
+
+def orchestrated_environments(
+    orchestrator_url: str,
+    domains: Sequence[str],
+    timeout_s: float = 60.0,
+    acquire_wait_s: float = 30.0,
+    max_open_attempts: int = 3,
+) -> dict[str, PoolEnvironment]:
+    """{domain: Environment} whose episodes run on the task services registered with the orchestrator at
+    `orchestrator_url`: the `module:function` a rollout worker names to use task services
+    (`infra.service_pool:orchestrated_environments`, kwargs as plain data)."""
+    from infra.orchestrator_server import OrchestratorClient
+
+    pool = ServicePool(
+        OrchestratorClient(orchestrator_url),
+        timeout_s=timeout_s,
+        max_open_attempts=max_open_attempts,
+        acquire_wait_s=acquire_wait_s,
+    )
+    return pool.environments(domains)

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from infra.orchestrator_server import OrchestratorClient, orchestrator_server
-from infra.service_pool import ServicePool
+from infra.service_pool import ServicePool, orchestrated_environments
 from infra.task_service import TaskServiceClient, TaskServiceFleet, task_service_process
 from training.agentic.orchestrator import NoServiceAvailable, Orchestrator
 from training.agentic.protocol import EnvironmentCrash
@@ -176,7 +176,6 @@ def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again()
     orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.0)
     with orchestrator_server(orchestrator) as orch_url:
         client = OrchestratorClient(orch_url)
-        pool = ServicePool(client, timeout_s=5, acquire_wait_s=10)
         live = lambda: client.stats()["domains"]["counter"]["live_services"]  # noqa: E731
         with task_service_process(
             "counter", "--factory", FACTORY, "--heartbeat-s", "0.2", orchestrator=orch_url
@@ -196,7 +195,7 @@ def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again()
             "counter", "--factory", FACTORY, "--heartbeat-s", "0.2", orchestrator=orch_url
         ) as second:
             wait_for(live, what="the replacement")
-            environment = pool.environments(["counter"])["counter"]  # what agentic_rollout takes
+            environment = orchestrated_environments(orch_url, ["counter"])["counter"]  # a rollout worker's
             assert environment.version == "counter-1"
             _, verdict = run_episode(environment.open, counter_task(1))
             assert verdict == Verdict(1.0, "correct")

@@ -162,6 +162,45 @@ def test_a_dead_service_is_an_environment_crash_naming_the_url():
         client.open(counter_task(1))
 
 
+def test_orchestrator_server_refuses_bad_requests_naming_the_field():
+    orchestrator = Orchestrator({"counter": 1.0, "search": 0.0}, {"counter": 1})
+    with orchestrator_server(orchestrator) as url:
+        post = lambda route, body: requests.post(f"{url}{route}", json=body, timeout=10)  # noqa: E731
+
+        def error(resp, status):
+            assert resp.status_code == status, resp.text
+            return resp.json()["error"]
+
+        assert (
+            error(post("/register", {"domain": "counter", "version": "v1"}), 400)["message"]
+            == "url: required"
+        )
+        assert (
+            "domain 'terminal'"
+            in error(post("/register", {"domain": "terminal", "url": "http://a:1", "version": "v"}), 400)[
+                "message"
+            ]
+        )
+        assert error(post("/acquire", {"domain": 3}), 400)["message"].startswith("domain: must be str")
+        assert error(post("/acquire", {"domain": "counter"}), 409)["type"] == "no_service"
+        client = OrchestratorClient(url)
+        client.register("counter", "http://a:1", "v1")
+        assert client.heartbeat("http://a:1") and not client.heartbeat("http://b:1")
+        assert client.next_task_domain() == "counter"
+        lease = client.acquire()
+        assert (lease.domain, lease.url) == ("counter", "http://a:1")
+        with pytest.raises(NoServiceAvailable, match="cap 1"):
+            client.acquire("counter")  # at the family's concurrency cap
+        assert client.next_task_domain() is None
+        assert error(post("/release", {"lease": lease.id, "outcome": "meh"}), 400)["message"].startswith(
+            "outcome"
+        )
+        assert error(post("/release", {"lease": "L77", "outcome": "ok"}), 404)["type"] == "unknown_lease"
+        assert client.release(lease.id, "ok") == ("ok", "")
+        assert client.release(lease.id, "env_failure") == ("ok", "")  # a retried release counts once
+        assert client.stats()["domains"]["counter"]["finished"] == 1
+
+
 def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

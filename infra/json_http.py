@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import requests
+from requests.adapters import HTTPAdapter
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,17 @@ def field_of(body: dict, name: str, kind: type | tuple[type, ...], required: boo
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise BadRequest(f"{name}: must be {names}, got {type(value).__name__}")
     return value
+
+
+def json_session(pool_size: int = 64) -> requests.Session:
+    """A session for cluster-internal JSON services: no environment proxy, no transport-level retries (the
+    caller decides what is safe to repeat), `pool_size` keep-alive connections per host for many threads."""
+    session = requests.Session()
+    session.trust_env = False
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
 
 
 def call_json(

@@ -24,9 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 
-import requests
-
-from infra.json_http import BadRequest, HttpRefused, JsonHandler, call_json, field_of
+from infra.json_http import BadRequest, HttpRefused, JsonHandler, call_json, field_of, json_session
 from training.agentic.orchestrator import OUTCOMES, Lease, NoServiceAvailable, Orchestrator
 
 log = logging.getLogger(__name__)
@@ -122,8 +120,7 @@ class OrchestratorClient:
     def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 3, backoff_s: float = 0.2):
         self.url = url.rstrip("/")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
-        self.session = requests.Session()
-        self.session.trust_env = False
+        self.session = json_session()
 
     def _call(self, method: str, route: str, body: dict | None = None, retry: bool = True) -> dict:
         retries = self.retries if retry else 0

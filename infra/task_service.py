@@ -39,9 +39,15 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from infra.json_http import BadRequest, HttpCallFailed, HttpRefused, JsonHandler, call_json, field_of
+from infra.json_http import (
+    BadRequest,
+    HttpCallFailed,
+    HttpRefused,
+    JsonHandler,
+    call_json,
+    field_of,
+    json_session,
+)
 from training.agentic.protocol import Environment, EnvironmentCrash, Episode
 from training.tasks.base import Task, Verdict
 
@@ -159,6 +165,7 @@ class _TaskHandler(JsonHandler):
             self.send_error_json(500, f"{type(exc).__name__}: {exc}", "internal_error")
 
     def do_DELETE(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))  # drain: keep the connection usable
         try:
             episode_id, action = self._route()
             if action:
@@ -211,13 +218,16 @@ class _TaskHandler(JsonHandler):
         with open_episode.lock:
             open_episode.last_used = time.monotonic()
             try:
-                return fn(open_episode.episode)
+                result = fn(open_episode.episode)
             finally:
                 if close:
                     with self.server.lock:
                         self.server.episodes.pop(episode_id, None)
-                        self.server.served += 1
                     _close_quietly(open_episode.episode)
+            if close:
+                with self.server.lock:
+                    self.server.served += 1
+            return result
 
 
 class ServiceUnreachable(EnvironmentCrash):
@@ -293,8 +303,7 @@ class TaskServiceClient:
         self.url = url.rstrip("/")
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self._domain, self._version = domain, version
-        self.session = requests.Session()
-        self.session.trust_env = False  # task services are local or cluster-internal: no proxy
+        self.session = json_session()
 
     def health(self) -> dict:
         try:
@@ -383,8 +392,7 @@ class Heartbeat:
     def __init__(self, orchestrator_url: str, domain: str, url: str, version: str, interval_s: float = 1.0):
         self.orchestrator_url = orchestrator_url.rstrip("/")
         self.domain, self.url, self.version, self.interval_s = domain, url, version, interval_s
-        self.session = requests.Session()
-        self.session.trust_env = False
+        self.session = json_session(pool_size=2)
         self.registered = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)

@@ -212,7 +212,7 @@ def wait_for(predicate, timeout_s: float = 15.0, what: str = "condition"):
 
 
 def test_heartbeat_timeout_takes_a_service_out_and_a_replacement_is_used_again():
-    orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.0)
+    orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.5)
     with orchestrator_server(orchestrator) as orch_url:
         client = OrchestratorClient(orch_url)
         live = lambda: client.stats()["domains"]["counter"]["live_services"]  # noqa: E731
@@ -339,7 +339,7 @@ def test_killing_a_task_service_mid_run_loses_and_double_counts_nothing():
 
 
 def test_a_fleet_replaces_a_killed_service_and_the_replacement_serves():
-    orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.0)
+    orchestrator = Orchestrator({"counter": 1.0}, heartbeat_timeout_s=1.5)
     with orchestrator_server(orchestrator) as orch_url:
         pool = ServicePool(orchestrator, timeout_s=5, acquire_wait_s=10)
         live = lambda: orchestrator.stats()["domains"]["counter"]["live_services"]  # noqa: E731

@@ -21,6 +21,8 @@ from training.agentic.families import (
     agentic_suites,
     agentic_version,
     build_agentic_task_sets,
+    read_agentic_facts,
+    read_agentic_sft_tasks,
     read_agentic_tasks,
     sft_tasks,
     write_agentic_tasks,
@@ -161,12 +163,17 @@ def test_splits_are_disjoint_seeded_and_versioned(tmp_path):
     assert not search_answers["train"] & search_answers["heldout"]
     other = build_agentic_task_sets(config.model_copy(update={"seed": 1}), FACTS)
     assert {t.prompt for t in other["train"]} != {t.prompt for t in sets["train"]}
-    version = write_agentic_tasks(sets, tmp_path / "agentic", FACTS[: config.max_facts])
+    version = write_agentic_tasks(sets, tmp_path / "agentic", FACTS[: config.max_facts], sft_per_level=5)
     assert version == agentic_version(read_agentic_tasks(tmp_path / "agentic")) != agentic_version(other)
     meta = json.loads((tmp_path / "agentic" / "meta.json").read_text())
     assert meta["version"] == version and meta["counts"]["heldout/search/level2"] == 6
-    reloaded = [tuple(f) for f in json.loads((tmp_path / "agentic" / "facts.json").read_text())]
-    assert build_agentic_task_sets(config, reloaded)["heldout"] == sets["heldout"]
+    assert (
+        build_agentic_task_sets(config, read_agentic_facts(tmp_path / "agentic"))["heldout"]
+        == sets["heldout"]
+    )
+    assert [t.id for t in read_agentic_sft_tasks(tmp_path / "agentic")] == [
+        t.id for t in sft_tasks(sets["train"], 5)
+    ]
     with pytest.raises(ValueError, match="unknown family"):
         build_agentic_task_sets(AgenticTasksConfig(levels={"chess": [1]}), FACTS)
     with pytest.raises(ValueError, match="level"):

@@ -85,13 +85,18 @@ def agentic_version(tasks: dict[Split, list[Task]]) -> str:
 
 
 def write_agentic_tasks(
-    tasks: dict[Split, list[Task]], out_dir: Path, facts: Sequence[tuple[str, str]] = ()
+    tasks: dict[Split, list[Task]],
+    out_dir: Path,
+    facts: Sequence[tuple[str, str]] = (),
+    sft_per_level: int = 0,
 ) -> str:
-    """train.jsonl, heldout.jsonl, meta.json (version, counts per split / family / level) and facts.json (the
-    search family's facts, the exact slice the tasks were built from: a task service must load the same)."""
+    """Under `out_dir`: train.jsonl, heldout.jsonl, sft.jsonl (the train tasks whose worked solutions go into
+    SFT, `sft_tasks`), facts.json (the facts the search tasks were built from: a task service must load the
+    same) and meta.json (version, counts per split / family / level). Returns the version."""
     out_dir = Path(out_dir)
     for split in ("train", "heldout"):
         write_tasks(tasks[split], out_dir / f"{split}.jsonl")
+    write_tasks(sft_tasks(tasks["train"], sft_per_level), out_dir / "sft.jsonl")
     counts: dict[str, int] = {}
     for split, rows in tasks.items():
         for t in rows:
@@ -118,3 +123,12 @@ def sft_tasks(train: Sequence[Task], per_level: int) -> list[Task]:
 
 def read_agentic_tasks(out_dir: Path) -> dict[Split, list[Task]]:
     return {split: read_tasks(Path(out_dir) / f"{split}.jsonl") for split in ("train", "heldout")}
+
+
+def read_agentic_sft_tasks(out_dir: Path) -> list[Task]:
+    """The train tasks `write_agentic_tasks` picked for SFT."""
+    return read_tasks(Path(out_dir) / "sft.jsonl")
+
+
+def read_agentic_facts(out_dir: Path) -> list[tuple[str, str]]:
+    return [(term, definition) for term, definition in json.loads((Path(out_dir) / "facts.json").read_text())]

@@ -189,7 +189,7 @@ def test_search_tool_finds_the_linked_documents(families):
     for task in tasks:
         first, second = task.meta["linked"][1], task.meta["linked"][0]  # B (from the clue), then A (names B)
         episode = search.open(task)
-        clue = task.prompt.split("defined as: ")[1].rstrip("?")
+        clue = task.prompt.split("defined with: ")[1].rstrip("?")
         hop1 = episode.tool(json.dumps({"name": "search", "arguments": {"query": clue}}))
         assert hop1.startswith(f"{first}: ")
         hop2 = episode.tool(json.dumps({"name": "search", "arguments": {"query": first}}))

@@ -2,10 +2,11 @@
 facts the knowledge suite uses), a BM25 index over the definitions, and a `search` tool returning the top two
 documents. Questions link two documents: document A's definition names term B.
 
-Level 1: one hop: "which term is defined as <the start of B's definition>" (search the clue, answer B).
-Level 2: two hops: "which term's definition uses the term defined as <the start of B's definition>"
-         (search the clue -> B, search B -> A, answer A).
-Level 3: two hops from a shorter clue taken from the middle of B's definition.
+Level 1: one hop: "which term is defined with the words <clue>" (the three rarest words of B's definition;
+         search the clue, answer B).
+Level 2: two hops: "which term's entry names the term defined with <clue>" (search the clue -> B, search
+         B -> A, answer A).
+Level 3: two hops from a two-word clue.
 Only questions the worked solution answers with this index are kept (the top hit of each hop is right)."""
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ TOOLS = {"search": ("query",)}
 STOPWORDS = frozenset(
     "a an the of to in on for and or is are be by as at with from that this which it its".split()
 )
-MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 48, 40
+MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 40, 32
+CLUE_WORDS = {1: 3, 2: 3, 3: 2}  # level -> words in the clue (fewer: the retrieval is less certain to hit)
 _WORD = re.compile(r"[a-z0-9]+")
 _CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
 _SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
@@ -90,14 +92,15 @@ def documents(facts: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str
     return out
 
 
-def _clue(text: str, level: int) -> str:
-    """Plain words of the definition (no punctuation, at most CLUE_CHARS): its start, or at level 3 a shorter
-    run from the middle."""
-    words = _CLUE_WORD.findall(text.split(". See ")[0])
-    words = words[2:6] if level == 3 and len(words) >= 8 else words[:6]
-    while len(" ".join(words)) > CLUE_CHARS and len(words) > 2:
-        words = words[:-1]
-    return " ".join(words)
+def _clue(text: str, idf: dict[str, float], n_words: int) -> str:
+    """The `n_words` rarest plain words of a document's definition (highest idf, at least 3 letters), in the
+    order they appear: a short, distinctive query a tiny policy can copy."""
+    words = []
+    for w in _CLUE_WORD.findall(text.split(". See ")[0]):
+        if len(w) >= 3 and w.lower() not in STOPWORDS and w.lower() not in {x.lower() for x in words}:
+            words.append(w)
+    rarest = set(sorted(words, key=lambda w: (-idf.get(w.lower(), 0.0), w.lower()))[:n_words])
+    return " ".join(w for w in words if w in rarest)
 
 
 class SearchEpisode:
@@ -197,18 +200,20 @@ class SearchSuite:
 
     def _make(self, a: int | None, b: int, level: int, split: Split) -> Task | None:
         term_b, definition_b = self.docs[b]
-        clue = _clue(definition_b, level)
+        clue = _clue(definition_b, self.index.idf, CLUE_WORDS[level])
+        if len(clue.split()) < CLUE_WORDS[level] or len(clue) > CLUE_CHARS:
+            return None
         if self.top_term(clue) != term_b:
             return None
         steps = [(clue, self.search_text(clue))]
         if a is None:
-            prompt, answer = f"Search: which term is defined as: {clue}?", term_b
+            prompt, answer = f"Search: which term is defined with: {clue}?", term_b
         else:
             answer = self.docs[a][0]
             if self.top_term(term_b) != answer:
                 return None
             steps.append((term_b, self.search_text(term_b)))
-            prompt = f"Search: which term's entry names the term defined as: {clue}?"
+            prompt = f"Search: which term's entry names the term defined with: {clue}?"
         accepted = [answer] if a is None else [self.docs[u][0] for u in self.links()[b]]
         meta = {
             "steps": steps,

@@ -35,8 +35,8 @@ TOOLS = {"search": ("query",)}
 STOPWORDS = frozenset(
     "a an the of to in on for and or is are be by as at with from that this which it its".split()
 )
-MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 40, 32
-CLUE_WORDS = {1: 3, 2: 3, 3: 2}  # level -> words in the clue (fewer: the retrieval is less certain to hit)
+MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 40, 40
+CLUE_WORDS = {1: 3, 2: 3, 3: 2}  # level -> fewest words in the clue
 _WORD = re.compile(r"[a-z0-9]+")
 _CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
 _SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
@@ -198,12 +198,21 @@ class SearchSuite:
                 tasks.setdefault(task.id, task)
         return list(tasks.values())
 
+    def _shortest_clue(self, term: str, text: str, n_words: int) -> str | None:
+        """The rarest-words clue of at least `n_words` words (more when a small corpus needs them, up to
+        CLUE_CHARS) whose top search hit is `term`; None if there is none."""
+        for n in range(n_words, n_words + 4):
+            clue = _clue(text, self.index.idf, n)
+            if len(clue.split()) < n or len(clue) > CLUE_CHARS:
+                return None
+            if self.top_term(clue) == term:
+                return clue
+        return None
+
     def _make(self, a: int | None, b: int, level: int, split: Split) -> Task | None:
         term_b, definition_b = self.docs[b]
-        clue = _clue(definition_b, self.index.idf, CLUE_WORDS[level])
-        if len(clue.split()) < CLUE_WORDS[level] or len(clue) > CLUE_CHARS:
-            return None
-        if self.top_term(clue) != term_b:
+        clue = self._shortest_clue(term_b, definition_b, CLUE_WORDS[level])
+        if clue is None:
             return None
         steps = [(clue, self.search_text(clue))]
         if a is None:

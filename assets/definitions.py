@@ -3,6 +3,7 @@
 import dagster as dg
 
 from assets import (
+    agentic,
     code_corpus,
     dedup,
     knowledge,
@@ -73,7 +74,11 @@ JOBS = [
     _job("knowledge", knowledge_assets, "World-knowledge classifier and LLM-judge math filter"),
     _job("web_rescue", rescue_assets, "Rescue long-tail knowledge from one snapshot's dropped pages"),
     _job("training", training_assets, "Tokenizer, token shards, pretraining, midtraining, evals"),
-    _job("post_training", post_training.post_training_assets, "Task suites, SFT data, SFT, Reasoning RL"),
+    _job(
+        "post_training",
+        post_training.post_training_assets + agentic.agentic_assets,
+        "Task suites, agentic tasks, SFT data, SFT, Reasoning RL, Agentic RL",
+    ),
 ]
 
 defs = dg.Definitions(
@@ -84,6 +89,7 @@ defs = dg.Definitions(
         *rescue_assets,
         *training_assets,
         *post_training.post_training_assets,
+        *agentic.agentic_assets,
     ],
     jobs=JOBS,
     sensors=[web_snapshot_sensor],

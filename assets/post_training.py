@@ -17,6 +17,7 @@ from infra.store import ObjectStore
 from pipelines.knowledge.facts import dictionary_facts
 from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig
 from training import post_train, sft_data
+from training.agentic.families import agentic_suites, read_agentic_facts, read_agentic_sft_tasks
 from training.curves import RL_PANELS, SFT_PANELS, plot_history
 from training.job import job_key, read_metrics, tree_digest
 from training.post_train import RLJobSpec, SftConfig
@@ -42,6 +43,7 @@ SftRunConfig = launchpad_config("sft", SftConfig, PROFILE)
 ReasoningRLRunConfig = launchpad_config("reasoning_rl", ReasoningRLConfig, PROFILE)
 TASKS_PREFIX = "post_training/task_suites"
 SFT_DATA_PREFIX = "post_training/sft_data"
+AGENTIC_TASKS_PREFIX = "post_training/agentic_tasks"
 PARENT = CHECKPOINTS[-1]
 
 
@@ -111,7 +113,10 @@ def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
     tasks_dir = _tasks_dir(s)
     facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
     train = read_tasks(tasks_dir / "train.jsonl")
-    rows, kinds = sft_data.build_sft_trajectories(train, suites(facts), facts, cfg)
+    agentic_dir = _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks")  # agent trajectories: a share of its train
+    registry = suites(facts) | agentic_suites(read_agentic_facts(agentic_dir))
+    train += read_agentic_sft_tasks(agentic_dir)
+    rows, kinds = sft_data.build_sft_trajectories(train, registry, facts, cfg)
     out = _work("sft_data") / "out"
     sft_data.write_rows(rows, out / "rows.jsonl")
     version = commit(s, SFT_DATA_PREFIX, out, meta={"kinds": dict(kinds)}).version
@@ -127,13 +132,13 @@ def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
 
 sft_data_set = tracked_asset(
     "sft_data_set",
-    "Chat trajectories for SFT: worked solutions, corrected wrong steps and failed tool calls (kept in\n"
-    "context, masked from the loss), and definition chats from the corpus's dictionaries.",
+    "Chat trajectories for SFT: worked solutions (reasoning and agentic tasks), corrected wrong steps and\n"
+    "failed tool calls (kept in context, masked from the loss), and definition chats from the corpus's dictionaries.",
     config=SftDataRunConfig,
     stage=_build_sft_data,
     code_modules=[sft_data],
     group="post_training",
-    deps=["task_suites"],
+    deps=["task_suites", "agentic_tasks"],
 )
 
 

@@ -45,6 +45,8 @@ STAGE_NAMES = frozenset(
         "sft_data",
         "sft",
         "reasoning_rl",
+        "agentic_tasks",
+        "agentic_rl",
     }
 )
 

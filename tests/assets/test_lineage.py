@@ -125,10 +125,12 @@ def chain_state(tmp_path_factory) -> Path:
         shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
         mp.setenv("DAGSTER_HOME", str(home))
         _upstream_chain(root / "work")
+        from assets.agentic import agentic_tasks
         from assets.post_training import post_training_assets
 
         with dg.DagsterInstance.get() as instance:
-            result = dg.materialize(post_training_assets, instance=instance, resources=_resources())
+            assets = [agentic_tasks, *post_training_assets]  # sft_data_set reads the agentic tasks' SFT share
+            result = dg.materialize(assets, instance=instance, resources=_resources())
         assert result.success
     return state
 

@@ -1,6 +1,6 @@
-"""The post-training chain as Dagster assets on the micro profile: task suites -> SFT data -> SFT -> Reasoning
-RL from a (micro) midtrained checkpoint, each checkpoint registered in MLflow with lineage to its parent and
-to the task-suite version, held-out pass_at_1 per domain for the midtrained, SFT and RL models."""
+"""The post-training chain as Dagster assets on the micro profile: task suites + agentic tasks -> SFT data -> SFT
+-> Reasoning RL -> Agentic RL from a (micro) midtrained checkpoint, each checkpoint registered in MLflow with
+lineage to its parent and to the task versions, held-out scores per domain for every model."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def midtrained(tmp_path, dagster_home):
 
 
 def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
+    from assets.agentic import agentic_assets
     from assets.post_training import post_training_assets
     from assets.resources import resources_for
 
@@ -54,7 +55,7 @@ def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
     instance = dg.DagsterInstance.get()
     # resources of this test's state dir (assets.definitions.defs keeps the one of the process's first import)
     resources = {**resources_for(load_profile()), "pipes": dg.PipesSubprocessClient()}
-    result = dg.materialize(post_training_assets, instance=instance, resources=resources)
+    result = dg.materialize(post_training_assets + agentic_assets, instance=instance, resources=resources)
     assert result.success
     tracker = Tracker.from_profile(load_profile())
     sft_run = tracker.get_run(tracker.model_version_run_id("crucible-sft", "1"))
@@ -85,3 +86,29 @@ def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
     rl_event = instance.get_latest_materialization_event(dg.AssetKey("reasoning_rl_checkpoint"))
     assert "plot/reasoning_rl_curves" in rl_event.asset_materialization.metadata
     assert tracker.get_run(rl_run.info.run_id).data.params["max_new_tokens"] == "8"  # not redacted
+    # Agentic RL: trained from the Reasoning RL checkpoint against task services (real subprocesses) through
+    # the async loop; lineage to its parent and the agentic task set, the services' versions as tags
+    agentic_run = tracker.get_run(tracker.model_version_run_id("crucible-agentic_rl", "1"))
+    assert rl_run.info.run_id in agentic_run.data.tags[UPSTREAM_RUNS_TAG]
+    tasks_meta = read_committed(store, "post_training/agentic_tasks").meta
+    assert (
+        agentic_run.data.tags["crucible.agentic_tasks"]
+        == read_committed(store, "post_training/agentic_tasks").version
+    )
+    assert tasks_meta["agentic_version"]
+    services = agentic_run.data.tags["crucible.task_services"]
+    assert all(f"{d} {d}-v" in services for d in ("codefix", "search", "terminal")), services
+    am = agentic_run.data.metrics
+    for d in ("terminal", "codefix", "search"):
+        for who in ("parent/success/", "heldout/success/"):
+            assert 0.0 <= am[f"{who}{d}"] <= 1.0
+        assert am[f"heldout/n/{d}"] + am[f"heldout/env_failures/{d}"] == 2
+        assert am[f"services/{d}/started"] >= 1
+    assert am["policy_version"] == 2  # micro: 2 steps, a push after each
+    assert am["buffer/received"] >= 8
+    assert {m.step for m in tracker.client.get_metric_history(agentic_run.info.run_id, "reward/mean")} == {
+        1,
+        2,
+    }
+    agentic_event = instance.get_latest_materialization_event(dg.AssetKey("agentic_rl_checkpoint"))
+    assert "plot/agentic_rl_curves" in agentic_event.asset_materialization.metadata

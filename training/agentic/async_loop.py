@@ -33,11 +33,13 @@ from torch import nn
 
 from training.agentic.buffer import TrajectoryBuffer
 from training.agentic.driver import RolloutDriver
+from training.agentic.gateway import TitoGateway
 from training.agentic.protocol import Environment
 from training.dsa_indexer import set_dsa_mode
 from training.rl.losses import double_sided_is_loss, group_advantages
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rollout.engine import LocalRolloutEngine, SamplingParams
+from training.rollout.prefix_cache import PrefixCachingEngine
 from training.rollout.trajectory import Trajectory
 from training.tasks.base import Task
 
@@ -73,6 +75,10 @@ class AgenticRLConfig(BaseModel):
     eps_high: float = Field(0.28, gt=0, description="Double-sided IS band: upper edge 1 + eps_high")
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Rollout engine precision")
     env_threads: int = Field(32, ge=1, description="Environment calls in flight in the worker")
+    rollout_replicas: int = Field(2, ge=1, description="Inference replicas behind the TITO gateway")
+    prefix_cache_tokens: int = Field(
+        0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
+    )
     eval_tasks_per_domain: int = Field(40, ge=1, description="Held-out tasks scored per family")
     seed: int = Field(0, description="Seed of task order and sampling")
 
@@ -96,6 +102,32 @@ def _pick_domain(ratios: Mapping[str, float], started: Counter) -> str:
     return max(ratios, key=lambda d: ratios[d] / sum(ratios.values()) - started[d] / total)
 
 
+def rollout_gateway(model: nn.Module, cfg: AgenticRLConfig, dtype: torch.dtype, pad_id: int) -> TitoGateway:
+    """`rollout_replicas` engines (each its own copy of the policy) behind the TITO gateway, which routes all
+    turns of a rollout to one replica (consistent hashing on the rollout id) and records every request."""
+    replicas = {
+        f"replica-{i}": PrefixCachingEngine(model, dtype, pad_id, cfg.prefix_cache_tokens)
+        if cfg.prefix_cache_tokens
+        else LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
+        for i in range(cfg.rollout_replicas)
+    }
+    return TitoGateway(replicas)
+
+
+def _worker_stats(driver: RolloutDriver, gateway: TitoGateway) -> dict[str, float]:
+    g = gateway.stats()
+    out = {
+        "generated_tokens": float(driver.generated_tokens),
+        "in_flight": float(driver.in_flight()),
+        "gateway/requests": float(g["requests"]),
+        "gateway/retries": float(g["retries"]),
+        "gateway/replica_failures": float(g["replica_failures"]),
+    }
+    if "prefix_cache" in g:
+        out["gateway/prefix_cache_hit_rate"] = float(g["prefix_cache"]["hit_rate"])
+    return out
+
+
 def worker_main(spec_json: str, out_q: Any, ctl_q: Any) -> None:
     """Rollouts until told to stop: ("weights", version, path) loads new weights, ("resume",) unpauses."""
     try:
@@ -116,7 +148,7 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
     dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
     model = load_model(spec.hf_dir)
     set_dsa_mode(model, "sparse_gather")
-    engine = LocalRolloutEngine(model, dtype=dtype, pad_id=spec.pad_id)
+    gateway = rollout_gateway(model, cfg, dtype, spec.pad_id)
     del model
     envs: dict[str, Environment] = import_object(spec.environments)(**spec.environment_kwargs)
     tasks = [Task.from_json(t) for t in spec.tasks]
@@ -130,9 +162,8 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
     orders = {d: [] for d in ratios}
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed)
     driver = RolloutDriver(
-        lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, envs, params, cfg.max_turns,
-        env_threads=cfg.env_threads,
-    )  # fmt: skip
+        gateway.generate_batch, tokenizer, envs, params, cfg.max_turns, env_threads=cfg.env_threads
+    )
     per_batch = math.ceil(cfg.batch_trajectories / cfg.group_size)
     started, finished_in_group = Counter(), Counter()
     groups_open, groups_done_since_resume, n_groups = 0, 0, 0
@@ -149,7 +180,7 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
                     return
                 if msg[0] == "weights":
                     _, version, path = msg
-                    engine.sync_weights(torch.load(path, map_location="cpu", weights_only=True), version)
+                    gateway.sync_weights(torch.load(path, map_location="cpu", weights_only=True), version)
                 driver.paused, groups_done_since_resume, refill = False, 0, True
             # async refills whenever a group ends; sync only when a round starts (stragglers carry over)
             while (refill or not pause_after) and groups_open < cfg.in_flight_groups:
@@ -333,8 +364,8 @@ def train_agentic_rl(
                 "partial/spanning_versions": float(spanning),
                 "throughput/trajectories_per_s": run.buffer.counts.received / wall,
                 "trainer/idle_fraction": run.idle_s / wall,
-                "worker/generated_tokens": float(run.worker_stats.get("generated_tokens", 0)),
             })  # fmt: skip
+            metrics.update({f"worker/{k}": v for k, v in run.worker_stats.items()})
             log_metrics(metrics, step)
             if on_batch is not None:
                 on_batch(trajs, step)

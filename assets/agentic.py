@@ -1,0 +1,131 @@
+"""Agentic RL: the agentic task sets (terminal, code fixing, multi-hop search; their worked solutions for a share
+of train go into SFT) and the Agentic RL checkpoint trained from Reasoning RL with the asynchronous loop against
+task services. The checkpoint's lineage names its parent, the task-set version and the task-service versions."""
+
+import json
+from pathlib import Path
+
+from assets.factory import Launches, tracked_asset
+from assets.pipes_launch import CALLBACK, PipesLaunch
+from assets.post_training import AGENTIC_TASKS_PREFIX, _local, _model_cfg, _publish_checkpoint, _work
+from assets.stage_config import launchpad_config
+from infra.committed import commit, read_committed
+from infra.settings import load_profile, validate_stage
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from pipelines.knowledge.facts import dictionary_facts
+from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig
+from training.agentic import async_loop, families
+from training.agentic import job as agentic_job
+from training.agentic.async_loop import AgenticRLConfig
+from training.agentic.families import AgenticTasksConfig, build_agentic_task_sets, write_agentic_tasks
+from training.curves import plot_history
+from training.job import job_key, read_metrics, tree_digest
+
+PROFILE = load_profile()
+AgenticTasksRunConfig = launchpad_config("agentic_tasks", AgenticTasksConfig, PROFILE)
+AgenticRLRunConfig = launchpad_config("agentic_rl", AgenticRLConfig, PROFILE)
+AGENTIC_PANELS = {
+    "train reward per family": r"reward/(?!mean)\w+",
+    "importance ratio (trainer / rollout engine)": r"ratio/(min|mean|max)",
+    "tokens masked by the IS band": r"is/masked_fraction",
+    "staleness (versions behind)": r"staleness/(mean|max)",
+    "dropped and padded samples": r"buffer/(stale|env_failures|padded_samples|dropped_in_groups)",
+    "pipeline": r"trainer/idle_fraction|throughput/trajectories_per_s",
+}
+
+
+def _build_agentic_tasks(cfg: AgenticTasksConfig, s, _, run) -> StageResult:
+    wk = validate_stage(PROFILE, "world_knowledge", WorldKnowledgeConfig)
+    facts = dictionary_facts(wk.dictionaries, cfg.max_facts, cfg.seed)
+    sets = build_agentic_task_sets(cfg, facts)
+    out = _work("agentic_tasks") / "out"
+    version = write_agentic_tasks(sets, out, facts[: cfg.max_facts], cfg.sft_per_level)
+    counts = json.loads((out / "meta.json").read_text())["counts"]
+    commit(s, AGENTIC_TASKS_PREFIX, out, meta={"agentic_version": version, "counts": counts})
+    rows = [{"split/family/level": k, "tasks": v} for k, v in sorted(counts.items())]
+    return StageResult(
+        metrics={f"tasks/{k}": float(v) for k, v in counts.items()} | {"facts": float(len(facts))},
+        outputs={"agentic_tasks": s.uri(AGENTIC_TASKS_PREFIX)},
+        report_md=f"## Agentic tasks {version}\n\n{markdown_table(rows)}",
+        sample=[t.to_json() for t in sets["heldout"][:: max(1, len(sets["heldout"]) // 6)]],
+        data_version=version,
+    )
+
+
+agentic_tasks = tracked_asset(
+    "agentic_tasks",
+    "Terminal, code-fixing and multi-hop search tasks (tools, multi-turn episodes, sandboxed checks) with\n"
+    "train / held-out splits; a share of train becomes SFT trajectories.",
+    config=AgenticTasksRunConfig,
+    stage=_build_agentic_tasks,
+    code_modules=[families],
+    group="post_training",
+    upstream=["world_knowledge_classifier"],
+)
+
+
+def agentic_tasks_dir(s: ObjectStore) -> Path:
+    return _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks")
+
+
+def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageResult:
+    parent = _local(s, "checkpoints/reasoning_rl_checkpoint", "checkpoints/reasoning_rl_checkpoint")
+    tasks_dir = agentic_tasks_dir(s)
+    tasks_version = read_committed(s, AGENTIC_TASKS_PREFIX).version
+    model_cfg, distributed = _model_cfg(parent)
+    key = job_key(cfg.model_dump(mode="json"), tree_digest(parent), tasks_version)
+    spec = agentic_job.AgenticJobSpec(
+        run_dir=str(PROFILE.state_path / "runs" / "agentic_rl" / key),
+        init_from=str(parent),
+        model=model_cfg,
+        tasks_dir=str(tasks_dir),
+        config=cfg,
+        threads=distributed.threads_per_process or None,
+        callbacks=[CALLBACK],
+    )
+    result = agentic_job.run_job(spec, PROFILE.state_path / "torch_extensions", launch)
+    run_dir, hf_dir = Path(spec.run_dir), Path(result["hf_dir"])
+    metrics = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
+    rows = [
+        {
+            "family": d,
+            "reasoning RL (parent)": f"{metrics[f'parent/success/{d}']:.3f} ± {metrics[f'parent/success_se/{d}']:.3f}",
+            "agentic RL": f"{metrics[f'heldout/success/{d}']:.3f} ± {metrics[f'heldout/success_se/{d}']:.3f}",
+            "n": int(metrics[f"heldout/n/{d}"]),
+        }
+        for d in sorted(k.split("/")[-1] for k in metrics if k.startswith("heldout/success/"))
+    ]
+    history = read_metrics(run_dir)
+    plot = plot_history(history, AGENTIC_PANELS, run_dir / "agentic_rl_curves.png", "Agentic RL")
+    services = ", ".join(f"{d} {v}" for d, v in sorted(result["service_versions"].items()))
+    run.set_tags({"crucible.task_services": services, "crucible.agentic_tasks": tasks_version})
+    return StageResult(
+        metrics=metrics,
+        outputs={"checkpoint": _publish_checkpoint(s, "agentic_rl_checkpoint", hf_dir)},
+        report_md="## Agentic RL: held-out success (greedy) from the Reasoning RL checkpoint\n\n"
+        + markdown_table(rows)
+        + f"\n\ntask services: {services}",
+        artifacts={
+            "checkpoint": hf_dir,
+            "samples.json": run_dir / "samples.json",
+            "plots/agentic_rl_curves.png": plot,
+        },
+        data_version=key,
+        history=history,
+    )
+
+
+agentic_rl_checkpoint = tracked_asset(
+    "agentic_rl_checkpoint",
+    "Agentic RL (asynchronous, direct double-sided IS) from the Reasoning RL checkpoint against task services.",
+    config=AgenticRLRunConfig,
+    stage=Launches(_agentic_rl),
+    code_modules=[async_loop, agentic_job],
+    group="post_training",
+    deps=["reasoning_rl_checkpoint", "agentic_tasks"],
+    register=lambda result: {"crucible-agentic_rl": "checkpoint"},
+    tags={"crucible/resource": "gpu"},
+)
+
+agentic_assets = [agentic_tasks, agentic_rl_checkpoint]

@@ -1,0 +1,168 @@
+"""One Agentic RL job (the Pipes child of `agentic_rl_checkpoint`): score the parent on the held-out agentic
+tasks, start the task services and their orchestrator, train with the async loop, score again on the same
+tasks, export the checkpoint. `python -m training.agentic.job --spec SPEC.json`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.agentic.async_loop import AgenticRLConfig
+from training.model import ModelConfig
+
+log = logging.getLogger(__name__)
+SPEC = "agentic_spec.json"
+
+
+class AgenticJobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_dir: str
+    init_from: str = Field(description="HF dir of the parent checkpoint (with its tokenizer files)")
+    model: ModelConfig
+    tasks_dir: str = Field(description="Committed agentic tasks: train.jsonl, heldout.jsonl, facts.json")
+    config: AgenticRLConfig
+    service_replicas: int = Field(1, ge=1, description="Task-service processes per family")
+    latency_mean_s: float = Field(0.0, ge=0, description="Extra environment latency (mean, long-tailed)")
+    latency_sigma: float = Field(1.0, ge=0, description="Log-normal sigma of the extra latency")
+    threads: int | None = None
+    callbacks: list[str] = Field(default_factory=list)
+
+
+def job_command(spec: AgenticJobSpec, torch_extensions_dir: Path | None = None):
+    from infra.launcher import build_launch_command
+
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SPEC
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(spec.model_dump_json(indent=1))
+    tmp.replace(path)
+    return build_launch_command(
+        "training.agentic.job", ["--spec", str(path)], launcher="python", nproc=1,
+        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
+    )  # fmt: skip
+
+
+def run_job(spec: AgenticJobSpec, torch_extensions_dir: Path | None = None, launch: Any = None) -> dict:
+    """Run the job as a child process (through `launch`, the asset's Pipes launcher, when given)."""
+    from infra.launcher import run_command
+
+    cmd = job_command(spec, torch_extensions_dir)
+    run_dir = Path(spec.run_dir)
+    if launch is None:
+        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
+    else:
+        launch(cmd, run_dir / "train.log", None)
+    result = run_dir / "result.json"
+    if not result.exists():
+        raise RuntimeError(f"Agentic RL job in {run_dir} exited without writing result.json")
+    return json.loads(result.read_text())
+
+
+def heldout_subset(tasks: list, per_domain: int) -> list:
+    from training.tasks.suites import eval_subset
+
+    return eval_subset(tasks, per_domain)
+
+
+def _run(spec: AgenticJobSpec) -> dict[str, Any]:
+    import torch
+
+    from infra.agentic_services import agentic_services
+    from training.agentic.async_loop import WorkerSpec, heldout_success, train_agentic_rl
+    from training.agentic.families import (
+        agentic_suites,
+        read_agentic_facts,
+        read_agentic_sft_tasks,
+        read_agentic_tasks,
+    )
+    from training.checkpoint import export_hf
+    from training.job import import_object
+    from training.model import load_model
+    from training.tokenizer import load_tokenizer
+    from training.trainer import JsonlMetricsWriter
+
+    run_dir, cfg = Path(spec.run_dir), spec.config
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    tok = load_tokenizer(spec.init_from)
+    model = load_model(spec.init_from, spec.model)
+    tasks_dir = Path(spec.tasks_dir)
+    sets = read_agentic_tasks(tasks_dir)
+    facts = read_agentic_facts(tasks_dir)
+    local_envs = agentic_suites(facts)  # held-out scoring in process, without extra latency
+    scored = heldout_subset(sets["heldout"], cfg.eval_tasks_per_domain)
+    seen_in_sft = {t.id for t in read_agentic_sft_tasks(tasks_dir)}  # RL trains on the rest
+    train = [t for t in sets["train"] if t.id not in seen_in_sft]
+    domains = sorted({t.domain for t in train} & {d for d, r in cfg.task_ratios.items() if r > 0})
+    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
+    writer.drop_after(0)
+    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        for cb in callbacks:
+            cb(step, metrics)
+
+    parent = heldout_success(model, tok, scored, local_envs, cfg, tok.pad_token_id)
+    log_metrics({f"parent/{k}": v for k, v in parent.items()}, 0)
+    log.info("agentic RL: parent held-out %s", {k: round(v, 3) for k, v in parent.items() if "success/" in k})
+    samples: dict[str, Any] = {}
+
+    def on_batch(trajs, step: int) -> None:
+        if step == 1 or step % 10 == 0 or step == cfg.steps:
+            samples[str(step)] = [t.to_json() for t in trajs[:8]]
+
+    hf_parent = Path(spec.init_from)
+    with agentic_services(
+        {d: cfg.task_ratios[d] for d in domains}, tasks_dir / "facts.json", spec.service_replicas,
+        latency_mean_s=spec.latency_mean_s, latency_sigma=spec.latency_sigma, seed=cfg.seed,
+    ) as services:  # fmt: skip
+        worker = WorkerSpec(
+            hf_dir=str(hf_parent), tasks=[t.to_json() for t in train if t.domain in domains],
+            environments="infra.service_pool:orchestrated_environments",
+            environment_kwargs={"orchestrator_url": services.url, "domains": domains},
+            config=cfg, pad_id=tok.pad_token_id, threads=1,
+        )  # fmt: skip
+        final = train_agentic_rl(model, worker, run_dir, log_metrics, on_batch=on_batch)
+        stats = services.stats()
+        restarts = services.fleet.restarts
+    service_metrics = {"services/restarts": float(restarts)}
+    for d, row in stats["domains"].items():
+        for k in ("started", "finished", "env_failures", "throughput"):
+            service_metrics[f"services/{d}/{k}"] = float(row[k])
+    versions = sorted({(s["domain"], s["version"]) for s in stats["services"]})
+    after = heldout_success(model, tok, scored, local_envs, cfg, tok.pad_token_id)
+    heldout = {f"heldout/{k}": v for k, v in after.items()}
+    log_metrics({**heldout, **service_metrics}, cfg.steps)
+    (run_dir / "samples.json").write_text(json.dumps(samples))
+    extra = {n: hf_parent / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    hf = export_hf(model, run_dir / "hf", extra)
+    result = {
+        "metrics": {**final, **heldout, **{f"parent/{k}": v for k, v in parent.items()}, **service_metrics},
+        "service_versions": {d: v for d, v in versions},
+        "hf_dir": str(hf),
+        "step": cfg.steps,
+    }
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(run_dir / "result.json")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one Agentic RL job from its spec")
+    parser.add_argument("--spec", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    _run(AgenticJobSpec.model_validate_json(args.spec.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,7 +30,7 @@ setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. The editable install also compiles
 # the one C extension (setup.py: the code-language tokenizer) in place, with the machine's gcc.
-$(VENV)/.installed: pyproject.toml setup.py classifiers/_codetok.c
+$(VENV)/.installed: pyproject.toml setup.py classifiers/_codetok.c pipelines/dedup/_minhash.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
 	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==2.13.0

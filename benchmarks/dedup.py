@@ -1,7 +1,8 @@
-"""Near-dedup benchmark: our datatrove engine vs datatrove's stock 4-stage MinHash pipeline vs datasketch's
-MinHashLSH, on the same real corpus with planted near-duplicates at known Jaccard levels.
+"""Near-dedup benchmark: our datatrove engine vs rensa (Rust MinHash) vs datatrove's stock 4-stage MinHash
+pipeline vs datasketch's MinHashLSH, on the same real corpus with planted near-duplicates at known Jaccard levels.
 
-    .venv/bin/python benchmarks/dedup.py [--max-base-docs 3000] [--workers 1] [--scales 0.5,1]
+    .venv/bin/python benchmarks/dedup.py [--max-base-docs 3000] [--workers 1] [--methods ours,rensa]
+    .venv/bin/python benchmarks/dedup.py --scale 10000,100000,1000000 [--methods ours,rensa]
 
 Corpus: the HTML manuals of the Debian packages python3.11-doc and postgresql-doc-15 (fetched once with
 `apt-get download` + `dpkg-deb -x` into the cache dir), converted to text and cut into documents of 100-800
@@ -20,9 +21,20 @@ All three use 5-word shingles and 14 bands x 8 rows (112 permutations, seed 1):
   (spaCy English word tokeniser), reading and writing the same JSONL.gz shards; and the same with a
   `str.split` word tokeniser ("datatrove-split", datatrove's fastest configuration we know).
 - datasketch: MinHash.bulk + MinHashLSH(params=(14, 8)) query-then-insert, single process, in memory.
+- rensa: RMinHash(112, seed 1).update(5-gram strings) + RMinHashLSH(threshold 0.7, 112, 14 bands)
+  query-then-insert, single process, in memory, in its own venv (`<cache>/rensa-venv`, made on first use).
+  Like datasketch it gets the benchmark's `\\w+` lowercased tokens, reads the same shards, and does no more
+  (no exact/URL dedup, no outputs written, no index).
 
-Each method runs in its own subprocess (clean imports and a clean peak RSS: the sum of the RSS of the process
-tree, sampled every 50 ms). Quality: a predicted pair is two documents in the same cluster; precision is the
+`--scale N1,N2,...` replaces the quality run: generated corpora of N documents (real pages with 40% of their
+words substituted, every 10th document a planted copy of an earlier one at a known level) through ours and
+rensa; per size: docs/s, CPU s, us/doc relative to the smallest size, peak RSS (largest process and the whole
+tree) and our cross-snapshot index size per million documents.
+
+Each method runs in its own subprocess (clean imports and a clean peak RSS: the largest process's and the
+sum over the process tree, sampled every 50 ms; CPU s counts the process and its reaped children). The
+machine may be shared: every method runs in the same invocation so that ratios are comparable; the load
+average at start is printed. Quality: a predicted pair is two documents in the same cluster; precision is the
 fraction of predicted pairs whose true Jaccard (word 5-grams, lowercased) is >= --tau; recall is the fraction
 of planted pairs with true Jaccard >= --tau that end up in one cluster. Per-level detection rates show the
 LSH S-curve.
@@ -184,23 +196,6 @@ def build_corpus(base: list[dict], fraction: float, seed: int) -> tuple[list[dic
     return docs, pairs
 
 
-def scaled_corpus(docs: list[dict], scale: float, seed: int) -> list[dict]:
-    """The first `scale` of the corpus, or (scale > 1) the corpus plus rewritten replicas: every replica
-    document has 40% of its words substituted (Jaccard ~0.15 with its original, so rarely a duplicate)."""
-    if scale <= 1:
-        return docs[: int(len(docs) * scale)]
-    rng = random.Random(seed)
-    vocab = sorted({w for d in docs[:300] for w in _WORD.findall(d["text"].lower()) if w.isalpha()})
-    out = list(docs)
-    for r in range(1, math.ceil(scale)):
-        for d in docs[: int(len(docs) * min(1.0, scale - r))]:
-            words = d["text"].split(" ")
-            for pos in rng.sample(range(len(words)), int(0.4 * len(words))):
-                words[pos] = rng.choice(vocab)
-            out.append({"id": f"{d['id']}-r{r}", "text": " ".join(words), "metadata": d["metadata"]})
-    return out
-
-
 def write_corpus(root: Path, docs: list[dict], docs_per_shard: int) -> None:
     folder = root / INPUT_PREFIX
     folder.mkdir(parents=True, exist_ok=True)
@@ -210,6 +205,75 @@ def write_corpus(root: Path, docs: list[dict], docs_per_shard: int) -> None:
                 fh.write(json.dumps(d) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------- rensa
+# rensa (Rust MinHash, PyPI) never goes into the project venv: like guesslang in benchmarks/code_lang_id.py,
+# this script makes a separate venv on first use (`<cache>/rensa-venv`, `pip install rensa==<pin>`) and runs
+# rensa there in a subprocess that reads the same shards and prints its clusters, time and peak RSS as JSON.
+RENSA_PIN = "rensa==0.5.0"
+
+RENSA_RUNNER = r"""
+import gzip, json, re, resource, sys, time
+t0 = time.perf_counter()
+from rensa import RMinHash, RMinHashLSH
+WORD = re.compile(r"\w+")
+ids, parent = [], []
+def find(x):
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+lsh = RMinHashLSH(threshold=0.7, num_perm=112, num_bands=14)
+for path in sys.argv[1:]:
+    with gzip.open(path, "rt") as fh:
+        for line in fh:
+            doc = json.loads(line)
+            toks = WORD.findall(doc["text"].lower())
+            shingles = {" ".join(toks[i : i + 5]) for i in range(max(1, len(toks) - 4))}
+            m = RMinHash(num_perm=112, seed=1)
+            m.update(list(shingles))
+            i = len(ids)
+            ids.append(doc["id"])
+            parent.append(i)
+            for j in lsh.query(m):  # query-then-insert, as datasketch below
+                parent[find(i)] = find(j)
+            lsh.insert(i, m)
+groups = {}
+for i in range(len(ids)):
+    groups.setdefault(find(i), []).append(i)
+clusters = {ids[i]: str(r) for r, g in groups.items() if len(g) > 1 for i in g}
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"clusters": clusters, "seconds": time.perf_counter() - t0,
+                  "cpu_seconds": ru.ru_utime + ru.ru_stime, "max_rss": ru.ru_maxrss * 1024}))
+"""
+
+
+def ensure_rensa_venv(venv: Path) -> Path:
+    """A separate venv with rensa (never the project venv); returns its python."""
+    python = venv / "bin" / "python"
+    marker = venv / ".rensa-ready"
+    if marker.exists() and marker.read_text().strip() == RENSA_PIN:
+        return python
+    log.info("creating %s with %s (one time)", venv, RENSA_PIN)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", RENSA_PIN], check=True)
+    marker.write_text(RENSA_PIN + "\n")
+    return python
+
+
+def run_rensa(root: Path, work: Path, workers: int) -> dict:
+    """rensa RMinHash + RMinHashLSH(threshold 0.7, 112 perms, 14 bands), single process, in memory."""
+    runner = work / "rensa_runner.py"
+    runner.write_text(RENSA_RUNNER)
+    shards = [str(p) for p in sorted((root / INPUT_PREFIX).glob("*.jsonl.gz"))]
+    proc = subprocess.run(
+        [os.environ["CRUCIBLE_RENSA_PYTHON"], str(runner), *shards], capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise RuntimeError(f"rensa runner failed:\n{proc.stderr[-4000:]}")
+    out = json.loads(proc.stdout)
+    return {"clusters": out["clusters"], "runner": {k: out[k] for k in ("seconds", "cpu_seconds", "max_rss")}}
+
+
 # ---------------------------------------------------------------------------------------------- methods
 class PeakRSS:
     """Peak of the summed RSS of this process and its children, sampled in a thread."""
@@ -217,7 +281,7 @@ class PeakRSS:
     def __init__(self, interval: float = 0.05):
         import psutil
 
-        self.proc, self.interval, self.peak = psutil.Process(), interval, 0
+        self.proc, self.interval, self.peak, self.largest = psutil.Process(), interval, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -225,9 +289,11 @@ class PeakRSS:
         total = 0
         for p in [self.proc] + self.proc.children(recursive=True):
             try:
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
             except Exception:  # a child that just exited
-                pass
+                continue
+            total += rss
+            self.largest = max(self.largest, rss)
         return total
 
     def _run(self) -> None:
@@ -262,7 +328,7 @@ def run_ours(root: Path, work: Path, workers: int) -> dict[str, str]:
     config = DedupConfig(tasks=workers, workers=workers, url_dedup=False)
     dedup_partition(config, LocalStore(root), SNAPSHOT, scratch=work)
     clusters = {}
-    for path in sorted((root / f"dedup/web/{SNAPSHOT}/clusters").glob("*.parquet")):
+    for path in sorted((root / f"dedup/web/{SNAPSHOT}").glob("v-*/clusters/*.parquet")):
         for row in pq.read_table(path, columns=["doc_id", "root_doc_id"]).to_pylist():
             clusters[row["doc_id"]] = row["root_doc_id"]
     return clusters
@@ -381,6 +447,7 @@ METHODS = {
     "datatrove": lambda root, work, workers: run_datatrove(root, work, workers, split_words=False),
     "datatrove-split": lambda root, work, workers: run_datatrove(root, work, workers, split_words=True),
     "datasketch": run_datasketch,
+    "rensa": run_rensa,
 }
 
 
@@ -395,10 +462,28 @@ def child_main(args: argparse.Namespace) -> None:
         pass
     root, work = Path(args.root), Path(args.work)
     with PeakRSS() as rss:
-        started = time.perf_counter()
+        started, cpu0 = time.perf_counter(), os.times()
         clusters = METHODS[args.method](root, work, args.workers)
-        seconds = time.perf_counter() - started
-    Path(args.result).write_text(json.dumps({"seconds": seconds, "peak_rss": rss.peak, "clusters": clusters}))
+        seconds, cpu1 = time.perf_counter() - started, os.times()
+    # CPU of this process and of its waited-for children (worker processes, the rensa runner)
+    cpu = sum(cpu1[:4]) - sum(cpu0[:4])
+    largest = rss.largest
+    if args.method == "rensa":  # rensa: the runner's own peak (the sampler may miss a short-lived peak)
+        largest = max(largest, clusters["runner"]["max_rss"])
+        clusters = clusters["clusters"]
+    index_bytes = sum(p.stat().st_size for p in (root / "dedup").rglob("index/*/v-*/*.parquet"))
+    Path(args.result).write_text(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "cpu_seconds": cpu,
+                "peak_rss": rss.peak,
+                "largest_rss": largest,
+                "index_bytes": index_bytes,
+                "clusters": clusters,
+            }
+        )
+    )
 
 
 def run_method(method: str, root: Path, work: Path, workers: int) -> dict:
@@ -469,6 +554,135 @@ def wilson(p: float, n: int, z: float = 1.96) -> float:
     return z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
 
 
+def synthetic_corpus(
+    docs: list[dict], n: int, seed: int, dup_every: int = 10, offset: int = 0
+) -> tuple[list[dict], list[dict]]:
+    """`n` documents generated from the real ones: each is a real document with 40% of its words substituted
+    (Jaccard ~0.15 with its source, so a new document), and every `dup_every`-th one is instead a planted copy
+    of an earlier generated document at a Jaccard level of LEVELS (cycling), by word substitution."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    vocab = np.array(sorted({w for d in docs[:300] for w in _WORD.findall(d["text"].lower()) if w.isalpha()}))
+    bases = [np.array(d["text"].split(" ")) for d in docs]
+    # share of substituted words giving word-5-gram Jaccard ~level: J ~ (1-q)^5 / (2 - (1-q)^5)
+    subst = {lv: 1 - (2 * lv / (1 + lv)) ** 0.2 for lv in LEVELS}
+    out: list[dict] = []
+    pairs: list[dict] = []
+    for i in range(n):
+        if i % dup_every == dup_every - 1 and out:
+            src = int(rng.integers(0, len(out)))
+            level = LEVELS[len(pairs) % len(LEVELS)]
+            words = out[src]["text"].split(" ")
+            q = subst[level]
+            pos = rng.random(len(words)) < q
+            w = np.array(words)
+            w[pos] = vocab[rng.integers(0, len(vocab), int(pos.sum()))]
+            out.append(
+                {"id": f"s{offset + i:08d}", "text": " ".join(w.tolist()), "metadata": {"snapshot": SNAPSHOT}}
+            )
+            pairs.append({"a": out[src]["id"], "b": f"s{offset + i:08d}", "level": level})
+            continue
+        w = bases[int(rng.integers(0, len(bases)))].copy()
+        pos = rng.random(len(w)) < 0.4
+        w[pos] = vocab[rng.integers(0, len(vocab), int(pos.sum()))]
+        out.append(
+            {"id": f"s{offset + i:08d}", "text": " ".join(w.tolist()), "metadata": {"snapshot": SNAPSHOT}}
+        )
+    return out, pairs
+
+
+def write_synthetic(root: Path, base: list[dict], n: int, seed: int, docs_per_shard: int) -> list[dict]:
+    """Generate and write `n` synthetic documents shard by shard (bounded memory: planted copies come from
+    the same shard); returns the planted pairs."""
+    folder = root / INPUT_PREFIX
+    folder.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    for s in range(math.ceil(n / docs_per_shard)):
+        count = min(docs_per_shard, n - s * docs_per_shard)
+        docs, planted = synthetic_corpus(base, count, seed * 100003 + s, offset=s * docs_per_shard)
+        pairs += planted
+        with gzip.open(folder / f"{s:05d}.jsonl.gz", "wt", compresslevel=1) as fh:
+            fh.write("".join(json.dumps(d) + "\n" for d in docs))
+    return pairs
+
+
+def detected(clusters: dict[str, str], p: dict) -> bool:
+    return clusters.get(p["a"]) is not None and clusters.get(p["a"]) == clusters.get(p["b"])
+
+
+def plot_curve(results: dict[str, dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for method, r in results.items():
+        ax.plot(LEVELS, [r["per_level"][lv] for lv in LEVELS], marker="o", label=method)
+    jj = [x / 100 for x in range(40, 101)]
+    ax.plot(jj, [1 - (1 - j**8) ** 14 for j in jj], ls=":", color="grey", label="LSH 14x8 S-curve")
+    ax.set_xlabel("planted pair's true Jaccard (word 5-grams)")
+    ax.set_ylabel("share detected (same cluster)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_scale(args, base: list[dict], work: Path) -> None:
+    """--scale: generated corpora of the given sizes through ours and rensa; docs/s, CPU and RSS per size."""
+    sizes = [int(float(x)) for x in args.scale.split(",") if x]
+    methods = [m for m in args.methods.split(",") if m in ("ours", "rensa")]
+    rows = []
+    for n in sizes:
+        root = work / f"scale-{n}"
+        shutil.rmtree(root, ignore_errors=True)
+        t0 = time.perf_counter()
+        pairs = write_synthetic(root, base, n, args.seed + n, args.scale_docs_per_shard)
+        log.info("scale %d: corpus written in %.0fs", n, time.perf_counter() - t0)
+        positives = [p for p in pairs if p["level"] >= args.tau]
+        for method in methods:
+            log.info("scale %d: running %s", n, method)
+            r = run_method(method, root, work, args.workers)
+            recall = sum(detected(r["clusters"], p) for p in positives) / max(1, len(positives))
+            rows.append((n, method, r, recall))
+            del r["clusters"]
+        shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"\n## Scaling: generated documents (40%-rewritten real pages, every 10th a planted copy), "
+        f"workers={args.workers}\n"
+    )
+    print(
+        "| docs | method | seconds | docs/s | CPU s | us/doc (wall) | vs smallest | peak RSS MB largest (tree) "
+        f"| index MB per 1M docs | recall J>={args.tau:.2g} planted |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    first: dict[str, float] = {}
+    for n, method, r, recall in rows:
+        per_doc = r["seconds"] / n
+        first.setdefault(method, per_doc)
+        index = f"{r['index_bytes'] / 2**20 * 1e6 / n:.0f}" if method == "ours" else "-"
+        print(
+            f"| {n} | {method} | {r['seconds']:.1f} | {n / r['seconds']:.0f} | {r['cpu_seconds']:.1f} | "
+            f"{per_doc * 1e6:.0f} | {per_doc / first[method]:.2f}x | {r['largest_rss'] / 2**20:.0f} "
+            f"({r['peak_rss'] / 2**20:.0f}) | {index} | {recall:.4f} |"
+        )
+    by = {(n, m): r for n, m, r, _ in rows}
+    for n in sizes:
+        if (n, "ours") in by and (n, "rensa") in by:
+            o, q = by[(n, "ours")], by[(n, "rensa")]
+            print(
+                f"{n} docs: ours/rensa docs/s {q['seconds'] / o['seconds']:.2f}x, "
+                f"largest-process RSS {o['largest_rss'] / q['largest_rss']:.2f}x"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -480,10 +694,17 @@ def main() -> None:
     parser.add_argument(
         "--fraction", type=float, default=1.0, help="share of documents that get a planted copy"
     )
+    parser.add_argument("--methods", default="ours,rensa,datatrove,datatrove-split,datasketch")
     parser.add_argument(
-        "--scales", default="0.25,1,4", help="corpus sizes (x the planted corpus) to run ours on: RSS scaling"
+        "--scale",
+        default="",
+        help="comma-separated document counts (e.g. 10000,100000,1000000): generated corpora through ours and "
+        "rensa instead of the quality run",
     )
-    parser.add_argument("--methods", default="ours,datatrove,datatrove-split,datasketch")
+    parser.add_argument("--scale-docs-per-shard", type=int, default=5000)
+    parser.add_argument(
+        "--png", default=None, help="detection-curve PNG (default: <cache>/dedup_detection_curve.png)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="worker processes for ours and datatrove")
     parser.add_argument("--docs-per-shard", type=int, default=500)
     parser.add_argument(
@@ -501,8 +722,20 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-dedup-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if "rensa" in args.methods.split(","):
+        os.environ["CRUCIBLE_RENSA_PYTHON"] = str(ensure_rensa_venv(Path(args.cache) / "rensa-venv"))
+    print(
+        f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at "
+        "start (shared with other sessions: compare methods within this run, not with other runs)"
+    )
     started = time.perf_counter()
     base = base_documents(Path(args.cache), args.max_base_docs, args.seed)
+    if args.scale:
+        run_scale(args, base, work)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     docs, pairs = build_corpus(base, args.fraction, args.seed)
     texts = {d["id"]: d["text"] for d in docs}
     words = sum(len(d["text"].split()) for d in docs)
@@ -532,17 +765,18 @@ def main() -> None:
         f"{words / 1e6:.2f}M words, workers={args.workers}, 5-grams, 14x8, tau={args.tau}\n"
     )
     head = (
-        "| method | seconds | docs/s | peak RSS MB | pred. pairs | precision | recall | "
+        "| method | seconds | docs/s | CPU s | peak RSS MB largest (tree) | pred. pairs | precision | recall | "
         + " | ".join(f"J={lv}" for lv in LEVELS)
         + " |"
     )
     print(head)
-    print("|" + "---|" * (7 + len(LEVELS)))
+    print("|" + "---|" * (8 + len(LEVELS)))
     for m in rows:
         r = results[m]
         per = " | ".join(f"{r['per_level'][lv]:.2f}" for lv in LEVELS)
         print(
-            f"| {m} | {r['seconds']:.1f} | {len(docs) / r['seconds']:.0f} | {r['peak_rss'] / 2**20:.0f} | "
+            f"| {m} | {r['seconds']:.1f} | {len(docs) / r['seconds']:.0f} | {r['cpu_seconds']:.1f} | "
+            f"{r['largest_rss'] / 2**20:.0f} ({r['peak_rss'] / 2**20:.0f}) | "
             f"{r['predicted_pairs']} | {r['precision']:.4f} | {r['recall']:.4f} | {per} |"
         )
     print(
@@ -557,26 +791,20 @@ def main() -> None:
                 continue
             r = results[m]
             print(
-                f"ours vs {m}: {r['seconds'] / ours['seconds']:.2f}x docs/s, precision "
+                f"ours vs {m}: {r['seconds'] / ours['seconds']:.2f}x docs/s, "
+                f"{r['cpu_seconds'] / ours['cpu_seconds']:.2f}x docs per CPU s, precision "
                 f"{ours['precision'] - r['precision']:+.4f}, recall {ours['recall'] - r['recall']:+.4f}, "
-                f"peak RSS {ours['peak_rss'] / r['peak_rss']:.2f}x"
+                f"largest-process RSS {ours['largest_rss'] / r['largest_rss']:.2f}x, "
+                f"tree RSS {ours['peak_rss'] / r['peak_rss']:.2f}x"
             )
+    png = Path(args.png or Path(args.cache) / "dedup_detection_curve.png")
+    plot_curve(
+        {m: results[m] for m in rows},
+        png,
+        f"{len(docs)} docs, {len(pairs)} planted pairs, 5-grams, 14x8 (detection per Jaccard level)",
+    )
+    print(f"\ndetection curve: {png}")
 
-    scales = [float(s) for s in args.scales.split(",") if s]
-    if scales and "ours" in results:
-        print("\n| ours at scale | docs | seconds | docs/s | peak RSS MB |\n|---|---|---|---|---|")
-        for scale in sorted(set(scales)):
-            if scale == 1.0:
-                n, r = len(docs), results["ours"]
-            else:
-                sub_root = work / f"store-{scale:g}"
-                sub_docs = scaled_corpus(docs, scale, args.seed)
-                write_corpus(sub_root, sub_docs, args.docs_per_shard)
-                n, r = len(sub_docs), run_method("ours", sub_root, work, args.workers)
-                shutil.rmtree(sub_root, ignore_errors=True)
-            print(
-                f"| {scale:g} | {n} | {r['seconds']:.1f} | {n / r['seconds']:.0f} | {r['peak_rss'] / 2**20:.0f} |"
-            )
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -14,6 +14,9 @@ the same text always gets the same tokens, shingles, signature and band keys, wh
   mod 2^64 as in datatrove/datasketch, and the reduction mod p is the Mersenne shift-add (no division; it
   can leave p <= value < p + 8, which happens with probability ~2^-58 per value). So with the same seed and
   tokens our signature equals datatrove's `MinhashDedupSignature` signature (a test checks it).
+- Speed: for `shingle_hash="xxh64"` the window hashing and the MinHash loop run in C (`_minhash.c`: one call
+  per document, no per-shingle Python objects); `_shingle_hashes_py` / `_signature_py` are its numpy reference
+  (tests compare them) and serve where the extension was not built. Same values either way.
 - Bands: each band of `rows_per_band` values is folded into one signed 64-bit key (Spark has no unsigned).
 - Signatures are kept as the low 32 bits of each value: enough to estimate Jaccard as the fraction of
   equal values when verifying candidate pairs.
@@ -35,12 +38,26 @@ from datatrove.utils.text import NUMBERS_PATTERN, PUNCTUATION_TRANS
 
 from pipelines.dedup.config import DedupConfig
 
+try:  # the C loop (pipelines/dedup/_minhash.c, built by `pip install -e .`); the numpy reference otherwise
+    from pipelines.dedup import _minhash
+except ImportError:  # pragma: no cover - exercised where the extension was not built
+    _minhash = None
+
 MERSENNE_61 = np.uint64((1 << 61) - 1)
 _SHIFT_61 = np.uint64(61)
 _ROW_CHUNK = 4096  # shingles per matrix block: bounds memory at 4096 x num_perm x 8 bytes
 _WORDS = re.compile(r"\w+")
 _DIGITS = re.compile(r"\d+")
 _NONSPACING_MARKS = regex.compile(r"\p{Mn}+")  # what datatrove drops after NFD, one char at a time
+# datatrove's PUNCTUATION_TRANS maps every key to " ": one character class substitution does the same ~3x
+# faster than str.translate's per-character dict look-ups, and ASCII text goes through bytes.translate.
+_PUNCT_TO_SPACE = dict(PUNCTUATION_TRANS)
+if not all(v in (32, " ") for v in _PUNCT_TO_SPACE.values()):  # pragma: no cover - a datatrove change
+    raise ImportError("datatrove's PUNCTUATION_TRANS no longer maps punctuation to spaces only")
+_PUNCTUATION = re.compile("[" + "".join(re.escape(chr(k)) for k in sorted(_PUNCT_TO_SPACE)) + "]")
+_ASCII_PUNCT = bytes.maketrans(
+    bytes(k for k in sorted(_PUNCT_TO_SPACE) if k < 128), b" " * sum(1 for k in _PUNCT_TO_SPACE if k < 128)
+)
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
@@ -118,7 +135,9 @@ class MinHasher:
         if cfg.tokenizer == "datatrove":
             if cfg.normalize_digits:
                 text = NUMBERS_PATTERN.sub("0", text)
-            text = text.translate(PUNCTUATION_TRANS)
+            if text.isascii():
+                return text.encode("ascii").translate(_ASCII_PUNCT).decode("ascii").split()
+            text = _PUNCTUATION.sub(" ", text)
             if cfg.strip_accents and not text.isascii():
                 text = _NONSPACING_MARKS.sub("", unicodedata.normalize("NFD", text))
             return text.split()
@@ -134,6 +153,12 @@ class MinHasher:
         """uint64 hash of every `ngram_size`-token window (one window if the text is shorter)."""
         if self.config.shingle_hash == "xxh3_tokens":
             return self._combined_token_hashes(tokens)
+        if self.config.shingle_hash == "xxh64" and _minhash is not None:
+            return np.frombuffer(_minhash.shingle_hashes(tokens, self.config.ngram_size), dtype=np.uint64)
+        return self._shingle_hashes_py(tokens)
+
+    def _shingle_hashes_py(self, tokens: list[str]) -> np.ndarray:
+        """The reference of `_minhash.shingle_hashes` (and the sha1 path)."""
         n = self.config.ngram_size
         if len(tokens) <= n:
             return np.array([self._hash(" ".join(tokens))], dtype=np.uint64)
@@ -160,6 +185,20 @@ class MinHasher:
 
     def signature(self, shingles: np.ndarray) -> np.ndarray:
         """(num_perm,) uint64 MinHash values: min over shingles of (a*x + b) mod (2^61 - 1)."""
+        if _minhash is not None:
+            shingles = np.ascontiguousarray(shingles, dtype=np.uint64)
+            return np.frombuffer(_minhash.minhash(shingles, self._a, self._b), dtype=np.uint64)
+        return self._signature_py(shingles)
+
+    def token_signature(self, tokens: list[str]) -> np.ndarray:
+        """`signature(shingle_hashes(tokens))`, in one C call where the shingle hash allows it."""
+        if self.config.shingle_hash == "xxh64" and _minhash is not None:
+            sig = _minhash.minhash_tokens(tokens, self.config.ngram_size, self._a, self._b)
+            return np.frombuffer(sig, dtype=np.uint64)
+        return self.signature(self.shingle_hashes(tokens))
+
+    def _signature_py(self, shingles: np.ndarray) -> np.ndarray:
+        """The numpy reference of `_minhash.minhash`."""
         sig = None
         for start in range(0, len(shingles), _ROW_CHUNK):
             y = np.multiply.outer(shingles[start : start + _ROW_CHUNK], self._a)
@@ -191,7 +230,7 @@ class MinHasher:
 
     def fingerprint(self, text: str, url: str | None = None) -> Fingerprint:
         tokens = self.tokens(text)
-        sig = self.signature(self.shingle_hashes(tokens))
+        sig = self.token_signature(tokens)
         return Fingerprint(
             tokens=len(tokens),
             content_hash=self.content_hash(text, tokens),

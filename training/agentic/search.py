@@ -2,11 +2,12 @@
 facts the knowledge suite uses), a BM25 index over the definitions, and a `search` tool returning the top two
 documents. Questions link two documents: document A's definition names term B.
 
-Level 1: one hop: "which term is defined with the words <clue>" (the three rarest words of B's definition;
-         search the clue, answer B).
-Level 2: two hops: "which term's entry names the term defined with <clue>" (search the clue -> B, search
-         B -> A, answer A).
-Level 3: two hops from a two-word clue.
+Level 1: one hop: "which term is defined with: <clue>" (the rarest word of B's definition, more words only
+         if one does not find B; search the clue, answer B).
+Level 2: two hops: "which term's entry names the term defined with: <clue>" (search the clue -> B, search
+         B -> A, answer A). Document A names B in its "See B." reference or in its definition.
+Level 3: two hops from a clue of at least two words.
+Answer terms are at most 14 characters (a tiny policy copies them from an observation).
 Only questions the worked solution answers with this index are kept (the top hit of each hop is right)."""
 
 from __future__ import annotations
@@ -36,7 +37,12 @@ STOPWORDS = frozenset(
     "a an the of to in on for and or is are be by as at with from that this which it its".split()
 )
 MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 40, 40
-CLUE_WORDS = {1: 3, 2: 3, 3: 2}  # level -> fewest words in the clue
+CLUE_WORDS = {
+    1: 1,
+    2: 1,
+    3: 2,
+}  # level -> fewest words in the clue (one rare word usually finds its document)
+MAX_TERM_CHARS = 14  # answers are copied from an observation by a tiny policy: short terms only
 _WORD = re.compile(r"[a-z0-9]+")
 _CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
 _SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
@@ -93,11 +99,11 @@ def documents(facts: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str
 
 
 def _clue(text: str, idf: dict[str, float], n_words: int) -> str:
-    """The `n_words` rarest plain words of a document's definition (highest idf, at least 3 letters), in the
+    """The `n_words` rarest plain words of a document's definition (highest idf, 3 to 10 letters), in the
     order they appear: a short, distinctive query a tiny policy can copy."""
     words = []
     for w in _CLUE_WORD.findall(text.split(". See ")[0]):
-        if len(w) >= 3 and w.lower() not in STOPWORDS and w.lower() not in {x.lower() for x in words}:
+        if 3 <= len(w) <= 10 and w.lower() not in STOPWORDS and w.lower() not in {x.lower() for x in words}:
             words.append(w)
     rarest = set(sorted(words, key=lambda w: (-idf.get(w.lower(), 0.0), w.lower()))[:n_words])
     return " ".join(w for w in words if w in rarest)
@@ -190,6 +196,8 @@ class SearchSuite:
             if len(tasks) >= n:
                 break
             answer = self.docs[b if a is None else a][0]
+            if max(len(answer), len(self.docs[b][0])) > MAX_TERM_CHARS:
+                continue
             # split by the answer term: a held-out question never has a train question's answer
             if (_stable_hash(answer.lower()) % 5 == 0) != (split == "heldout"):
                 continue

@@ -176,7 +176,7 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
     hf = export_hf(model, tmp_path / "hf", extra)
     envs = f"{__name__}:color_environments"  # the worker imports this module as pytest did
     config = AgenticRLConfig(
-        steps=30, group_size=8, batch_trajectories=16, in_flight_groups=4 if mode == "async" else 2,
+        steps=30, group_size=8, batch_trajectories=16, in_flight_groups=6 if mode == "async" else 2,
         push_every=2 if mode == "async" else 1,
         max_staleness=2, mode=mode, task_ratios={"color": 1.0}, max_new_tokens=4, max_turns=1,
         learning_rate=3e-3, env_threads=16, eval_tasks_per_domain=8,

@@ -45,6 +45,7 @@ from training.tasks.base import Task
 
 log = logging.getLogger(__name__)
 Log = Callable[[dict[str, float], int], None]
+KEEP_PUSHED = 8  # weight files kept: the worker may be a few pushes behind when it reads its queue
 
 
 class AgenticRLConfig(BaseModel):
@@ -76,6 +77,9 @@ class AgenticRLConfig(BaseModel):
     engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Rollout engine precision")
     env_threads: int = Field(32, ge=1, description="Environment calls in flight in the worker")
     rollout_replicas: int = Field(2, ge=1, description="Inference replicas behind the TITO gateway")
+    batch_wait_s: float = Field(
+        0.05, ge=0, description="Worker: wait up to this long for more rollouts before a generation batch"
+    )
     prefix_cache_tokens: int = Field(
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
@@ -118,6 +122,7 @@ def _worker_stats(driver: RolloutDriver, gateway: TitoGateway) -> dict[str, floa
     g = gateway.stats()
     out = {
         "generated_tokens": float(driver.generated_tokens),
+        "generate_s": driver.generate_s,
         "in_flight": float(driver.in_flight()),
         "gateway/requests": float(g["requests"]),
         "gateway/retries": float(g["retries"]),
@@ -126,6 +131,15 @@ def _worker_stats(driver: RolloutDriver, gateway: TitoGateway) -> dict[str, floa
     if "prefix_cache" in g:
         out["gateway/prefix_cache_hit_rate"] = float(g["prefix_cache"]["hit_rate"])
     return out
+
+
+def _drain(q: Any) -> list[tuple]:
+    out = []
+    while True:
+        try:
+            out.append(q.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def worker_main(spec_json: str, out_q: Any, ctl_q: Any) -> None:
@@ -162,8 +176,9 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
     orders = {d: [] for d in ratios}
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed)
     driver = RolloutDriver(
-        gateway.generate_batch, tokenizer, envs, params, cfg.max_turns, env_threads=cfg.env_threads
-    )
+        gateway.generate_batch, tokenizer, envs, params, cfg.max_turns, env_threads=cfg.env_threads,
+        batch_wait_s=cfg.batch_wait_s,
+    )  # fmt: skip
     per_batch = math.ceil(cfg.batch_trajectories / cfg.group_size)
     started, finished_in_group = Counter(), Counter()
     groups_open, groups_done_since_resume, n_groups = 0, 0, 0
@@ -171,16 +186,14 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
     last_stats = time.perf_counter()
     try:
         while True:
-            try:
-                msg = ctl_q.get_nowait()
-            except queue.Empty:
-                msg = None
-            if msg is not None:
-                if msg[0] == "stop":
-                    return
-                if msg[0] == "weights":
-                    _, version, path = msg
-                    gateway.sync_weights(torch.load(path, map_location="cpu", weights_only=True), version)
+            messages = _drain(ctl_q)
+            if any(m[0] == "stop" for m in messages):
+                return
+            pushes = [m for m in messages if m[0] == "weights"]
+            if pushes:  # only the newest matters; the trainer deletes old files
+                _, version, path = pushes[-1]
+                gateway.sync_weights(torch.load(path, map_location="cpu", weights_only=True), version)
+            if messages:
                 driver.paused, groups_done_since_resume, refill = False, 0, True
             # async refills whenever a group ends; sync only when a round starts (stragglers carry over)
             while (refill or not pause_after) and groups_open < cfg.in_flight_groups:
@@ -201,10 +214,8 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
                     groups_done_since_resume += 1
             if pause_after and groups_done_since_resume >= per_batch:
                 driver.paused = True  # stragglers keep their state and resume on the next weights
-            if time.perf_counter() - last_stats > 2.0:
-                out_q.put(
-                    ("stats", {"generated_tokens": driver.generated_tokens, "in_flight": driver.in_flight()})
-                )
+            if time.perf_counter() - last_stats > 1.0:
+                out_q.put(("stats", _worker_stats(driver, gateway)))
                 last_stats = time.perf_counter()
     finally:
         driver.close()
@@ -275,9 +286,24 @@ class AgenticRun:
         tmp.replace(path)
         self.ctl_q.put(("weights", version, str(path)))
         self.pushed.append(path)
-        for old in self.pushed[:-3]:  # the worker may still be loading the previous one
+        for old in self.pushed[:-KEEP_PUSHED]:  # the worker loads the newest it has been told of
             old.unlink(missing_ok=True)
-        self.pushed = self.pushed[-3:]
+        self.pushed = self.pushed[-KEEP_PUSHED:]
+
+    def drain(self, wait_s: float = 3.0) -> None:
+        """Read what is queued (trajectories go to the buffer, stats replace the last ones), waiting up to
+        `wait_s` for a stats message newer than the last step."""
+        deadline = time.perf_counter() + wait_s
+        while time.perf_counter() < deadline:
+            try:
+                kind, payload = self.out_q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if kind == "stats":
+                self.worker_stats = payload
+                return
+            if kind == "trajectory":
+                self.buffer.add(Trajectory(**payload))
 
     def resume(self) -> None:
         self.ctl_q.put(("resume",))
@@ -340,6 +366,7 @@ def train_agentic_rl(
     optimizer = _optimizer(model, cfg)
     version, metrics = 0, {}
     spanning = trained = 0
+    train_s = 0.0
     t_start = time.perf_counter()
     with AgenticRun(model, spec, run_dir) as run:
         for step in range(1, cfg.steps + 1):
@@ -348,7 +375,9 @@ def train_agentic_rl(
             lags = [version - min(t.policy_versions) for t in trajs if t.policy_versions]
             spanning += sum(len(set(t.policy_versions)) > 1 for t in {t.id: t for t in trajs}.values())
             trained += len(trajs)
+            t_update = time.perf_counter()
             metrics = update(model, optimizer, groups, spec.pad_id, cfg)
+            train_s += time.perf_counter() - t_update
             if step % cfg.push_every == 0:
                 version += 1
                 run.push(version)
@@ -364,6 +393,8 @@ def train_agentic_rl(
                 "partial/spanning_versions": float(spanning),
                 "throughput/trajectories_per_s": run.buffer.counts.received / wall,
                 "trainer/idle_fraction": run.idle_s / wall,
+                "trainer/train_s": train_s,
+                "trained_samples": float(trained),
             })  # fmt: skip
             metrics.update({f"worker/{k}": v for k, v in run.worker_stats.items()})
             log_metrics(metrics, step)
@@ -374,6 +405,8 @@ def train_agentic_rl(
                 step, cfg.steps, metrics["reward/mean"], len(trajs), 100 * metrics["trainer/idle_fraction"],
                 run.buffer.counts.stale, run.buffer.counts.env_failures,
             )  # fmt: skip
+        run.drain()  # the worker's last stats
+    metrics.update({f"worker/{k}": v for k, v in run.worker_stats.items()})
     metrics["wall_s"] = time.perf_counter() - t_start
     return metrics
 

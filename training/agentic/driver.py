@@ -49,6 +49,7 @@ class RolloutDriver:
         max_turns: int,
         max_batch: int = 32,
         env_threads: int = 16,
+        batch_wait_s: float = 0.0,
     ):
         stop = tuple(tokenizer.convert_tokens_to_ids(t) for t in (END_OF_TURN, EOS))
         self.generate, self.tokenizer, self.envs = generate, tokenizer, dict(environments)
@@ -59,11 +60,13 @@ class RolloutDriver:
         )
         self.pool = ThreadPoolExecutor(env_threads, thread_name_prefix="env")
         self.waiting: list[_Live] = []  # waiting for the model
+        self.batch_wait_s, self._waiting_since = batch_wait_s, 0.0
         self.env_calls: dict[Future, tuple[str, _Live]] = {}
         self.finished: list[Trajectory] = []
         self.paused = False
         self._seed = itertools.count(params.seed * 1_000_003)
         self.generated_tokens = 0
+        self.generate_s = 0.0  # wall time inside the engine (the compute the rollouts need)
 
     # -- feeding -----------------------------------------------------------------------------------------
     def start_group(self, task: Task, group_size: int, group_id: str) -> None:
@@ -90,9 +93,11 @@ class RolloutDriver:
         """One step: a batched generation for the rollouts waiting on the model (unless paused), else wait
         up to `timeout` for environment calls; returns the trajectories finished since the last poll."""
         self._collect(block=False)
-        if self.waiting and not self.paused:
+        if self.waiting and not self.paused and self._batch_ready():
             self._generate_batch()
         elif self.env_calls:
+            if self.waiting and not self.paused:  # wait no longer than the batching window
+                timeout = min(timeout, max(0.0, self._waiting_since + self.batch_wait_s - time.perf_counter()))
             self._collect(block=True, timeout=timeout)
         elif timeout:
             time.sleep(min(timeout, 0.01))
@@ -115,6 +120,18 @@ class RolloutDriver:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- internals -----------------------------------------------------------------------------------------
+    def _enqueue(self, live: _Live) -> None:
+        if not self.waiting:
+            self._waiting_since = time.perf_counter()
+        self.waiting.append(live)
+
+    def _batch_ready(self) -> bool:
+        """Generate now, or wait a moment for more rollouts to come back from their environments: one batched
+        call is much cheaper than several small ones (an engine without continuous batching)."""
+        if len(self.waiting) >= self.max_batch or not self.env_calls:
+            return True
+        return time.perf_counter() - self._waiting_since >= self.batch_wait_s
+
     def _submit(self, kind: str, live: _Live, fn: Callable, *args: Any) -> None:
         def timed() -> tuple[Any, float]:
             t0 = time.perf_counter()
@@ -141,20 +158,22 @@ class RolloutDriver:
             live.env_s += seconds
             if kind == "open":
                 live.episode = value
-                self.waiting.append(live)
+                self._enqueue(live)
             elif kind == "tool":
                 live.traj.messages.append({"role": "tool", "content": value})
                 live.traj.add_segment(observation_ids(self.tokenizer, value), None, None)
-                self.waiting.append(live)
+                self._enqueue(live)
             else:
                 self._finish(live, value)
 
     def _generate_batch(self) -> None:
         batch, self.waiting = self.waiting[: self.max_batch], self.waiting[self.max_batch :]
+        self._waiting_since = 0.0  # the rest waited already: next poll may generate them at once
         params = replace(self.params, seed=next(self._seed))
         t0 = time.perf_counter()
         outs = self.generate([b.traj.id for b in batch], [b.traj.token_ids for b in batch], params)
         seconds = time.perf_counter() - t0
+        self.generate_s += seconds
         for live, out in zip(batch, outs, strict=True):
             live.gen_s += seconds
             self.generated_tokens += len(out.token_ids)

@@ -65,6 +65,19 @@ def run_job(spec: AgenticJobSpec, torch_extensions_dir: Path | None = None, laun
     return json.loads(result.read_text())
 
 
+def local_environments(
+    facts_json: str, domains: list[str], latency_mean_s: float = 0.0, latency_sigma: float = 1.0, seed: int = 0
+) -> dict[str, Any]:
+    """The families in the worker's own process (no task services), with extra latency: a rollout worker's
+    environment factory for benchmarks and tests."""
+    from training.agentic.episodes import ExtraLatency
+    from training.agentic.families import agentic_suites
+
+    facts = [tuple(f) for f in json.loads(Path(facts_json).read_text())]
+    suites = agentic_suites(facts, ExtraLatency(mean_s=latency_mean_s, sigma=latency_sigma, seed=seed))
+    return {d: suites[d] for d in domains}
+
+
 def heldout_subset(tasks: list, per_domain: int) -> list:
     from training.tasks.suites import eval_subset
 

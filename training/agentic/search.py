@@ -2,11 +2,11 @@
 facts the knowledge suite uses), a BM25 index over the definitions, and a `search` tool returning the top two
 documents. Questions link two documents: document A's definition names term B.
 
-Level 1: one hop: "which term is defined with: <clue>" (the rarest word of B's definition, more words only
-         if one does not find B; search the clue, answer B).
+Level 1: one hop: "which term is defined with: <clue>" (two words of B's definition that together find B;
+         search the clue, answer B).
 Level 2: two hops: "which term's entry names the term defined with: <clue>" (search the clue -> B, search
          B -> A, answer A). Document A names B in its "See B." reference or in its definition.
-Level 3: two hops from a clue of at least two words.
+Level 3: two hops from a clue of three words.
 Answer terms are at most 14 characters (a tiny policy copies them from an observation).
 Only questions the worked solution answers with this index are kept (the top hit of each hop is right)."""
 
@@ -37,11 +37,8 @@ STOPWORDS = frozenset(
     "a an the of to in on for and or is are be by as at with from that this which it its".split()
 )
 MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 40, 40
-CLUE_WORDS = {
-    1: 1,
-    2: 1,
-    3: 2,
-}  # level -> fewest words in the clue (one rare word usually finds its document)
+CLUE_WORDS = {1: 2, 2: 2, 3: 3}  # level -> fewest words in the clue
+MIN_CLUE_DF = 3  # clue words appear in at least this many documents (seen in other questions' clues)
 MAX_TERM_CHARS = 14  # answers are copied from an observation by a tiny policy: short terms only
 _WORD = re.compile(r"[a-z0-9]+")
 _CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
@@ -98,14 +95,21 @@ def documents(facts: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str
     return out
 
 
-def _clue(text: str, idf: dict[str, float], n_words: int) -> str:
-    """The `n_words` rarest plain words of a document's definition (highest idf, 3 to 10 letters), in the
-    order they appear: a short, distinctive query a tiny policy can copy."""
+def _clue(text: str, index: BM25Index, n_words: int) -> str:
+    """The `n_words` rarest words of a document's definition among the corpus's common words (3 to 10
+    letters, in at least MIN_CLUE_DF documents), in the order they appear: a query made of words the policy
+    has seen in other questions, so a held-out question asks it to copy, not to spell an unseen word."""
     words = []
     for w in _CLUE_WORD.findall(text.split(". See ")[0]):
-        if 3 <= len(w) <= 10 and w.lower() not in STOPWORDS and w.lower() not in {x.lower() for x in words}:
+        common = len(index.postings.get(w.lower(), ())) >= MIN_CLUE_DF
+        if (
+            3 <= len(w) <= 10
+            and common
+            and w.lower() not in STOPWORDS
+            and w.lower() not in {x.lower() for x in words}
+        ):
             words.append(w)
-    rarest = set(sorted(words, key=lambda w: (-idf.get(w.lower(), 0.0), w.lower()))[:n_words])
+    rarest = set(sorted(words, key=lambda w: (-index.idf[w.lower()], w.lower()))[:n_words])
     return " ".join(w for w in words if w in rarest)
 
 
@@ -210,7 +214,7 @@ class SearchSuite:
         """The rarest-words clue of at least `n_words` words (more when a small corpus needs them, up to
         CLUE_CHARS) whose top search hit is `term`; None if there is none."""
         for n in range(n_words, n_words + 4):
-            clue = _clue(text, self.index.idf, n)
+            clue = _clue(text, self.index, n)
             if len(clue.split()) < n or len(clue) > CLUE_CHARS:
                 return None
             if self.top_term(clue) == term:

@@ -70,7 +70,7 @@ class AgenticRLConfig(BaseModel):
     max_new_tokens: int = Field(64, ge=1, description="Tokens generated per turn")
     max_turns: int = Field(4, ge=1, description="Assistant turns per rollout")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts")
-    learning_rate: float = Field(2e-5, gt=0, description="AdamW learning rate")
+    learning_rate: float = Field(3e-5, gt=0, description="AdamW learning rate")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
     eps_low: float = Field(0.2, gt=0, lt=1, description="Double-sided IS band: lower edge 1 - eps_low")
     eps_high: float = Field(0.28, gt=0, description="Double-sided IS band: upper edge 1 + eps_high")
@@ -83,7 +83,7 @@ class AgenticRLConfig(BaseModel):
     prefix_cache_tokens: int = Field(
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
-    eval_tasks_per_domain: int = Field(40, ge=1, description="Held-out tasks scored per family")
+    eval_tasks_per_domain: int = Field(150, ge=1, description="Held-out tasks scored per family")
     seed: int = Field(0, description="Seed of task order and sampling")
 
 

@@ -329,5 +329,248 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+# --- issue 19: the frozen protocol (train / dev / test by project), calibration, the `unknown` label -------
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "classifiers" / "data"
+FROZEN_TEST = DATA_DIR / "code_language_test_v1.json"
+FROZEN_DEV = DATA_DIR / "code_language_dev_v1.json"
+# snapshots the classifier is trained from: tiny's crawl (33 languages) + classifiers/data/code_language_extra.yaml
+DEFAULT_DATA = ["code-0001", "code-langs-0001"]
+
+
+def _log_files() -> list[Path]:
+    logs = [Path(p) for p in ("/var/log/dpkg.log", "/var/log/alternatives.log", "/var/log/fontconfig.log",
+                              "/var/log/apt/history.log", "/var/log/apt/term.log")]  # fmt: skip
+    return logs + sorted(Path("/var/log/postgresql").glob("*.log")) + sorted(Path.home().glob("*.log"))
+
+
+def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: int) -> tuple[list[dict], dict]:
+    """Every labelled file of the `data` snapshots (`[STATE_DIR:]SNAPSHOT`) plus local `unknown` texts,
+    deduplicated by content (first project wins), at most `per_group_cap` files of one label per project, labels
+    with fewer than `min_files` files dropped. Returns files (text, label, group, path, how) and stats."""
+    from classifiers.code_language_protocol import UNKNOWN, text_sha256
+    from infra.code_sources import local_unknown_texts
+
+    profile = load_profile()
+    stats: Counter = Counter()
+    files: list[dict] = []
+    for spec in data:
+        state, _, snapshot = spec.rpartition(":")
+        store = open_store(profile.store, Path(state) if state else profile.state_path)
+        files += labelled_files(read_shards(store, f"code/raw/{snapshot}"), CodeLanguageIdConfig(), stats)
+    site = (
+        Path(sys.prefix)
+        / "lib"
+        / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        / "site-packages"
+    )
+    for t in local_unknown_texts(site, _log_files(), seed=seed):
+        files.append({"id": t.path, "text": t.text, "label": UNKNOWN, "group": t.group, "path": t.path,
+                      "how": t.kind})  # fmt: skip
+    seen: set[str] = set()
+    per_group: Counter = Counter()
+    kept = []
+    for f in sorted(files, key=lambda f: (f["group"], _hash_key(seed, f["path"]))):
+        sha = text_sha256(f["text"])
+        if sha in seen:
+            stats["dropped/duplicate_content"] += 1
+            continue
+        seen.add(sha)
+        if per_group[f["group"], f["label"]] >= per_group_cap:
+            stats["dropped/over_project_cap"] += 1
+            continue
+        per_group[f["group"], f["label"]] += 1
+        kept.append(f)
+    counts = Counter(f["label"] for f in kept)
+    kept = [f for f in kept if counts[f["label"]] >= min_files]
+    stats.update({f"dropped/label_under_{min_files}_files": sum(n for n in counts.values() if n < min_files)})
+    return kept, {
+        "stats": dict(stats),
+        "dropped_labels": sorted(lab for lab, n in counts.items() if n < min_files),
+    }
+
+
+def _hash_key(seed: int, s: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
+
+
+def assign_splits(files: list[dict], seed: int) -> dict:
+    """Split by project, or read the frozen split: the first run freezes test and dev (their groups and file
+    hashes, sha256 next to them in classifiers/data/); later runs reuse those groups, so no choice can move them."""
+    from classifiers.code_language_protocol import (
+        component_groups,
+        frozen_set,
+        load_frozen,
+        split_groups,
+        text_sha256,
+        write_frozen,
+    )  # fmt: skip
+
+    made = component_groups(files, min_groups=4)
+    if FROZEN_TEST.exists():
+        test_groups = set(load_frozen(FROZEN_TEST)["groups"])
+        dev_groups = set(load_frozen(FROZEN_DEV)["groups"])
+        where = {f["group"]: "test" if f["group"] in test_groups else "dev" if f["group"] in dev_groups else "train"
+                 for f in files}  # fmt: skip
+    else:
+        where = split_groups(files, seed)
+    for f in files:
+        f["split"] = where[f["group"]]
+    # forks and vendored copies: a held-out file whose content is also in train is not held out
+    train_sha = {text_sha256(f["text"]) for f in files if f["split"] == "train"}
+    dropped = 0
+    for f in files:
+        if f["split"] != "train" and text_sha256(f["text"]) in train_sha:
+            f["split"] = "dropped"
+            dropped += 1
+    for name, path in (("test", FROZEN_TEST), ("dev", FROZEN_DEV)):
+        frozen = frozen_set([f for f in files if f["split"] == name], name, seed)
+        if path.exists():
+            if frozen["files"] != load_frozen(path)["files"]:
+                raise SystemExit(f"{path.name}: the data no longer gives the frozen {name} set; crawl the same "
+                                 f"snapshots or freeze a new version")  # fmt: skip
+        else:
+            write_frozen(frozen, path)
+    return {"split_by_component": made, "held_out_in_train": dropped}
+
+
+def train_main(argv: list[str]) -> dict:
+    """Train (epochs chosen on dev), calibrate (temperature on dev), score the frozen test set once, log to MLflow."""
+    from classifiers.code_language import train_code_language_model
+    from classifiers.code_language_protocol import (
+        UNKNOWN,
+        apply_temperature,
+        calibration_report,
+        fit_temperature,
+        load_frozen,
+    )  # fmt: skip
+    from classifiers.fasttext_train import FastTextParams, plot_confusion
+
+    ap = argparse.ArgumentParser(prog="code_lang_id.py train")
+    ap.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="[STATE_DIR:]SNAPSHOT of crawled code")
+    ap.add_argument("--epochs", type=int, nargs="+", default=[40, 120], help="candidates, chosen on dev")
+    ap.add_argument("--per-group-cap", type=int, default=60, help="files of one label from one project")
+    ap.add_argument("--max-train-per-label", type=int, default=1500)
+    ap.add_argument("--min-files", type=int, default=80, help="labels with fewer files are left out")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, required=True, help="directory for the model and its calibration")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    files, info = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
+    info.update(assign_splits(files, args.seed))
+    by = {s: [f for f in files if f["split"] == s] for s in ("train", "dev", "test")}
+    rng = random.Random(args.seed)
+    train: list[dict] = []
+    for lab in sorted({f["label"] for f in by["train"]}):
+        mine = [f for f in by["train"] if f["label"] == lab]
+        train += rng.sample(mine, min(len(mine), args.max_train_per_label))
+    labels = sorted({f["label"] for f in files})
+    print(f"{len(labels)} labels; train {len(train)} files / {len({f['group'] for f in train})} groups, dev "
+          f"{len(by['dev'])} / {len({f['group'] for f in by['dev']})}, test {len(by['test'])} / "
+          f"{len({f['group'] for f in by['test']})}; {info}")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def predict(clf: CodeLanguageClassifier, texts: list[str]) -> list[dict[str, float]]:
+        return clf.predict_content(texts, k=-1)
+
+    best = None
+    for epoch in args.epochs:  # every choice on dev
+        params = FastTextParams(lr=0.5, epoch=epoch, dim=100, word_ngrams=2, minn=0, maxn=0, min_count=1,
+                                bucket=200_000, threads=args.threads, seed=args.seed)  # fmt: skip
+        t0 = time.time()
+        path = args.out / f"code_language_e{epoch}.bin"
+        train_code_language_model([(f["label"], f["text"]) for f in train], params, path,
+                                  groups=[f["group"] for f in train], min_groups=6)  # fmt: skip
+        clf = CodeLanguageClassifier.load(path)
+        dev_probs = predict(clf, [f["text"] for f in by["dev"]])
+        acc = sum(max(p, key=p.get) == f["label"] for p, f in zip(dev_probs, by["dev"], strict=True)) / len(
+            by["dev"]
+        )
+        print(f"epoch {epoch}: dev accuracy {acc:.4f} ({time.time() - t0:.0f}s)")
+        if best is None or acc > best[0]:
+            best = (acc, epoch, path, dev_probs)
+    dev_acc, epoch, path, dev_probs = best
+    dev_true = [f["label"] for f in by["dev"]]
+    temperature = fit_temperature(dev_probs, dev_true)
+    cal = {"epoch": epoch, "temperature": temperature, "dev_accuracy": round(dev_acc, 4), "labels": labels,
+           "frozen_test_sha256": (FROZEN_TEST.with_suffix(".json.sha256")).read_text().split()[0]}  # fmt: skip
+    final = args.out / "code_language.bin"
+    final.write_bytes(path.read_bytes())
+    (args.out / "calibration.json").write_text(json.dumps(cal, indent=1))
+    dev_cal = [apply_temperature(p, temperature) for p in dev_probs]
+    dev_report = calibration_report(
+        dev_true, [max(p, key=p.get) for p in dev_cal], [max(p.values()) for p in dev_cal]
+    )
+    print(f"chosen on dev: epoch {epoch}, temperature {temperature}; dev calibration {dev_report}")
+
+    # the frozen test set: scored once for this model version
+    load_frozen(FROZEN_TEST)
+    clf = CodeLanguageClassifier.load(final, temperature=temperature)
+    test_true = [f["label"] for f in by["test"]]
+    t0 = time.time()
+    test_probs = clf.predict_content([f["text"] for f in by["test"]], k=-1)
+    secs = time.time() - t0
+    test_pred = [max(p, key=p.get) if p else UNKNOWN for p in test_probs]
+    conf = [max(p.values()) if p else 0.0 for p in test_probs]
+    rep = classification_report(test_true, test_pred, labels)
+    calib = calibration_report(test_true, test_pred, conf)
+    result = {"labels": labels, "accuracy": round(rep.accuracy, 4), "macro_f1": round(rep.macro_f1, 4),
+              "files": len(test_true), "groups": len({f["group"] for f in by["test"]}),
+              "files_per_s": round(len(test_true) / secs, 1), **calib, **cal, "info": info,
+              "per_label": {lab: {k: round(v, 4) for k, v in rep.per_class[lab].items()} for lab in labels}}  # fmt: skip
+    rows = [{"label": lab, "precision": round(rep.per_class[lab]["precision"], 3),
+             "recall": round(rep.per_class[lab]["recall"], 3), "f1": round(rep.per_class[lab]["f1"], 3),
+             "test_files": int(rep.per_class[lab]["support"]),
+             "test_projects": len({f["group"] for f in by["test"] if f["label"] == lab}),
+             "train_files": sum(1 for f in train if f["label"] == lab),
+             "ece": calib["ece_per_predicted_label"].get(lab, "")} for lab in labels]  # fmt: skip
+    table = markdown_table(rows)
+    print(f"\n## frozen test set: {len(test_true)} files, {result['groups']} projects\naccuracy {rep.accuracy:.4f}, "
+          f"macro-F1 {rep.macro_f1:.4f}, ECE {calib['ece']}, errors at >= 0.99: {calib['confident_errors']} of "
+          f"{calib['confident_predictions']} ({100 * calib['confident_error_rate']:.2f}%)\n{table}")  # fmt: skip
+    (args.out / "test_report.json").write_text(json.dumps(result, indent=1))
+    (args.out / "test_table.md").write_text(table + "\n")
+    png = plot_confusion(
+        rep, args.out / "confusion_test.png", f"code language, frozen test ({len(test_true)} files)"
+    )
+    _log_mlflow(result, [png, args.out / "test_report.json", args.out / "test_table.md",
+                         args.out / "calibration.json", FROZEN_TEST.with_suffix(".json.sha256")])  # fmt: skip
+    return result
+
+
+def _log_mlflow(result: dict, artifacts: list[Path]) -> None:
+    from infra.tracking import Tracker
+
+    tracker = Tracker.from_profile(load_profile())
+    run = tracker.client.create_run(tracker.experiment_id("code_language_id"),
+                                    tags={"mlflow.runName": "frozen-test-v1", "issue": "19"})  # fmt: skip
+    rid = run.info.run_id
+    for key in (
+        "accuracy",
+        "macro_f1",
+        "ece",
+        "confident_error_rate",
+        "files_per_s",
+        "temperature",
+        "dev_accuracy",
+    ):
+        tracker.client.log_metric(rid, f"test/{key}" if key not in ("temperature", "dev_accuracy") else key,
+                                  float(result[key]))  # fmt: skip
+    for lab, v in result["per_label"].items():
+        tracker.client.log_metric(rid, f"test/f1/{lab.replace('+', 'p').replace('#', 'sharp')}", v["f1"])
+    tracker.client.log_param(rid, "epoch", result["epoch"])
+    tracker.client.log_param(rid, "frozen_test_sha256", result["frozen_test_sha256"])
+    for a in artifacts:
+        tracker.client.log_artifact(rid, str(a))
+    tracker.client.set_terminated(rid)
+    print(f"MLflow run {rid} ({tracker.tracking_uri})")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["train"]:
+        train_main(sys.argv[2:])
+    else:
+        main()

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from classifiers.code_language_protocol import apply_temperature
 from classifiers.code_language_rules import (
     AMBIGUOUS,
     Prior,
@@ -254,8 +255,10 @@ class CodeLanguageClassifier:
     """A trained content model plus the rules that combine it with the priors."""
 
     def __init__(self, model, override_threshold: float = 0.98, min_confidence: float = 0.5,
-                 override_unambiguous: bool = True):  # fmt: skip
+                 override_unambiguous: bool = True, temperature: float = 1.0):  # fmt: skip
         self.model = model
+        # temperature scaling fit on a dev set (`code_language_protocol.fit_temperature`): 1.0 = the raw softmax
+        self.temperature = temperature
         self.override_threshold = override_threshold
         self.override_unambiguous = override_unambiguous
         self.min_confidence = min_confidence
@@ -279,7 +282,11 @@ class CodeLanguageClassifier:
 
     def predict_content(self, texts: Sequence[str], k: int = -1, workers: int = 1) -> list[dict[str, float]]:
         """Language -> probability from content alone; `workers` > 1 splits the files over processes (each
-        loads the model file once), for large batches on several cores."""
+        loads the model file once), for large batches on several cores. With a temperature other than 1 the
+        model's full distribution is rescaled (`p_i^(1/T)`, renormalised) and then cut to the top `k`."""
+        if self.temperature != 1.0 and k != -1:
+            probs = self.predict_content(texts, k=-1, workers=workers)
+            return [dict(sorted(p.items(), key=lambda kv: -kv[1])[:k]) for p in probs]
         if workers > 1 and self.path is not None and len(texts) >= 200 * workers:
             from concurrent.futures import ProcessPoolExecutor
 
@@ -306,6 +313,8 @@ class CodeLanguageClassifier:
                 fixed = correct_content_prediction(text, top, sure=probs[i][top] >= CORRECT_BELOW_PROB)
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
+                if self.temperature != 1.0:
+                    probs[i] = apply_temperature(probs[i], self.temperature)
         return probs
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:

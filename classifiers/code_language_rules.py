@@ -45,7 +45,9 @@ EXTENSIONS: dict[str, str] = {
     ".lisp": "Common Lisp", ".asd": "Common Lisp",
     ".scm": "Scheme", ".rkt": "Racket",
     ".ml": "OCaml", ".mli": "OCaml",
-    ".f90": "Fortran", ".f95": "Fortran", ".f03": "Fortran",
+    ".f90": "Fortran", ".f95": "Fortran", ".f03": "Fortran", ".f08": "Fortran", ".f": "Fortran", ".for": "Fortran",
+    ".f77": "Fortran",
+    ".zig": "Zig",
     ".cs": "C#",
     ".dart": "Dart",
     ".ex": "Elixir", ".exs": "Elixir",
@@ -62,12 +64,13 @@ EXTENSIONS: dict[str, str] = {
     ".tex": "TeX", ".sty": "TeX", ".cls": "TeX",
     ".toml": "TOML",
     ".bat": "Batchfile", ".cmd": "Batchfile",
-    ".ps1": "PowerShell",
+    ".ps1": "PowerShell", ".psm1": "PowerShell", ".psd1": "PowerShell",
 }  # fmt: skip
 
 # file names that fix the language regardless of extension
 FILENAMES: dict[str, str] = {
     "makefile": "Makefile", "gnumakefile": "Makefile", "cmakelists.txt": "CMake", "dockerfile": "Dockerfile",
+    "containerfile": "Dockerfile",
     "rakefile": "Ruby", "gemfile": "Ruby", "build.gradle": "Groovy", "meson.build": "Meson",
 }  # fmt: skip
 
@@ -116,11 +119,16 @@ def extension_of(path: str) -> str:
     return PurePosixPath(path).suffix.lower()
 
 
+_DOCKERFILE_NAME = re.compile(r"(?:dockerfile|containerfile)\.[\w.-]+|[\w.-]+\.dockerfile")
+
+
 def language_from_path(path: str) -> str | None:
     """The language a path's name or extension fixes, or None (unknown or ambiguous extension)."""
     name = PurePosixPath(path).name.lower()
     if name in FILENAMES:
         return FILENAMES[name]
+    if _DOCKERFILE_NAME.fullmatch(name):  # Dockerfile.alpine, Containerfile.test, base.dockerfile
+        return "Dockerfile"
     return EXTENSIONS.get(extension_of(path))
 
 

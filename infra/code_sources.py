@@ -321,3 +321,70 @@ def fetch_git(url: str, ref: str, cache_dir: Path) -> FetchedSource:
     shutil.rmtree(tmp / ".git")
     _publish_dir(tmp, dest)
     return FetchedSource("git", url, commit, [dest], seconds=time.time() - t0)
+
+
+# --- local text that is no language (the classifier's `unknown` label) ----------------------------------
+
+
+@dataclass
+class LocalText:
+    group: str  # the project / package the text belongs to (held out together)
+    path: str
+    kind: str  # prose | log | csv | minified | encoded
+    text: str
+
+
+def _chunks(text: str, lines_per_chunk: int, max_chunks: int) -> list[str]:
+    lines = text.splitlines()
+    return ["\n".join(lines[i : i + lines_per_chunk]) for i in range(0, len(lines), lines_per_chunk)][
+        :max_chunks
+    ]
+
+
+def local_unknown_texts(site_packages: Path, log_files: list[Path], doc_root: Path = Path("/usr/share/doc"),
+                        max_per_group: int = 20, seed: int = 0) -> list[LocalText]:  # fmt: skip
+    """Text that is none of the code labels, from this machine's installed packages: Debian copyright files and
+    changelogs (prose), log files cut into 60-line pieces, CSV data files and minified JS bundles shipped in
+    Python packages, and base64 / hex dumps of shared libraries (encoded blobs). Each text is grouped by the
+    package it comes from, so a split by group never puts one package's texts on two sides."""
+    import base64
+    import gzip as _gzip
+    import random
+
+    rng = random.Random(seed)
+    out: list[LocalText] = []
+    for pkg in sorted(p for p in doc_root.iterdir() if p.is_dir()) if doc_root.exists() else []:
+        for name in ("copyright", "changelog.Debian.gz", "README", "NEWS.gz", "README.Debian"):
+            f = pkg / name
+            if not f.is_file() or f.stat().st_size > 2_000_000:
+                continue
+            raw = _gzip.decompress(f.read_bytes()) if name.endswith(".gz") else f.read_bytes()
+            text = raw.decode("utf-8", "replace")[:6000]
+            if len(text) > 200:
+                out.append(LocalText(f"doc:{pkg.name}", str(f), "prose", text))
+    for f in log_files:
+        if f.is_file():
+            for i, chunk in enumerate(_chunks(f.read_text(errors="replace"), 60, max_per_group)):
+                if len(chunk) > 200:
+                    out.append(LocalText(f"log:{f.name}", f"{f}#{i}", "log", chunk))
+    by_pkg: dict[str, list[Path]] = {}
+    for pattern, kind in (("*.csv", "csv"), ("*.min.js", "minified"), ("*.chunk.js", "minified")):
+        for f in sorted(site_packages.rglob(pattern)):
+            by_pkg.setdefault(f"{kind}:{f.relative_to(site_packages).parts[0]}", []).append(f)
+    for group, files in sorted(by_pkg.items()):
+        kind = group.split(":", 1)[0]
+        for f in rng.sample(files, min(len(files), max_per_group)):
+            text = f.read_text(errors="replace")
+            if kind == "minified":  # a window of the bundle, the size of a source file
+                start = rng.randrange(max(len(text) - 4000, 1))
+                text = text[start : start + 4000]
+            if len(text) > 200:
+                out.append(LocalText(group, str(f), kind, text[:8000]))
+    libs = sorted(site_packages.rglob("*.so"))
+    for f in rng.sample(libs, min(len(libs), 60)):
+        data = f.read_bytes()[:6000]
+        encoded = base64.encodebytes(data).decode() if rng.random() < 0.5 else data.hex(" ", 2)
+        out.append(
+            LocalText(f"encoded:{f.relative_to(site_packages).parts[0]}", str(f), "encoded", encoded[:6000])
+        )
+    return out

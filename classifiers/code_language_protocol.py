@@ -1,0 +1,193 @@
+"""The held-out protocol of the code-language classifier (issue 19): projects split into train / dev / test before
+any tuning, the test set frozen (its projects and file hashes, with the sha256 of that list in the repo), every
+choice (epochs, temperature, the `unknown` threshold) made on dev, and the frozen test set scored once per model
+version. Plus the calibration pieces: temperature scaling fit on dev, expected calibration error (ECE), and the
+error rate of predictions made at >= 0.99.
+
+Plain Python: the driver that reads crawled records and logs to MLflow is `benchmarks/code_lang_id.py train`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+UNKNOWN = "unknown"  # text that is no label: prose, logs, CSV, minified or encoded blobs
+SPLITS = ("train", "dev", "test")
+CONFIDENT = 0.99  # the confidence the issue bounds the error rate of (<= 0.5% wrong)
+
+
+def _hash(seed: int, s: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
+
+
+def component_groups(files: list[dict], min_groups: int) -> dict[str, int]:
+    """A label found in fewer than `min_groups` projects cannot be split three ways by project: its files in its
+    largest project are regrouped by component (the two directories below their common prefix, e.g.
+    `lib/mix` vs `lib/ex_unit`). Mutates `group`; returns label -> components made (reported as a caveat: the
+    split of such a label is by component, not by project)."""
+    by_label: dict[str, Counter] = defaultdict(Counter)
+    for f in files:
+        by_label[f["label"]][f["group"]] += 1
+    made = {}
+    for label, groups in by_label.items():
+        if len(groups) >= min_groups:
+            continue
+        main = groups.most_common(1)[0][0]
+        mine = [f for f in files if f["label"] == label and f["group"] == main]
+        dirs = [f["path"].split("/")[:-1] for f in mine]
+        common = 0
+        while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:
+            common += 1
+        for f, d in zip(mine, dirs, strict=True):
+            f["group"] = f"{f['group']}#{'/'.join(d[common : common + 2]) or '.'}"
+        made[label] = len({f["group"] for f in mine})
+    return made
+
+
+def split_groups(
+    files: list[dict], seed: int, dev_fraction: float = 0.2, test_fraction: float = 0.2
+) -> dict[str, str]:
+    """Group -> `train` | `dev` | `test`. Labels with the fewest groups choose first; each label's groups in seeded
+    hash order go to test, then dev, until each holds its share of the label's files (at least one group each when
+    the label has three or more groups), the rest to train. A group is one project: all its files go one way."""
+    by_label: dict[str, Counter] = defaultdict(Counter)
+    for f in files:
+        by_label[f["label"]][f["group"]] += 1
+    where: dict[str, str] = {}
+    for label in sorted(by_label, key=lambda lab: (len(by_label[lab]), lab)):
+        groups = by_label[label]
+        total = sum(groups.values())
+        held = Counter({s: sum(n for g, n in groups.items() if where.get(g) == s) for s in SPLITS})
+        for g in sorted(groups, key=lambda g: _hash(seed, g)):
+            if g in where:
+                continue
+            free = [x for x in groups if x not in where]
+            if len(groups) >= 3 and len(free) <= 1 and held["train"] == 0:
+                where[g] = "train"  # never the label's last group
+            elif held["test"] < test_fraction * total and (
+                held["test"] == 0 or held["test"] + groups[g] <= 1.5 * test_fraction * total
+            ):
+                where[g] = "test"
+            elif held["dev"] < dev_fraction * total and (
+                held["dev"] == 0 or held["dev"] + groups[g] <= 1.5 * dev_fraction * total
+            ):
+                where[g] = "dev"
+            else:
+                where[g] = "train"
+            held[where[g]] += groups[g]
+    return where
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def frozen_set(files: list[dict], name: str, seed: int) -> dict:
+    """The frozen description of a held-out set: its groups and (sha256, label) of each file, sorted."""
+    return {
+        "name": name,
+        "seed": seed,
+        "groups": sorted({f["group"] for f in files}),
+        "files": sorted([text_sha256(f["text"]), f["label"]] for f in files),
+    }
+
+
+def frozen_digest(frozen: dict) -> str:
+    """sha256 of the canonical JSON of a frozen set (what the repo records next to it)."""
+    return hashlib.sha256(json.dumps(frozen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_frozen(frozen: dict, path: Path) -> str:
+    """Write the frozen set and `<path>.sha256`; refuses to overwrite a different frozen set."""
+    digest = frozen_digest(frozen)
+    sha_path = path.with_suffix(path.suffix + ".sha256")
+    if path.exists() and load_frozen(path) != frozen:
+        raise ValueError(f"{path} is frozen with another content: a new test set needs a new name")
+    path.write_text(json.dumps(frozen, sort_keys=True, indent=0) + "\n")
+    sha_path.write_text(f"{digest}  {path.name}\n")
+    return digest
+
+
+def load_frozen(path: Path) -> dict:
+    """A frozen set, checked against its recorded sha256."""
+    frozen = json.loads(Path(path).read_text())
+    sha_path = Path(path).with_suffix(Path(path).suffix + ".sha256")
+    recorded = sha_path.read_text().split()[0]
+    if frozen_digest(frozen) != recorded:
+        raise ValueError(f"{path}: content does not match {sha_path.name} ({recorded[:12]}...)")
+    return frozen
+
+
+# --- calibration -----------------------------------------------------------------------------------------
+
+
+def apply_temperature(probs: dict[str, float], temperature: float) -> dict[str, float]:
+    """Temperature scaling of a probability vector: p_i^(1/T) renormalised (softmax of log p / T)."""
+    if temperature == 1.0 or not probs:
+        return probs
+    logs = {k: math.log(max(v, 1e-12)) / temperature for k, v in probs.items()}
+    top = max(logs.values())
+    exp = {k: math.exp(v - top) for k, v in logs.items()}
+    z = sum(exp.values())
+    return {k: v / z for k, v in exp.items()}
+
+
+def nll(probs: Sequence[dict[str, float]], y_true: Sequence[str], temperature: float) -> float:
+    total = 0.0
+    for p, y in zip(probs, y_true, strict=True):
+        total -= math.log(max(apply_temperature(p, temperature).get(y, 0.0), 1e-12))
+    return total / max(len(y_true), 1)
+
+
+def fit_temperature(probs: Sequence[dict[str, float]], y_true: Sequence[str],
+                    grid: Sequence[float] | None = None) -> float:  # fmt: skip
+    """The temperature minimising dev NLL over a log grid (0.5 .. 8)."""
+    grid = grid or [round(0.5 * 1.1**i, 4) for i in range(30)]
+    return min(grid, key=lambda t: nll(probs, y_true, t))
+
+
+def expected_calibration_error(conf: Sequence[float], correct: Sequence[bool], bins: int = 15) -> float:
+    """ECE: sum over equal-width confidence bins of |accuracy - mean confidence| weighted by the bin's share."""
+    n = len(conf)
+    if n == 0:
+        return 0.0
+    acc: list[list[float]] = [[0, 0.0, 0.0] for _ in range(bins)]
+    for c, ok in zip(conf, correct, strict=True):
+        b = min(int(c * bins), bins - 1)
+        acc[b][0] += 1
+        acc[b][1] += c
+        acc[b][2] += float(ok)
+    return sum(abs(s_ok - s_c) for _, s_c, s_ok in acc) / n
+
+
+def calibration_report(y_true: Sequence[str], y_pred: Sequence[str], conf: Sequence[float]) -> dict:
+    """ECE overall and per predicted label, and the error rate of predictions at >= CONFIDENT."""
+    correct = [t == p for t, p in zip(y_true, y_pred, strict=True)]
+    per_label = {}
+    for lab in sorted(set(y_pred)):
+        idx = [i for i, p in enumerate(y_pred) if p == lab]
+        per_label[lab] = round(
+            expected_calibration_error([conf[i] for i in idx], [correct[i] for i in idx]), 4
+        )
+    sure = [i for i, c in enumerate(conf) if c >= CONFIDENT]
+    wrong_sure = sum(1 for i in sure if not correct[i])
+    return {
+        "ece": round(expected_calibration_error(conf, correct), 4),
+        "ece_per_predicted_label": per_label,
+        "confident_predictions": len(sure),
+        "confident_errors": wrong_sure,
+        "confident_error_rate": round(wrong_sure / len(sure), 5) if sure else 0.0,
+    }
+
+
+def decide_unknown(probs: dict[str, float], min_prob: float) -> tuple[str, float]:
+    """Top label and its probability; `unknown` when the top probability is under `min_prob`."""
+    if not probs:
+        return UNKNOWN, 0.0
+    top = max(probs, key=probs.get)
+    return (top if probs[top] >= min_prob else UNKNOWN), probs[top]

@@ -1,0 +1,104 @@
+"""The code-language held-out protocol (issue 19): split by project, frozen sets checked by hash, temperature
+scaling, ECE and the confident-error rate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from classifiers.code_language_protocol import (
+    UNKNOWN,
+    apply_temperature,
+    calibration_report,
+    component_groups,
+    decide_unknown,
+    expected_calibration_error,
+    fit_temperature,
+    frozen_digest,
+    frozen_set,
+    load_frozen,
+    split_groups,
+    write_frozen,
+)
+from classifiers.code_language_rules import language_from_path
+
+DATA = Path(__file__).resolve().parents[2] / "classifiers" / "data"
+
+
+def _files(label: str, groups: int, per_group: int) -> list[dict]:
+    return [{"label": label, "group": f"{label}-p{g}", "path": f"src/m{g}/f{i}.x", "text": f"{label} {g} {i}"}
+            for g in range(groups) for i in range(per_group)]  # fmt: skip
+
+
+def test_split_is_by_project_and_every_label_reaches_each_split():
+    files = _files("Python", 10, 5) + _files("SQL", 3, 8) + _files("Zig", 5, 4)
+    where = split_groups(files, seed=0)
+    assert set(where) == {f["group"] for f in files}
+    for label in ("Python", "SQL", "Zig"):
+        splits = {where[f["group"]] for f in files if f["label"] == label}
+        assert splits == {"train", "dev", "test"}, label
+    assert split_groups(files, seed=0) == where  # deterministic
+
+
+def test_component_groups_split_a_one_project_label():
+    files = [{"label": "Elixir", "group": "deb:elixir", "path": f"elixir/lib/{c}/lib/f{i}.ex", "text": "x"}
+             for c in ("mix", "ex_unit", "iex", "eex") for i in range(3)] + _files("C", 5, 2)  # fmt: skip
+    made = component_groups(files, min_groups=4)
+    assert made == {"Elixir": 4}
+    assert {f["group"] for f in files if f["label"] == "Elixir"} == {
+        "deb:elixir#mix/lib",
+        "deb:elixir#ex_unit/lib",
+        "deb:elixir#iex/lib",
+        "deb:elixir#eex/lib",
+    }
+
+
+def test_frozen_set_round_trip_and_tamper(tmp_path):
+    frozen = frozen_set(_files("Go", 2, 2), "test", seed=0)
+    path = tmp_path / "t.json"
+    digest = write_frozen(frozen, path)
+    assert load_frozen(path) == frozen and digest == frozen_digest(frozen)
+    with pytest.raises(ValueError, match="frozen with another content"):
+        write_frozen(frozen_set(_files("Go", 3, 2), "test", seed=0), path)
+    path.write_text(json.dumps({**frozen, "groups": ["Go-p9"]}))
+    with pytest.raises(ValueError, match="does not match"):
+        load_frozen(path)
+
+
+def test_repo_frozen_test_set_matches_its_hash():
+    path = DATA / "code_language_test_v1.json"
+    if not path.exists():
+        pytest.skip("no frozen test set committed yet")
+    frozen = load_frozen(path)  # raises on a mismatch with code_language_test_v1.json.sha256
+    dev = load_frozen(DATA / "code_language_dev_v1.json")
+    assert not set(frozen["groups"]) & set(dev["groups"])  # disjoint by project
+    assert not {h for h, _ in frozen["files"]} & {h for h, _ in dev["files"]}
+
+
+def test_temperature_scaling_and_fit():
+    p = {"a": 0.9, "b": 0.1}
+    assert apply_temperature(p, 1.0) == p
+    hot = apply_temperature(p, 2.0)
+    assert hot["a"] == pytest.approx(0.75) and sum(hot.values()) == pytest.approx(1.0)
+    # overconfident: right 75% of the time at 0.99 -> a temperature > 1 is fit
+    probs = [{"a": 0.99, "b": 0.01}] * 4
+    assert fit_temperature(probs, ["a", "a", "a", "b"]) > 1.5
+
+
+def test_ece_and_confident_errors():
+    assert expected_calibration_error([1.0, 1.0], [True, True]) == 0.0
+    assert expected_calibration_error([0.9, 0.9], [True, False]) == pytest.approx(0.4)
+    rep = calibration_report(["a", "b", "a"], ["a", "a", "a"], [0.995, 0.999, 0.5])
+    assert rep["confident_predictions"] == 2 and rep["confident_errors"] == 1
+    assert rep["confident_error_rate"] == 0.5
+    assert decide_unknown({"a": 0.4, "b": 0.3}, 0.5) == (UNKNOWN, 0.4)
+    assert decide_unknown({"a": 0.6}, 0.5) == ("a", 0.6)
+
+
+def test_new_names_and_extensions():
+    assert language_from_path("ci/Dockerfile.alpine") == "Dockerfile"
+    assert language_from_path("Containerfile") == "Dockerfile"
+    assert language_from_path("lapack/SRC/dgemm.f") == "Fortran"
+    assert language_from_path("lib/std/mem.zig") == "Zig"

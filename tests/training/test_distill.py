@@ -5,6 +5,8 @@ micro models (a student distilled from a teacher taught to answer 'blue' moves t
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -240,3 +242,42 @@ def test_each_prompt_is_scored_by_the_teacher_of_its_set(setup, stages):
     assert len(steps) == 2
     assert all(m["prompts/self"] == 3 and m["prompts/other"] == 1 for m in steps)
     assert all(abs(m["reverse_kl/self"]) < 1e-4 and m["reverse_kl/other"] > 0.1 for m in steps), steps
+
+
+def test_the_job_reads_its_spec_and_exports_the_student(setup, stages, tmp_path):
+    """The child-process entry, run in process: checkpoints and prompt sets from files, result.json with the
+    metrics before (`parent/`) and after, and an HF export that loads."""
+    from training.checkpoint import export_hf
+    from training.model import load_model
+    from training.rl.distill_job import DistillJobSpec, main
+    from training.tasks.suites import write_tasks
+
+    tok, cfg, train, heldout = setup
+    tok_files = {n: Path(tok.name_or_path) / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    student_dir = export_hf(stages[1], tmp_path / "student", tok_files)
+    teacher_dir = export_hf(stages[0], tmp_path / "teacher", tok_files)
+    spec = DistillJobSpec(
+        run_dir=str(tmp_path / "run"), init_from=str(student_dir), model=cfg, teachers={"sft": str(teacher_dir)},
+        teacher_tasks={"sft": str(write_tasks(train, tmp_path / "train.jsonl"))},
+        teacher_heldout={"sft": str(write_tasks(heldout, tmp_path / "heldout.jsonl"))},
+        config=DistillConfig(steps=2, prompts_per_step=4, max_new_tokens=3, max_turns=1, eval_every=2,
+                             eval_prompts_per_teacher=4),
+    )  # fmt: skip
+    (tmp_path / "spec.json").write_text(spec.model_dump_json())
+    assert main(["--spec", str(tmp_path / "spec.json")]) == 0
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    m = result["metrics"]
+    assert {"parent/agreement/sft", "heldout/agreement/sft", "reverse_kl/sft", "rho/mean"} <= set(m)
+    assert m["parent/agreement/sft"] == 0.0  # the drifted student's greedy answer is not the teacher's
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum("reverse_kl/sft" in r for r in rows) == 2
+    assert load_model(result["hf_dir"]) is not None
+
+
+def test_the_job_names_a_teacher_without_prompts(tmp_path, setup):
+    from training.rl.distill_job import DistillJobSpec, _check
+
+    spec = DistillJobSpec(run_dir=str(tmp_path), init_from=str(tmp_path), model=setup[1],
+                          teachers={"sft": str(tmp_path)}, teacher_tasks={}, config=DistillConfig())  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['sft'\] have no teacher_tasks"):
+        _check(spec)

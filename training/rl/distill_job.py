@@ -1,0 +1,179 @@
+"""One on-policy distillation job (the child process of `distilled_checkpoint`): load the student and its
+teachers, read each teacher's prompt set, distil, export the checkpoint.
+`python -m training.rl.distill_job --spec <run_dir>/distill_spec.json`; writes `<run_dir>/metrics.jsonl`,
+`<run_dir>/samples.json`, the HF export `<run_dir>/hf/` and `<run_dir>/result.json`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.model import ModelConfig
+from training.rl.distill import DistillConfig
+
+log = logging.getLogger(__name__)
+SPEC = "distill_spec.json"
+
+
+class DistillJobSpec(BaseModel):
+    """A distillation job for the child process (paths only: it crosses a process boundary)."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_dir: str
+    init_from: str = Field(
+        description="HF dir of the student's starting checkpoint (with its tokenizer files)"
+    )
+    model: ModelConfig
+    teachers: dict[str, str] = Field(description="Teacher name -> HF dir of that stage's final checkpoint")
+    teacher_tasks: dict[str, str] = Field(
+        description="Teacher name -> JSONL of its own training prompts (Task rows) the student answers"
+    )
+    heldout_tasks: str | None = Field(
+        None, description="JSONL of held-out tasks: greedy pass@1 of the verifiable domains, before and after"
+    )
+    teacher_heldout: dict[str, str] = Field(
+        default_factory=dict,
+        description="Teacher name -> JSONL of held-out prompts for greedy agreement and exact reverse KL",
+    )
+    facts: str | None = Field(None, description="JSONL of [term, definition] for the knowledge suite")
+    agentic_facts: str | None = Field(
+        None,
+        description="facts.json of the agentic tasks (search documents); agentic families run in process",
+    )
+    config: DistillConfig
+    threads: int | None = Field(None, description="torch threads in the child (None = torch's default)")
+    callbacks: list[str] = Field(default_factory=list)
+
+
+def distill_command(spec: DistillJobSpec, torch_extensions_dir: Path | None = None):
+    from infra.launcher import build_launch_command
+
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SPEC
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(spec.model_dump_json(indent=1))
+    tmp.replace(path)
+    return build_launch_command(
+        "training.rl.distill_job", ["--spec", str(path)], launcher="python", nproc=1,
+        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
+    )  # fmt: skip
+
+
+def run_distill_job(
+    spec: DistillJobSpec, torch_extensions_dir: Path | None = None, launch: Any = None
+) -> dict:
+    """Run the job as a child process (through `launch`, the asset's Pipes launcher, when given)."""
+    from infra.launcher import run_command
+
+    cmd = distill_command(spec, torch_extensions_dir)
+    run_dir = Path(spec.run_dir)
+    if launch is None:
+        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
+    else:
+        launch(cmd, run_dir / "train.log", None)
+    result = run_dir / "result.json"
+    if not result.exists():
+        raise RuntimeError(f"distillation job in {run_dir} exited without writing result.json")
+    return json.loads(result.read_text())
+
+
+def _check(spec: DistillJobSpec) -> None:
+    if not spec.teachers:
+        raise ValueError(
+            "distillation spec: no teachers; give teachers = {name: HF dir of a stage checkpoint}"
+        )
+    missing = sorted(set(spec.teachers) - set(spec.teacher_tasks))
+    if missing:
+        raise ValueError(
+            f"distillation spec: teacher(s) {missing} have no teacher_tasks JSONL (their prompt set)"
+        )
+    for name, path in {**spec.teachers, **spec.teacher_tasks}.items():
+        if not Path(path).exists():
+            raise FileNotFoundError(f"distillation spec: {name}: {path} does not exist")
+
+
+def _run(spec: DistillJobSpec) -> dict[str, Any]:
+    import torch
+
+    from training.agentic.families import agentic_suites
+    from training.checkpoint import export_hf
+    from training.job import import_object
+    from training.model import load_model
+    from training.rl.distill import train_distill
+    from training.tasks.suites import eval_subset, read_tasks, suites
+    from training.tokenizer import load_tokenizer
+    from training.trainer import JsonlMetricsWriter
+
+    _check(spec)
+    run_dir, cfg = Path(spec.run_dir), spec.config
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    tok = load_tokenizer(spec.init_from)
+    model = load_model(spec.init_from, spec.model)
+    teachers = {name: load_model(path, spec.model).eval() for name, path in spec.teachers.items()}
+    prompts = {name: read_tasks(Path(spec.teacher_tasks[name])) for name in spec.teachers}
+    facts = (
+        [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
+    )
+    registry = suites(facts)
+    environments: dict[str, Any] = {}
+    domains = {t.domain for tasks in prompts.values() for t in tasks}
+    if spec.agentic_facts:
+        agentic_facts = [tuple(f) for f in json.loads(Path(spec.agentic_facts).read_text())]
+        environments = {d: s for d, s in agentic_suites(agentic_facts).items() if d in domains}
+    heldout = (
+        eval_subset(read_tasks(Path(spec.heldout_tasks)), cfg.eval_tasks_per_domain)
+        if spec.heldout_tasks
+        else []
+    )
+    teacher_heldout = {n: read_tasks(Path(p)) for n, p in spec.teacher_heldout.items()}
+    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
+    writer.drop_after(0)
+    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        for cb in callbacks:
+            cb(step, metrics)
+
+    samples: dict[str, Any] = {}
+    first: dict[str, float] = {}
+
+    def logged(metrics: dict[str, float], step: int) -> None:
+        if step == 0:
+            first.update(metrics)
+        log_metrics(metrics, step)
+
+    final = train_distill(
+        model, tok, teachers, prompts, cfg, logged, suites=registry, environments=environments,
+        heldout_prompts=teacher_heldout, heldout_tasks=heldout,
+        on_sample=lambda trajs, step: samples.__setitem__(str(step), [t.to_json() for t in trajs]),
+    )  # fmt: skip
+    (run_dir / "samples.json").write_text(json.dumps(samples))
+    extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    hf = export_hf(model, run_dir / "hf", extra)
+    parent = {k.replace("heldout/", "parent/", 1): v for k, v in first.items()}
+    result = {"metrics": {**final, **parent}, "hf_dir": str(hf), "step": cfg.steps, "teachers": spec.teachers}
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(run_dir / "result.json")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one on-policy distillation job from its spec")
+    parser.add_argument("--spec", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    _run(DistillJobSpec.model_validate_json(args.spec.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

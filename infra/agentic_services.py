@@ -5,14 +5,13 @@ job opens its environments here; the rollout worker reaches them through
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.orchestrator_server import OrchestratorServer
+from infra.orchestrator_server import orchestrator_server
 from infra.task_service import TaskServiceFleet
 from training.agentic.orchestrator import Orchestrator
 
@@ -44,29 +43,25 @@ def agentic_services(
     orchestrator = Orchestrator(
         dict(families), {d: max_concurrency for d in families}, heartbeat_timeout_s=10.0
     )
-    server = OrchestratorServer(orchestrator)
-    thread = threading.Thread(target=server.serve_forever, name="orchestrator", daemon=True)
-    thread.start()
     args = (
         "--factory-arg", f"facts={facts_json}",
         "--factory-arg", f"latency_mean_s={latency_mean_s}",
         "--factory-arg", f"latency_sigma={latency_sigma}",
         "--factory-arg", f"latency_seed={seed}",
     )  # fmt: skip
-    try:
-        with TaskServiceFleet({d: replicas for d in families}, server.url, args) as fleet:
-            deadline = time.monotonic() + startup_timeout_s
-            while True:
-                per_family = orchestrator.stats()["domains"]
-                live = {d: len(per_family.get(d, {}).get("live_services", [])) for d in families}
-                if all(n >= replicas for n in live.values()):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"task services did not all register within {startup_timeout_s:.0f} s: {live}"
-                    )
-                time.sleep(0.1)
-            yield AgenticServices(server.url, orchestrator, fleet)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with (
+        orchestrator_server(orchestrator) as url,
+        TaskServiceFleet({d: replicas for d in families}, url, args) as fleet,
+    ):
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            per_family = orchestrator.stats()["domains"]
+            live = {d: len(per_family.get(d, {}).get("live_services", [])) for d in families}
+            if all(n >= replicas for n in live.values()):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"task services did not all register within {startup_timeout_s:.0f} s: {live}"
+                )
+            time.sleep(0.1)
+        yield AgenticServices(url, orchestrator, fleet)

@@ -5,67 +5,23 @@ trainer + separate rollout worker raising the reward of a task with a slow, cras
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
 import torch
+from color_env import color_environments  # noqa: E402  (pytest puts this directory on sys.path)
 
 from training.agentic.async_loop import AgenticRLConfig, WorkerSpec, heldout_success, train_agentic_rl
 from training.agentic.buffer import TrajectoryBuffer
 from training.agentic.driver import RolloutDriver
-from training.agentic.protocol import EnvironmentCrash
 from training.checkpoint import export_hf
 from training.model import ModelConfig, build_model
 from training.rollout.engine import Generation, SamplingParams
 from training.rollout.trajectory import Trajectory
-from training.tasks.base import Task, Verdict
+from training.tasks.base import Task
 from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 
 WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
-
-
-class _ColorEpisode:
-    def __init__(self, env: ColorEnv, task: Task):
-        self.env, self.task, self.closed = env, task, False
-
-    def tool(self, payload: str) -> str:
-        time.sleep(self.env.latency_s)
-        return f"echo {payload[:20]}"
-
-    def finish(self, response: str) -> Verdict:
-        time.sleep(self.env.latency_s)
-        return Verdict(1.0, "correct") if self.env.target in response else Verdict(0.0, "wrong_answer")
-
-    def close(self) -> None:
-        self.closed = True
-
-
-class ColorEnv:
-    """Reward 1 when the answer contains `target` (an "e": about half of an untrained model's samples, so
-    groups carry signal); opening an episode sleeps, and every `crash_every`-th open crashes (an environment
-    failure, not the policy's)."""
-
-    domain, version = "color", "c1"
-
-    def __init__(self, latency_s: float = 0.0, crash_every: int = 0, target: str = "e"):
-        self.latency_s, self.crash_every, self.target, self.opened = latency_s, crash_every, target, 0
-        self.lock = threading.Lock()
-
-    def open(self, task: Task) -> _ColorEpisode:
-        with self.lock:
-            self.opened += 1
-            n = self.opened
-        time.sleep(self.latency_s)
-        if self.crash_every and n % self.crash_every == 0:
-            raise EnvironmentCrash(f"container {n} did not start")
-        return _ColorEpisode(self, task)
-
-
-def color_environments(
-    latency_s: float = 0.0, crash_every: int = 0, target: str = "e"
-) -> dict[str, ColorEnv]:
-    return {"color": ColorEnv(latency_s, crash_every, target)}
 
 
 def _traj(tid: str, group: str, versions: list[int], status: str = "ok", reward: float = 1.0) -> Trajectory:
@@ -174,7 +130,7 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
     model = build_model(cfg, seed=0)
     extra = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
     hf = export_hf(model, tmp_path / "hf", extra)
-    envs = f"{__name__}:color_environments"  # the worker imports this module as pytest did
+    envs = "color_env:color_environments"  # the worker imports it as pytest did (this dir on sys.path)
     config = AgenticRLConfig(
         steps=30, group_size=8, batch_trajectories=16, in_flight_groups=6 if mode == "async" else 2,
         push_every=2 if mode == "async" else 1,
@@ -204,3 +160,67 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
         assert max(m["staleness/max"] for _, m in rows) >= 1
     assert json.dumps(final)  # plain numbers, ready for MLflow
     assert not torch.isnan(next(model.parameters())).any()
+
+
+def test_training_goes_on_when_a_task_service_and_the_rollout_worker_are_killed(setup, tmp_path):
+    """Two task services behind the orchestrator; at step 3 one service is SIGKILLed, at step 6 the rollout
+    worker process is: training reaches its last step, the dead worker is replaced (starting from the newest
+    weights), no trajectory is delivered twice, and the orchestrator's books balance."""
+    import multiprocessing
+
+    from infra.orchestrator_server import orchestrator_server
+    from infra.task_service import task_service_process
+    from training.agentic.orchestrator import Orchestrator
+
+    tok, tok_dir, cfg, tasks = setup
+    model = build_model(cfg, seed=0)
+    extra = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    hf = export_hf(model, tmp_path / "hf", extra)
+    orchestrator = Orchestrator({"color": 1.0}, {"color": 64}, heartbeat_timeout_s=2.0)
+    args = ("--factory", "tests.agentic.color_env:color_service", "--factory-arg", "latency_s=0.05",
+            "--heartbeat-s", "0.3")  # fmt: skip
+    with (
+        orchestrator_server(orchestrator) as orch_url,
+        task_service_process("color", *args, orchestrator=orch_url) as doomed,
+        task_service_process("color", *args, orchestrator=orch_url),
+    ):
+        config = AgenticRLConfig(
+            steps=10, group_size=4, batch_trajectories=8, in_flight_groups=4, push_every=1, max_staleness=3,
+            task_ratios={"color": 1.0}, max_new_tokens=4, max_turns=1, learning_rate=1e-3, env_threads=16,
+        )  # fmt: skip
+        spec = WorkerSpec(
+            hf_dir=str(hf), tasks=[t.to_json() for t in tasks],
+            environments="infra.service_pool:orchestrated_environments",
+            environment_kwargs={"orchestrator_url": orch_url, "domains": ["color"], "acquire_wait_s": 10},
+            config=config, pad_id=tok.pad_token_id,
+        )  # fmt: skip
+        killed: dict[str, int] = {}
+
+        def chaos(trajs: list[Trajectory], step: int) -> None:
+            if step == 3:
+                doomed.kill()
+                killed["service"] = step
+            if step == 6:
+                (worker,) = multiprocessing.active_children()
+                worker.kill()
+                killed["worker"] = worker.pid
+
+        rows: list[dict] = []
+        final = train_agentic_rl(
+            model, spec, tmp_path / "run", lambda m, s: rows.append(dict(m)), on_batch=chaos
+        )
+        stats = orchestrator.stats()["domains"]["color"]
+    assert killed.keys() == {"service", "worker"}
+    assert len(rows) == 10 and final["policy_version"] == 10
+    assert final["worker/restarts"] == 1
+    assert final["buffer/duplicates"] == 0
+    # what the trainer stepped on is the buffer's unique samples plus its padding, nothing else
+    assert final["trained_samples"] == final["buffer/trained_unique"] + final["buffer/padded_samples"]
+    # every trajectory the trainer got is accounted for exactly once
+    c = {k.removeprefix("buffer/"): v for k, v in final.items() if k.startswith("buffer/")}
+    assert c["received"] >= c["trained_unique"] + c["stale"] + c["env_failures"] + c["dropped_in_groups"]
+    assert (
+        stats["started"]
+        == stats["finished"] + stats["env_failures"] + stats["cancelled"] + stats["in_flight"]
+    )
+    assert len(stats["live_services"]) == 1 and doomed.url not in stats["live_services"]

@@ -45,7 +45,8 @@ from training.tasks.base import Task
 
 log = logging.getLogger(__name__)
 Log = Callable[[dict[str, float], int], None]
-KEEP_PUSHED = 8  # weight files kept: the worker may be a few pushes behind when it reads its queue
+KEEP_PUSHED = 8
+MAX_WORKER_RESTARTS = 3  # weight files kept: the worker may be a few pushes behind when it reads its queue
 
 
 class AgenticRLConfig(BaseModel):
@@ -229,18 +230,41 @@ class AgenticRun:
         self.model, self.spec, self.cfg = model, spec, spec.config
         self.weights_dir = run_dir / "weights"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        ctx = mp.get_context("spawn")
-        self.out_q, self.ctl_q = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(
-            target=worker_main, args=(spec.model_dump_json(), self.out_q, self.ctl_q), daemon=True
-        )
         self.buffer = TrajectoryBuffer(self.cfg.group_size, self.cfg.max_staleness)
         self.worker_stats: dict[str, float] = {}
         self.idle_s = 0.0
-        self.pushed: list[Path] = []
+        self.pushed: list[tuple[int, Path]] = []
+        self.restarts = 0
+
+    def _start_worker(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.out_q, self.ctl_q = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(
+            target=worker_main, args=(self.spec.model_dump_json(), self.out_q, self.ctl_q), daemon=True
+        )
+        self.proc.start()
+        if self.pushed:  # a replacement starts from the newest weights, before it generates anything
+            version, path = self.pushed[-1]
+            self.ctl_q.put(("weights", version, str(path)))
+
+    def _replace_dead_worker(self) -> None:
+        """Keep what the dead worker finished (its queue is read to the end), then start a replacement; its
+        in-flight rollouts are lost (never half-counted). Gives up after MAX_WORKER_RESTARTS."""
+        while True:
+            try:
+                kind, payload = self.out_q.get(timeout=0.5)
+            except queue.Empty:
+                break
+            if kind == "trajectory":
+                self.buffer.add(Trajectory(**payload))
+        if self.restarts >= MAX_WORKER_RESTARTS:
+            raise RuntimeError(f"rollout worker died {self.restarts + 1} times (last exit code {self.proc.exitcode})")
+        self.restarts += 1
+        log.warning("rollout worker died (exit code %s); starting replacement %d", self.proc.exitcode, self.restarts)
+        self._start_worker()
 
     def __enter__(self) -> AgenticRun:
-        self.proc.start()
+        self._start_worker()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -262,8 +286,9 @@ class AgenticRun:
                 groups == [] and self.cfg.mode == "sync"
             ):  # the whole batch was dropped: the paused worker goes on
                 self.resume()
-            if not self.proc.is_alive() and self.out_q.empty():
-                raise RuntimeError(f"rollout worker exited with code {self.proc.exitcode}; see its log above")
+            if not self.proc.is_alive():
+                self._replace_dead_worker()
+                continue
             if time.perf_counter() - t0 > timeout_s:
                 raise TimeoutError(
                     f"no batch of {self.cfg.batch_trajectories} trajectories in {timeout_s:.0f} s"
@@ -285,8 +310,8 @@ class AgenticRun:
         torch.save({k: v.detach().cpu() for k, v in self.model.state_dict().items()}, tmp)
         tmp.replace(path)
         self.ctl_q.put(("weights", version, str(path)))
-        self.pushed.append(path)
-        for old in self.pushed[:-KEEP_PUSHED]:  # the worker loads the newest it has been told of
+        self.pushed.append((version, path))
+        for _, old in self.pushed[:-KEEP_PUSHED]:  # the worker loads the newest it has been told of
             old.unlink(missing_ok=True)
         self.pushed = self.pushed[-KEEP_PUSHED:]
 
@@ -394,6 +419,7 @@ def train_agentic_rl(
                 "throughput/trajectories_per_s": run.buffer.counts.received / wall,
                 "trainer/idle_fraction": run.idle_s / wall,
                 "trainer/train_s": train_s,
+                "worker/restarts": float(run.restarts),
                 "trained_samples": float(trained),
             })  # fmt: skip
             metrics.update({f"worker/{k}": v for k, v in run.worker_stats.items()})

@@ -1,0 +1,87 @@
+"""The General RL loop on a micro model: the hybrid reward (rule components here) rises in a few steps, every
+component is logged per step, and the held-out evaluation reports each component with its standard error."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.model import ModelConfig, build_model
+from training.rewards.general_prompts import GeneralPromptsConfig, general_prompts
+from training.rewards.hybrid import HybridReward, HybridRewardConfig
+from training.rewards.rules import Constraints
+from training.rl.general import GeneralRLConfig, train_general_rl
+from training.tasks.base import Task
+from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+COLORS = ["red", "blue", "green", "gold", "pink", "gray"]
+FACTS = [(f"term{i}", f"a word number {i} that people use for the thing they see") for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    corpus = [" ".join(COLORS) + " name a color" for _ in range(50)]
+    return load_tokenizer(
+        train_tokenizer(corpus, TokenizerConfig(vocab_size=320), tmp_path_factory.mktemp("tok"))
+    )
+
+
+def test_general_prompts_split_by_fact_and_carry_their_constraints():
+    prompts = general_prompts(FACTS, GeneralPromptsConfig(per_category=20, heldout_fraction=0.2))
+    train, held = prompts["train"], prompts["heldout"]
+    assert {t.domain for t in train} == {"chat", "instruction", "writing"} == {t.domain for t in held}
+    assert not {t.meta["term"] for t in train} & {t.meta["term"] for t in held}
+    assert all(Constraints.model_validate(t.meta["constraints"]) for t in train)
+    assert any(t.meta["constraints"]["json_keys"] for t in train) and any(
+        t.meta["constraints"]["keywords"] for t in train
+    )
+    again = general_prompts(FACTS, GeneralPromptsConfig(per_category=20, heldout_fraction=0.2))
+    assert [t.id for t in again["train"]] == [t.id for t in train]
+
+
+def test_general_rl_raises_the_hybrid_reward(tok):
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
+    )
+    model = build_model(cfg, seed=0)
+    # toy prompts: a good answer says "blue" (an instruction an untrained model meets by chance now and then)
+    # in a few words and ends its turn
+    constraints = Constraints(keywords=["blue"], length=(1, 4)).model_dump()
+    tasks = [
+        Task(
+            f"p{i}",
+            "instruction",
+            f"name a color {i}",
+            "",
+            1,
+            "train",
+            {"category": "instruction", "constraints": constraints},
+        )
+        for i in range(8)
+    ]
+    weights = {"instruction_style": {"constraints": 1.0, "format": 0.1, "length": 0.1, "forbidden": 0.1}}
+    reward = HybridReward(HybridRewardConfig(weights=weights, dimension_weights={"instruction_style": 1.0}))
+    rows: list[tuple[int, dict]] = []
+    config = GeneralRLConfig(
+        steps=30,
+        prompts_per_step=4,
+        group_size=8,
+        max_new_tokens=4,
+        learning_rate=3e-3,
+        eval_every=30,
+        eval_prompts=8,
+    )
+    final = train_general_rl(model, tok, tasks, tasks, reward, config, lambda m, s: rows.append((s, dict(m))))
+    steps = [m for s, m in rows if "loss" in m]
+    assert len(steps) == 30 and all(
+        k in steps[0] for k in ("reward/constraints", "reward/format", "reward/length", "reward/forbidden")
+    )
+    totals = [m["reward/total"] for m in steps]
+    first, last = sum(totals[:4]) / 4, sum(totals[-4:]) / 4
+    assert last > first + 0.15, (first, last)
+    kw = [
+        m["reward/constraints"] for m in steps
+    ]  # measured: 0.05 over the first 4 steps, 0.66 over the last 4
+    assert sum(kw[-4:]) / 4 > sum(kw[:4]) / 4 + 0.3, kw
+    evals = [m for s, m in rows if "heldout/reward/total" in m]
+    assert len(evals) == 2 and evals[1]["heldout/reward/total"] > evals[0]["heldout/reward/total"]
+    assert final["heldout/reward_se/total"] >= 0 and final["heldout/n/format"] == 8

@@ -1,0 +1,206 @@
+"""General RL (docs/recipe.md, Stage 3): the Reasoning RL machinery (rollout engine, GRPO group advantages,
+Eq. 1 with IcePop, no KL) with the hybrid reward in place of a verifier. One step = push weights to the rollout
+engine, sample a group per prompt, score every response with `HybridReward` (each component logged), normalise
+per group, one update.
+
+Held-out evaluation: one greedy answer per held-out prompt, the mean of every reward component, dimension and
+the total with its standard error over prompts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from training.dsa_indexer import current_dsa_mode, set_dsa_mode
+from training.rewards.general_prompts import category_of
+from training.rewards.hybrid import HybridReward, RewardBreakdown
+from training.rl.losses import group_advantages, grpo_icepop_loss
+from training.rl.policy import freeze_indexer, response_batch, token_logprobs
+from training.rl.reasoning import mixed_batches
+from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
+from training.rollout.multiturn import rollout
+from training.rollout.trajectory import Trajectory
+from training.tasks.base import Task, Verdict
+
+log = logging.getLogger(__name__)
+Log = Callable[[dict[str, float], int], None]
+
+
+class GeneralRLConfig(BaseModel):
+    """General RL loop settings (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(40, ge=1, description="Optimizer steps (each on a fresh on-policy batch)")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts per batch, spread over the categories")
+    group_size: int = Field(8, ge=2, description="Samples per prompt (G in Eq. 1)")
+    max_new_tokens: int = Field(48, ge=1, description="Tokens generated per answer (one turn, no tools)")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts")
+    learning_rate: float = Field(3e-5, gt=0, description="AdamW learning rate")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
+    beta: float = Field(2.0, gt=1, description="IcePop band [1/beta, beta] on rho")
+    eps_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio")
+    eps_high: float = Field(0.28, gt=0, description="Upper clip of the policy ratio")
+    engine_dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
+    )
+    eval_every: int = Field(20, ge=1, description="Held-out reward evaluation every N steps (and at the end)")
+    eval_prompts: int = Field(60, ge=1, description="Held-out prompts scored per evaluation")
+    seed: int = Field(0, description="Seed of prompt order and sampling")
+
+
+def _unscored(task: Task, text: str) -> Verdict:
+    return Verdict(0.0, "scored by the hybrid reward")  # the batch is scored at once (ORM / judge batches)
+
+
+def sample_and_score(
+    engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], group_size: int, params: SamplingParams,
+    reward: HybridReward, prefix: str,
+) -> tuple[list[Trajectory], list[RewardBreakdown]]:  # fmt: skip
+    """`group_size` one-turn answers per task, each scored by the hybrid reward (total on `traj.reward`, the
+    components on `traj.reward_components`). The format rule sees the end-of-turn marker, or its absence
+    on a truncated answer."""
+    trajs = rollout(engine, tokenizer, tasks, group_size, params, _unscored, None, 1, prefix)
+    by_id = {t.id: t for t in tasks}
+    texts = [tokenizer.decode(t.response_ids) for t in trajs]
+    scored = reward.score([by_id[t.prompt_id] for t in trajs], texts)
+    for traj, s in zip(trajs, scored, strict=True):
+        traj.reward = s.total
+        traj.reward_components = {**s.components, **{f"dim/{d}": v for d, v in s.dimensions.items()}}
+        traj.reason = "; ".join(f"{c}: {r}" for c, r in s.reasons.items())
+    return trajs, scored
+
+
+def reward_means(trajs: Sequence[Trajectory], tasks: Sequence[Task], with_se: bool) -> dict[str, float]:
+    """Mean total (`reward/total`), per component and dimension, and per category; with standard errors over
+    responses when `with_se` (`..._se`)."""
+    by_id = {t.id: t for t in tasks}
+    values: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        values["total"].append(t.reward)
+        values[f"category/{category_of(by_id[t.prompt_id])}"].append(t.reward)
+        for c, v in t.reward_components.items():
+            values[c].append(v)
+    out = {}
+    for key, v in sorted(values.items()):
+        mean = sum(v) / len(v)
+        out[f"reward/{key}"] = mean
+        if with_se:
+            var = sum((x - mean) ** 2 for x in v) / max(1, len(v) - 1)
+            out[f"reward_se/{key}"] = math.sqrt(var / len(v))
+            out[f"n/{key}"] = float(len(v))
+    return out
+
+
+def evaluate_general(
+    engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], reward: HybridReward, max_new_tokens: int
+) -> dict[str, float]:
+    """Greedy answers to `tasks`, scored: every component's mean with its standard error over prompts."""
+    trajs, _ = sample_and_score(
+        engine,
+        tokenizer,
+        tasks,
+        1,
+        SamplingParams(max_new_tokens=max_new_tokens, temperature=0),
+        reward,
+        "eval-",
+    )
+    return reward_means(trajs, tasks, with_se=True)
+
+
+def train_general_rl(
+    model: nn.Module,
+    tokenizer: Any,
+    train_prompts: Sequence[Task],
+    heldout_prompts: Sequence[Task],
+    reward: HybridReward,
+    cfg: GeneralRLConfig,
+    log_metrics: Log,
+    engine: RolloutEngine | None = None,
+    on_sample: Callable[[list[Trajectory], int], None] | None = None,
+) -> dict[str, float]:
+    """Train `model` in place; returns the last step's metrics and the final held-out evaluation
+    (`heldout/reward/<component>`, `heldout/reward_se/<component>`)."""
+    torch.manual_seed(cfg.seed)
+    pad_id = tokenizer.pad_token_id
+    model.train()
+    frozen = freeze_indexer(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
+    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
+    engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
+    mode = current_dsa_mode(model)
+    set_dsa_mode(
+        model, "sparse_gather"
+    )  # the trainer's forward: native's values and gradients, faster on CPU
+    engine.sync_weights(model.state_dict(), 0)
+    heldout = list(heldout_prompts)[: cfg.eval_prompts]
+    log.info("general RL: %d indexer tensors frozen, %d train / %d held-out prompts", frozen,
+             len(train_prompts), len(heldout))  # fmt: skip
+
+    def evaluate(step: int) -> dict[str, float]:
+        out = evaluate_general(engine, tokenizer, heldout, reward, cfg.max_new_tokens)
+        log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
+        return out
+
+    final = evaluate(0)
+    # categories play the part of the reasoning loop's domains: every batch mixes chat, instruction, writing
+    batches = mixed_batches(train_prompts, cfg.prompts_per_step, cfg.seed)
+    metrics: dict[str, float] = {}
+    for step in range(1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        engine.sync_weights(model.state_dict(), step - 1)  # fully on-policy: the engine samples θ_old
+        sampling = SamplingParams(
+            cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step
+        )
+        tasks = next(batches)
+        trajs, _ = sample_and_score(engine, tokenizer, tasks, cfg.group_size, sampling, reward, f"s{step}-")
+        t_rollout = time.perf_counter() - t0
+        rewards = torch.tensor([t.reward for t in trajs]).view(-1, cfg.group_size)
+        adv = group_advantages(rewards).flatten()
+        batch = response_batch(trajs, pad_id)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            logp_old, _ = token_logprobs(model, batch, cfg.temperature)
+        logp, entropy = token_logprobs(model, batch, cfg.temperature)
+        loss, stats = grpo_icepop_loss(
+            logp, logp_old, batch["logp_infer"], adv, batch["mask"], cfg.beta, cfg.eps_low, cfg.eps_high
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        optimizer.step()
+        mask = batch["mask"]
+        metrics = {
+            **reward_means(trajs, tasks, with_se=False),
+            "loss": float(loss.detach()),
+            "grad_norm": grad_norm,
+            "rho/mean": stats.rho_mean, "rho/min": stats.rho_min, "rho/max": stats.rho_max,
+            "icepop/masked_fraction": stats.masked_fraction,
+            "clip_fraction": stats.clip_fraction,
+            "entropy": float((entropy * mask).sum() / mask.sum().clamp_min(1)),
+            "zero_advantage_groups": float((rewards.std(dim=1) == 0).float().mean()),
+            "response_length": sum(len(t.response_ids) for t in trajs) / len(trajs),
+            "truncated_fraction": sum(t.status == "truncated" for t in trajs) / len(trajs),
+            "time/rollout_and_reward_s": t_rollout,
+            "time/train_s": time.perf_counter() - t1,
+            "step_s": time.perf_counter() - t0,
+        }  # fmt: skip
+        if reward.grm is not None:
+            metrics.update(reward.grm.metrics())
+        log_metrics(metrics, step)
+        if on_sample is not None and step in (1, cfg.steps):
+            on_sample(trajs[: cfg.group_size], step)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            engine.sync_weights(model.state_dict(), step)
+            final = evaluate(step)
+    set_dsa_mode(model, mode)
+    return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}

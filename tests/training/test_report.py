@@ -1,0 +1,124 @@
+"""The post-training results table on micro checkpoints: one row per checkpoint in chain order, a `value ± se`
+cell per metric, a PNG, and a checkpoint trained on the held-out behaviour scores better where it should."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from training.agentic.terminal import TerminalSuite
+from training.checkpoint import export_hf
+from training.model import ModelConfig, build_model
+from training.recall_tasks import FillerText, passkey_items
+from training.report import HeldoutSets, ReportConfig, post_training_report, report_table
+from training.rollout.multiturn import prompt_ids
+from training.tasks.base import Task, Verdict
+from training.tokenizer import END_OF_TURN, TokenizerConfig, load_tokenizer, train_tokenizer
+
+WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class SaysBlue:
+    domain, version = "color", "t1"
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        return Verdict(1.0, "correct") if "blue" in response else Verdict(0.0, "wrong_answer")
+
+
+def _answer_rows(tok, tasks, word: str) -> list[list[int]]:
+    answer = list(tok(word, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids(END_OF_TURN)]
+    return [prompt_ids(tok, t) + answer for t in tasks]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """Two checkpoints of one chain: `base` (untrained) and `sft` (a few language-modelling steps on chats answering 'blue')."""
+    root = tmp_path_factory.mktemp("report")
+    corpus = [" ".join(WORDS) + " pick a color" for _ in range(50)]
+    tok_dir = train_tokenizer(corpus, TokenizerConfig(vocab_size=320), root / "tok")
+    tok = load_tokenizer(tok_dir)
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
+    )
+    train = [Task(f"c{i}", "color", f"pick a color {i}", "blue", 1, "train") for i in range(8)]
+    base = build_model(cfg, seed=1)
+    sft = build_model(cfg, seed=1)
+    sft.load_state_dict(base.state_dict())
+    opt = torch.optim.AdamW(sft.parameters(), lr=3e-3)
+    for _ in range(40):
+        loss = 0.0
+        for row in _answer_rows(tok, train, " blue"):  # every token: the chat format and the answer
+            logits = sft(input_ids=torch.tensor([row])).logits[0, :-1]
+            loss = loss + torch.nn.functional.cross_entropy(logits.float(), torch.tensor(row[1:]))
+        opt.zero_grad()
+        (loss / len(train)).backward()
+        opt.step()
+    files = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    dirs = {
+        "base": export_hf(base.eval(), root / "base", files),
+        "sft": export_hf(sft.eval(), root / "sft", files),
+    }
+    return tok, dirs
+
+
+def _sets(tok) -> HeldoutSets:
+    heldout = [Task(f"h{i}", "color", f"pick a color {i + 100}", "blue", 1, "heldout") for i in range(6)]
+    rows = _answer_rows(tok, heldout, " blue")
+    width = min(len(r) for r in rows)
+    filler = FillerText([np.array(r) for r in rows])
+    encode = lambda text: list(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    return HeldoutSets(
+        text_rows={"chat": torch.tensor([r[:width] for r in rows])},
+        passkey=passkey_items(encode, filler, [256], [0.2, 0.8], 3, 4, seed=0, key_digits=2),
+        reasoning=heldout,
+        verifiers={"color": SaysBlue()},
+        agentic=TerminalSuite().generate("heldout", 2, 0, 1),
+    )
+
+
+def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp_path):
+    tok, dirs = chain
+    cfg = ReportConfig(max_new_tokens=4, max_turns=1, agentic_max_new_tokens=8, agentic_max_turns=2)
+
+    def general(model, tokenizer):  # a stand-in for the general-reward scorer: one component
+        return {"helpfulness": (0.5, 0.1)}
+
+    report = post_training_report(dirs, _sets(tok), cfg, tmp_path, score_general=general, tokenizer=tok)
+    lines = report.markdown.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    metrics = ["ppl/chat", "passkey/256", "pass@1/color", "success/terminal", "general/helpfulness"]
+    assert header == ["checkpoint", *metrics]
+    body = lines[2:]
+    assert [r.split("|")[1].strip() for r in body] == ["base", "sft"]  # chain order, one row each
+    for row in body:
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert len(cells) == len(metrics)
+        assert all(re.fullmatch(r"-?\d+\.\d+ ± \d+\.\d+", c) for c in cells), cells
+    assert report.plot is not None and report.plot.stat().st_size > 5_000
+    assert report.plot.read_bytes()[:4] == b"\x89PNG"
+    flat = report.flat_metrics()
+    assert {"sft/pass@1/color", "sft/pass@1/color_se", "base/ppl/chat_se"} <= set(flat)
+
+    # the checkpoint taught to answer 'blue' scores higher where it should, by more than the SEs
+    base, sft = report.scores["base"], report.scores["sft"]
+    assert sft["pass@1/color"][0] == 1.0 and base["pass@1/color"][0] == 0.0
+    assert sft["ppl/chat"][0] + 2 * sft["ppl/chat"][1] < base["ppl/chat"][0] - 2 * base["ppl/chat"][1]
+    assert base["ppl/chat"][1] > 0  # a real SE over rows
+    p = base["passkey/256"][0]
+    assert base["passkey/256"][1] == pytest.approx((p * (1 - p) / 6) ** 0.5)
+
+
+def test_missing_metrics_render_as_a_dash():
+    md = report_table({"a": {"ppl/web": (12.345, 0.5)}, "b": {"pass@1/math": (0.25, 0.05)}})
+    assert "| a | 12.35 ± 0.50 | — |" in md and "| b | — | 0.250 ± 0.050 |" in md

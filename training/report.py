@@ -1,0 +1,276 @@
+"""The post-training results table (docs/recipe.md, "On-policy cross-stage distillation"): every checkpoint of
+the chain, from the midtrained base to the distilled one, scored on the same held-out sets, each number with
+its standard error, as a Markdown table and one PNG.
+
+Metrics (all on the same items for every checkpoint):
+- `ppl/<source>`: held-out perplexity; SE by the delta method over rows (se(ppl) = ppl · se(mean row NLL));
+- `passkey/<length>`: passkey multiple-choice accuracy at the longest length, binomial SE;
+- `pass@1/<domain>`: greedy pass@1 on the held-out reasoning tasks (math / code / tool / knowledge ...);
+- `success/<family>`: greedy success on the held-out agentic tasks with in-process environments;
+- `general/<component>`: general-reward components, when a scorer is given.
+
+Plain Python: the asset gives HF dirs and held-out sets, gets a `Report` back."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.recall_tasks import PasskeyItem
+from training.tasks.base import Task
+
+log = logging.getLogger(__name__)
+Score = tuple[float, float]  # (value, standard error)
+GeneralScorer = Callable[[torch.nn.Module, Any], Mapping[str, Score]]
+HIGHER_IS_BETTER = ("passkey/", "pass@1/", "success/", "general/")  # ppl/ is lower-is-better
+
+
+class ReportConfig(BaseModel):
+    """What the results table scores (defaults are the `tiny` profile's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ppl_seq_len: int = Field(256, ge=8, description="Context of the held-out perplexity rows (tokens)")
+    ppl_max_tokens: int = Field(16_384, ge=64, description="Held-out tokens scored per source")
+    passkey_length: int = Field(1024, ge=32, description="Passkey prompt length (the longest trained one)")
+    passkey_depths: list[float] = Field([0.1, 0.3, 0.5, 0.7, 0.9], description="Needle depths (0 = start)")
+    passkey_per_depth: int = Field(8, ge=1, description="Passkey items per depth")
+    passkey_choices: int = Field(4, ge=2, description="Candidate keys per item (chance = 1/choices)")
+    passkey_digits: int = Field(5, ge=1, description="Digits per key")
+    filler_source: str = Field("web", description="Held-out source whose text fills the passkey haystack")
+    reasoning_tasks_per_domain: int = Field(60, ge=1, description="Held-out reasoning tasks per domain")
+    max_new_tokens: int = Field(48, ge=1, description="Tokens per turn on the reasoning tasks")
+    max_turns: int = Field(3, ge=1, description="Assistant turns on the reasoning tasks")
+    agentic_tasks_per_domain: int = Field(40, ge=1, description="Held-out agentic tasks per family")
+    agentic_max_new_tokens: int = Field(64, ge=1, description="Tokens per turn on the agentic tasks")
+    agentic_max_turns: int = Field(4, ge=1, description="Assistant turns on the agentic tasks")
+    batch_size: int = Field(4, ge=1, description="Sequences per forward pass (perplexity, passkey)")
+    seed: int = Field(1234, description="Seed of the passkey set and the agentic environments")
+
+
+@dataclass
+class HeldoutSets:
+    """The held-out items every checkpoint is scored on (built once: same items, same tokens for all)."""
+
+    text_rows: dict[str, torch.Tensor] = field(default_factory=dict)  # source -> [N, T] token ids
+    passkey: list[PasskeyItem] = field(default_factory=list)
+    reasoning: list[Task] = field(default_factory=list)
+    facts: list[tuple[str, str]] = field(default_factory=list)  # knowledge suite
+    agentic: list[Task] = field(default_factory=list)
+    agentic_facts: list[tuple[str, str]] = field(default_factory=list)  # search family's documents
+    verifiers: dict[str, Any] | None = None  # domain -> TaskSuite; None = training.tasks.suites(facts)
+
+
+@dataclass
+class Report:
+    scores: dict[str, dict[str, Score]]  # checkpoint -> metric -> (value, se), checkpoints in chain order
+    markdown: str
+    plot: Path | None = None
+
+    def flat_metrics(self) -> dict[str, float]:
+        """`<checkpoint>/<metric>` and `<checkpoint>/<metric>_se` for MLflow / Dagster metadata."""
+        out = {}
+        for ckpt, metrics in self.scores.items():
+            for name, (value, se) in metrics.items():
+                out[f"{ckpt}/{name}"], out[f"{ckpt}/{name}_se"] = value, se
+        return out
+
+
+def build_heldout_sets(
+    tokenizer: Any,
+    cfg: ReportConfig,
+    text_shards: Mapping[str, Sequence[str | Path]] | None = None,
+    reasoning: Sequence[Task] = (),
+    facts: Sequence[tuple[str, str]] = (),
+    agentic: Sequence[Task] = (),
+    agentic_facts: Sequence[tuple[str, str]] = (),
+) -> HeldoutSets:
+    """Held-out rows per source and passkey items from token shards (`training.data.shard_paths(...,
+    "heldout")`), and capped task subsets (round-robin over difficulty levels)."""
+    from training.data import iter_shard_documents
+    from training.evals import heldout_rows
+    from training.recall_tasks import FillerText, passkey_items
+    from training.tasks.suites import eval_subset
+    from training.tokenizer import EOS
+
+    sets = HeldoutSets(facts=list(facts), agentic_facts=list(agentic_facts))
+    sets.reasoning = eval_subset(list(reasoning), cfg.reasoning_tasks_per_domain)
+    sets.agentic = eval_subset(list(agentic), cfg.agentic_tasks_per_domain)
+    if text_shards:
+        sets.text_rows = {
+            s: heldout_rows(p, cfg.ppl_seq_len, cfg.ppl_max_tokens) for s, p in text_shards.items()
+        }
+        filler_paths = text_shards.get(cfg.filler_source) or next(iter(text_shards.values()))
+        filler = FillerText(
+            list(iter_shard_documents(filler_paths)), eos_id=tokenizer.convert_tokens_to_ids(EOS)
+        )
+        sets.passkey = passkey_items(
+            lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]), filler,
+            [cfg.passkey_length], cfg.passkey_depths, cfg.passkey_per_depth, cfg.passkey_choices, cfg.seed,
+            cfg.passkey_digits,
+        )  # fmt: skip
+    return sets
+
+
+@torch.no_grad()
+def perplexity_with_se(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> Score:
+    """exp(mean token NLL) over `rows` [N, T] (equal-length rows) and its delta-method SE over rows."""
+    per_row = []
+    for i in range(0, len(rows), batch_size):
+        batch = rows[i : i + batch_size]
+        logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
+        per_row += nll.mean(1).tolist()
+    mean = float(np.mean(per_row))
+    se = float(np.std(per_row, ddof=1) / math.sqrt(len(per_row))) if len(per_row) > 1 else 0.0
+    return math.exp(mean), math.exp(mean) * se
+
+
+def score_checkpoint(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    sets: HeldoutSets,
+    cfg: ReportConfig,
+    score_general: GeneralScorer | None = None,
+) -> dict[str, Score]:
+    """Every metric of the table for one model (left in eval mode)."""
+    from training.dsa_indexer import set_dsa_mode
+    from training.evals import model_choice_scorer, passkey_accuracy
+    from training.rl.reasoning import pass_at_1
+    from training.rollout.engine import LocalRolloutEngine
+    from training.tasks.suites import suites
+
+    model.eval()
+    set_dsa_mode(model, "sparse_gather")  # native's top-k attention, computed faster on CPU (training.evals)
+    out: dict[str, Score] = {}
+    for source, rows in sorted(sets.text_rows.items()):
+        out[f"ppl/{source}"] = perplexity_with_se(model, rows, cfg.batch_size)
+    if sets.passkey:
+        acc = passkey_accuracy(model_choice_scorer(model, cfg.batch_size), sets.passkey)
+        n = max(item.length for item in sets.passkey)
+        out[f"passkey/{n}"] = (acc[f"passkey/acc/{n}"], acc[f"passkey/se/{n}"])
+    pad = tokenizer.pad_token_id
+    if sets.reasoning:
+        engine = LocalRolloutEngine(model, dtype=torch.float32, pad_id=pad)
+        verifiers = sets.verifiers if sets.verifiers is not None else suites(sets.facts)
+        scores = pass_at_1(engine, tokenizer, sets.reasoning, verifiers, cfg.max_new_tokens, cfg.max_turns)
+        for domain in sorted({t.domain for t in sets.reasoning}):
+            out[f"pass@1/{domain}"] = (scores[f"pass_at_1/{domain}"], scores[f"pass_at_1_se/{domain}"])
+    if sets.agentic:
+        out.update(_agentic_success(model, tokenizer, sets, cfg, pad))
+    if score_general is not None:
+        for name, (value, se) in score_general(model, tokenizer).items():
+            out[f"general/{name}"] = (float(value), float(se))
+    return out
+
+
+def _agentic_success(model, tokenizer, sets: HeldoutSets, cfg: ReportConfig, pad: int) -> dict[str, Score]:
+    from training.agentic.async_loop import AgenticRLConfig, heldout_success
+    from training.agentic.families import agentic_suites
+
+    envs = agentic_suites(sets.agentic_facts)
+    settings = AgenticRLConfig(
+        max_new_tokens=cfg.agentic_max_new_tokens,
+        max_turns=cfg.agentic_max_turns,
+        seed=cfg.seed,
+        env_threads=4,
+    )
+    scores = heldout_success(model, tokenizer, sets.agentic, envs, settings, pad)
+    return {
+        f"success/{d}": (scores[f"success/{d}"], scores[f"success_se/{d}"])
+        for d in sorted({t.domain for t in sets.agentic})
+    }
+
+
+def score_checkpoints(
+    checkpoints: Mapping[str, str | Path],
+    sets: HeldoutSets,
+    cfg: ReportConfig,
+    score_general: GeneralScorer | None = None,
+    tokenizer: Any = None,
+) -> dict[str, dict[str, Score]]:
+    """name -> HF dir (chain order kept) -> name -> metric -> (value, se). The tokenizer defaults to the
+    first checkpoint's (every stage of one chain shares it)."""
+    from training.model import load_model
+    from training.tokenizer import load_tokenizer
+
+    if not checkpoints:
+        raise ValueError("post-training report: no checkpoints; give name -> HF dir in chain order")
+    tokenizer = tokenizer or load_tokenizer(str(next(iter(checkpoints.values()))))
+    out = {}
+    for name, path in checkpoints.items():
+        log.info("report: scoring %s (%s)", name, path)
+        out[name] = score_checkpoint(load_model(path), tokenizer, sets, cfg, score_general)
+    return out
+
+
+def _cell(score: Score | None) -> str:
+    if score is None:
+        return "—"
+    value, se = score
+    digits = 2 if abs(value) >= 10 else 3
+    return f"{value:.{digits}f} ± {se:.{digits}f}"
+
+
+def report_table(scores: Mapping[str, Mapping[str, Score]]) -> str:
+    """One row per checkpoint (in the given order), one column per metric, each cell `value ± se`."""
+    from infra.stage import markdown_table
+
+    metrics = _metric_order(scores)
+    rows = [{"checkpoint": name, **{m: _cell(s.get(m)) for m in metrics}} for name, s in scores.items()]
+    return markdown_table(rows)
+
+
+def _metric_order(scores: Mapping[str, Mapping[str, Score]]) -> list[str]:
+    seen: dict[str, None] = {}
+    for s in scores.values():
+        seen.update(dict.fromkeys(s))
+    kinds = ("ppl/", "passkey/", "pass@1/", "success/", "general/")
+    return sorted(
+        seen, key=lambda m: (next((i for i, k in enumerate(kinds) if m.startswith(k)), len(kinds)), m)
+    )
+
+
+def plot_report(scores: Mapping[str, Mapping[str, Score]], path: Path, title: str = "") -> Path:
+    """One panel per metric: the checkpoints in chain order left to right, each a bar with +-1 SE."""
+    from infra.figures import pyplot, save_figure
+
+    metrics = _metric_order(scores)
+    cols = min(4, max(1, len(metrics)))
+    nrows = max(1, math.ceil(len(metrics) / cols))
+    fig, axes = pyplot().subplots(nrows, cols, figsize=(3.6 * cols, 3.0 * nrows), squeeze=False)
+    names = list(scores)
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        values = [scores[n].get(metric, (float("nan"), 0.0)) for n in names]
+        ax.bar(range(len(names)), [v for v, _ in values], yerr=[e for _, e in values], capsize=3,
+               color=["tab:blue" if metric.startswith(HIGHER_IS_BETTER) else "tab:orange"] * len(names))  # fmt: skip
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_title(
+            metric + ("" if metric.startswith(HIGHER_IS_BETTER) else " (lower is better)"), fontsize=8
+        )
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.axis("off")
+    return save_figure(fig, path, title)
+
+
+def post_training_report(
+    checkpoints: Mapping[str, str | Path],
+    sets: HeldoutSets,
+    cfg: ReportConfig,
+    out_dir: Path,
+    score_general: GeneralScorer | None = None,
+    tokenizer: Any = None,
+    title: str = "post-training checkpoints on the same held-out sets (±1 SE)",
+) -> Report:
+    """Score every checkpoint, render the table and `out_dir/post_training_report.png`."""
+    scores = score_checkpoints(checkpoints, sets, cfg, score_general, tokenizer)
+    plot = plot_report(scores, Path(out_dir) / "post_training_report.png", title)
+    return Report(scores=scores, markdown=report_table(scores), plot=plot)

@@ -224,3 +224,36 @@ def test_training_goes_on_when_a_task_service_and_the_rollout_worker_are_killed(
         == stats["finished"] + stats["env_failures"] + stats["cancelled"] + stats["in_flight"]
     )
     assert len(stats["live_services"]) == 1 and doomed.url not in stats["live_services"]
+
+
+class _ScriptedReplica:
+    """A RolloutEngine over ScriptedEngine (the gateway's replica protocol)."""
+
+    def __init__(self, tok):
+        self.script, self.policy_version = ScriptedEngine(tok), 0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        return self.script([], prompts, params)
+
+    def sync_weights(self, state_dict, version: int) -> None:
+        self.policy_version = version
+
+
+@pytest.mark.parametrize("router", ["affinity", "round_robin"])
+def test_later_turns_reach_their_rollouts_replica_only_with_affinity_routing(setup, router):
+    from training.agentic.gateway import TitoGateway
+    from training.agentic.routing import RoundRobinRouter
+
+    tok, _, _, tasks = setup
+    replicas = {"a": _ScriptedReplica(tok), "b": _ScriptedReplica(tok)}
+    gateway = TitoGateway(replicas, RoundRobinRouter() if router == "round_robin" else None)
+    driver = RolloutDriver(
+        gateway.generate_batch, tok, color_environments(target="blue"), SamplingParams(16), 3
+    )
+    out = driver.run(tasks[:6], 2)
+    driver.close()
+    stats = gateway.stats()
+    assert len(out) == 12 and all(t.reward == 1.0 for t in out)
+    assert stats["later_turns"] == 12  # each rollout: a tool call, then the answer
+    rate = stats["same_replica_turns"] / stats["later_turns"]
+    assert rate == 1.0 if router == "affinity" else rate < 0.75, rate

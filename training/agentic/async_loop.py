@@ -129,6 +129,8 @@ def _worker_stats(driver: RolloutDriver, gateway: TitoGateway) -> dict[str, floa
         "gateway/retries": float(g["retries"]),
         "gateway/replica_failures": float(g["replica_failures"]),
     }
+    if g["later_turns"]:  # DP-aware routing: turns after the first that reached their rollout's replica
+        out["gateway/same_replica_rate"] = g["same_replica_turns"] / g["later_turns"]
     if "prefix_cache" in g:
         out["gateway/prefix_cache_hit_rate"] = float(g["prefix_cache"]["hit_rate"])
     return out
@@ -258,9 +260,13 @@ class AgenticRun:
             if kind == "trajectory":
                 self.buffer.add(Trajectory(**payload))
         if self.restarts >= MAX_WORKER_RESTARTS:
-            raise RuntimeError(f"rollout worker died {self.restarts + 1} times (last exit code {self.proc.exitcode})")
+            raise RuntimeError(
+                f"rollout worker died {self.restarts + 1} times (last exit code {self.proc.exitcode})"
+            )
         self.restarts += 1
-        log.warning("rollout worker died (exit code %s); starting replacement %d", self.proc.exitcode, self.restarts)
+        log.warning(
+            "rollout worker died (exit code %s); starting replacement %d", self.proc.exitcode, self.restarts
+        )
         self._start_worker()
 
     def __enter__(self) -> AgenticRun:

@@ -120,7 +120,11 @@ class TitoGateway:
         self._down: dict[str, float] = {}  # replica -> when to probe it next
         self._turns: OrderedDict[str, int] = OrderedDict()  # rollout id -> turns served, bounded like the log
         self._latest: tuple[dict[str, torch.Tensor], int] | None = None
-        self.counts = {"requests": 0, "retries": 0, "replica_failures": 0, "revivals": 0}
+        self.counts = {
+            "requests": 0, "retries": 0, "replica_failures": 0, "revivals": 0,
+            "later_turns": 0, "same_replica_turns": 0,
+        }  # fmt: skip
+        self._last_replica: OrderedDict[str, str] = OrderedDict()  # rollout id -> replica of its last turn
 
     # --- rotation -------------------------------------------------------------------------------------
     def live_replicas(self) -> list[str]:
@@ -320,6 +324,13 @@ class TitoGateway:
         with self._lock:
             self.log.append(record)
             self._served[replica] += 1
+            previous = self._last_replica.pop(rollout_id, None)
+            self._last_replica[rollout_id] = replica
+            while len(self._last_replica) > (self.log.maxlen or 100_000):
+                self._last_replica.popitem(last=False)
+            if previous is not None:  # a later turn: did it land where the rollout's KV cache is?
+                self.counts["later_turns"] += 1
+                self.counts["same_replica_turns"] += previous == replica
 
     def records(self, rollout_id: str) -> list[GatewayRecord]:
         """The recorded turns of one rollout, in the order they were served."""

@@ -143,3 +143,27 @@ def test_distillation_advantage_is_detached_teacher_minus_student():
     (grad,) = torch.autograd.grad(loss, logp)
     # r = 1, rho = 1: gradient -Â_t / |y| per token: raises tokens the teacher likes more, lowers the others
     assert torch.allclose(grad, torch.tensor([[-0.25, 0.5]]), atol=1e-6)
+
+
+def test_double_sided_is_masks_tokens_outside_the_band_on_both_sides_and_never_rescales_by_std():
+    # ratios exp(log π_θ - log π_rollout): 0.7 (below 1 - 0.2), 1.1 (inside), 1.4 (above 1 + 0.28), 0.9 (inside)
+    ratios = torch.tensor([[0.7, 1.1, 1.4, 0.9]])
+    logp_rollout = torch.full((1, 4), -1.0)
+    logp = (logp_rollout + ratios.log()).requires_grad_(True)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])  # one group: Â = R - mean R = 0.75 for the first sample
+    adv = group_advantages(rewards, normalise_std=False).flatten()[:1]
+    assert adv.item() == pytest.approx(0.75)  # with std it would be 0.75 / 0.433 = 1.73
+    loss, stats = double_sided_is_loss(logp, logp_rollout, adv, torch.ones(1, 4), EL, EH)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert grad[0, 0] == 0 and grad[0, 2] == 0  # outside the band: no gradient at all
+    assert grad[0, 1].item() == pytest.approx(-1.1 * 0.75 / 4) and grad[0, 3].item() == pytest.approx(
+        -0.9 * 0.75 / 4
+    )
+    assert stats.masked_fraction == pytest.approx(0.5) and stats.rho_min == pytest.approx(0.7)
+    # environment tokens (mask 0) contribute nothing, and the token mean is over policy tokens only
+    loss2, stats2 = double_sided_is_loss(
+        logp, logp_rollout, adv, torch.tensor([[0.0, 1.0, 0.0, 1.0]]), EL, EH
+    )
+    (grad2,) = torch.autograd.grad(loss2, logp)
+    assert grad2[0, 0] == grad2[0, 2] == 0 and grad2[0, 1].item() == pytest.approx(-1.1 * 0.75 / 2)
+    assert stats2.tokens == 2 and stats2.masked_fraction == 0

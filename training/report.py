@@ -239,6 +239,37 @@ def _metric_order(scores: Mapping[str, Mapping[str, Score]]) -> list[str]:
     )
 
 
+def recovery_rows(
+    scores: Mapping[str, Mapping[str, Score]], parent: str, distilled: str
+) -> list[dict[str, Any]]:
+    """Per metric: the best earlier checkpoint (before `parent`), how much `parent` lost against it and how much of
+    that `distilled` (trained from `parent`) won back; `within_se` when distilled is within the two SEs
+    (sqrt(se_best² + se_distilled²)) of the best. Signs are "better is positive" (perplexity flipped)."""
+    names = list(scores)
+    if parent not in scores or distilled not in scores:
+        raise ValueError(
+            f"recovery: {parent!r} and {distilled!r} must both be checkpoints of the table ({names})"
+        )
+    earlier = names[: names.index(parent)]
+    rows = []
+    for metric in _metric_order(scores):
+        sign = 1.0 if metric.startswith(HIGHER_IS_BETTER) else -1.0
+        have = [n for n in earlier if metric in scores[n]]
+        if not have or metric not in scores[parent] or metric not in scores[distilled]:
+            continue
+        best = max(have, key=lambda n: sign * scores[n][metric][0])
+        (b, b_se), (p, _), (d, d_se) = scores[best][metric], scores[parent][metric], scores[distilled][metric]
+        drop, gain = sign * (b - p), sign * (d - p)
+        rows.append({
+            "metric": metric, "best earlier": best, "best": _cell(scores[best][metric]),
+            f"{parent} (no distillation)": _cell(scores[parent][metric]), distilled: _cell(scores[distilled][metric]),
+            "drop": round(drop, 4), "recovered": round(gain, 4),
+            "recovered share": round(gain / drop, 2) if drop > 0 else "—",
+            "within_se": abs(d - b) <= math.hypot(b_se, d_se),
+        })  # fmt: skip
+    return rows
+
+
 def plot_report(scores: Mapping[str, Mapping[str, Score]], path: Path, title: str = "") -> Path:
     """One panel per metric: the checkpoints in chain order left to right, each a bar with +-1 SE."""
     from infra.figures import pyplot, save_figure

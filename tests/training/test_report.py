@@ -122,3 +122,22 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
 def test_missing_metrics_render_as_a_dash():
     md = report_table({"a": {"ppl/web": (12.345, 0.5)}, "b": {"pass@1/math": (0.25, 0.05)}})
     assert "| a | 12.35 ± 0.50 | — |" in md and "| b | — | 0.250 ± 0.050 |" in md
+
+
+def test_recovery_rows_measure_the_drop_and_what_distillation_won_back():
+    from training.report import recovery_rows
+
+    scores = {
+        "sft": {"pass@1/math": (0.50, 0.05), "ppl/web": (20.0, 0.5)},
+        "reasoning_rl": {"pass@1/math": (0.40, 0.05), "ppl/web": (22.0, 0.5)},
+        "agentic_rl": {"pass@1/math": (0.20, 0.05), "ppl/web": (30.0, 0.5)},
+        "distilled": {"pass@1/math": (0.45, 0.05), "ppl/web": (29.0, 0.5)},
+    }
+    rows = {r["metric"]: r for r in recovery_rows(scores, "agentic_rl", "distilled")}
+    math_row, ppl_row = rows["pass@1/math"], rows["ppl/web"]
+    assert math_row["best earlier"] == "sft" and math_row["drop"] == pytest.approx(0.3)
+    assert math_row["recovered share"] == pytest.approx(0.83, abs=0.01) and math_row["within_se"]
+    assert ppl_row["best earlier"] == "sft" and ppl_row["drop"] == pytest.approx(10.0)  # lower is better
+    assert ppl_row["recovered"] == pytest.approx(1.0) and not ppl_row["within_se"]
+    with pytest.raises(ValueError, match="must both be checkpoints"):
+        recovery_rows(scores, "general_rl", "distilled")

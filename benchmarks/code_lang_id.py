@@ -376,12 +376,12 @@ def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: in
             stats["dropped/duplicate_content"] += 1
             continue
         seen.add(sha)
-        if per_group[f["group"], f["label"]] >= per_group_cap:
-            stats["dropped/over_project_cap"] += 1
-            continue
+        # over the cap: kept for training only (if its project lands in train); held-out sets stay balanced
+        f["over_cap"] = per_group[f["group"], f["label"]] >= per_group_cap
+        stats["over_project_cap"] += f["over_cap"]
         per_group[f["group"], f["label"]] += 1
         kept.append(f)
-    counts = Counter(f["label"] for f in kept)
+    counts = Counter(f["label"] for f in kept if not f["over_cap"])
     kept = [f for f in kept if counts[f["label"]] >= min_files]
     stats.update({f"dropped/label_under_{min_files}_files": sum(n for n in counts.values() if n < min_files)})
     return kept, {
@@ -409,15 +409,18 @@ def assign_splits(files: list[dict], seed: int) -> dict:
     )  # fmt: skip
 
     made = component_groups(files, min_groups=4)
+    capped = [f for f in files if not f["over_cap"]]
     if FROZEN_TEST.exists():
         test_groups = set(load_frozen(FROZEN_TEST)["groups"])
         dev_groups = set(load_frozen(FROZEN_DEV)["groups"])
         where = {f["group"]: "test" if f["group"] in test_groups else "dev" if f["group"] in dev_groups else "train"
                  for f in files}  # fmt: skip
     else:
-        where = split_groups(files, seed)
+        where = split_groups(capped, seed)
     for f in files:
-        f["split"] = where[f["group"]]
+        f["split"] = where.get(f["group"], "train")
+        if f["over_cap"] and f["split"] != "train":
+            f["split"] = "over_cap"
     # forks and vendored copies: a held-out file whose content is also in train is not held out
     train_sha = {text_sha256(f["text"]) for f in files if f["split"] == "train"}
     dropped = 0
@@ -451,9 +454,10 @@ def train_main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="[STATE_DIR:]SNAPSHOT of crawled code")
     ap.add_argument("--epochs", type=int, nargs="+", default=[40, 120], help="candidates, chosen on dev")
-    ap.add_argument("--per-group-cap", type=int, default=60, help="files of one label from one project")
+    ap.add_argument("--per-group-cap", type=int, default=60, help="held-out files of one label from one project")
+    ap.add_argument("--train-group-cap", type=int, default=300, help="training files of one label from one project")
     ap.add_argument("--max-train-per-label", type=int, default=1500)
-    ap.add_argument("--min-files", type=int, default=80, help="labels with fewer files are left out")
+    ap.add_argument("--min-files", type=int, default=60, help="labels with fewer files are left out")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True, help="directory for the model and its calibration")
@@ -464,8 +468,14 @@ def train_main(argv: list[str]) -> dict:
     by = {s: [f for f in files if f["split"] == s] for s in ("train", "dev", "test")}
     rng = random.Random(args.seed)
     train: list[dict] = []
-    for lab in sorted({f["label"] for f in by["train"]}):
-        mine = [f for f in by["train"] if f["label"] == lab]
+    per_project: Counter = Counter()
+    pool = []
+    for f in by["train"]:  # files come in seeded hash order within a project
+        per_project[f["group"], f["label"]] += 1
+        if per_project[f["group"], f["label"]] <= args.train_group_cap:
+            pool.append(f)
+    for lab in sorted({f["label"] for f in pool}):
+        mine = [f for f in pool if f["label"] == lab]
         train += rng.sample(mine, min(len(mine), args.max_train_per_label))
     labels = sorted({f["label"] for f in files})
     print(f"{len(labels)} labels; train {len(train)} files / {len({f['group'] for f in train})} groups, dev "
@@ -569,8 +579,150 @@ def _log_mlflow(result: dict, artifacts: list[Path]) -> None:
     print(f"MLflow run {rid} ({tracker.tracking_uri})")
 
 
+# --- issue 19: ours vs magika (and optionally guesslang) on the frozen test set, in one run ----------------
+
+MAGIKA_PIN = "magika==1.0.3"
+# magika content types -> our labels; its text types that are no language of ours are our `unknown`
+MAGIKA_NAMES = {
+    "python": "Python", "c": "C", "cpp": "C++", "cs": "C#", "java": "Java", "kotlin": "Kotlin", "scala": "Scala",
+    "go": "Go", "rust": "Rust", "swift": "Swift", "objectivec": "Objective-C", "javascript": "JavaScript",
+    "typescript": "TypeScript", "php": "PHP", "ruby": "Ruby", "perl": "Perl", "shell": "Shell",
+    "powershell": "PowerShell", "lua": "Lua", "r": "R", "julia": "Julia", "matlab": "MATLAB", "haskell": "Haskell",
+    "ocaml": "OCaml", "erlang": "Erlang", "elixir": "Elixir", "clojure": "Clojure", "dart": "Dart", "zig": "Zig",
+    "sql": "SQL", "html": "HTML", "css": "CSS", "scss": "SCSS", "markdown": "Markdown", "yaml": "YAML",
+    "json": "JSON", "toml": "TOML", "dockerfile": "Dockerfile", "makefile": "Makefile", "tcl": "Tcl",
+    "fortran": "Fortran", "groovy": "Groovy", "gradle": "Groovy", "cmake": "CMake", "latex": "TeX", "xml": "XML",
+    "svg": "XML", "verilog": "Verilog", "prolog": "Prolog", "batch": "Batchfile", "gemfile": "Ruby",
+    "gemspec": "Ruby", "txt": "unknown", "csv": "unknown", "tsv": "unknown", "unknown": "unknown",
+    "rst": "unknown", "jsonl": "JSON",
+}  # fmt: skip
+MAGIKA_LISP = {
+    "Emacs Lisp",
+    "Common Lisp",
+    "Scheme",
+    "Racket",
+}  # its one "lisp" stands for each Lisp we label
+
+MAGIKA_RUNNER = r"""
+import json, sys, time
+from pathlib import Path
+from magika import Magika
+t0 = time.time()
+m = Magika()
+load_s = time.time() - t0
+paths = [Path(p) for p in json.loads(Path(sys.argv[1]).read_text())]
+m.identify_paths(paths[:20])  # warm-up
+t0 = time.time()
+res = m.identify_paths(paths)
+secs = time.time() - t0
+print(json.dumps({"predictions": [r.output.label if r.ok else "error" for r in res],
+                  "scores": [r.score if r.ok else 0.0 for r in res], "seconds": secs, "load_seconds": load_s}))
+"""
+
+
+def ensure_magika_venv(venv: Path) -> Path:
+    """A separate venv with magika (onnxruntime) from PyPI, never the project venv; returns its python."""
+    python = venv / "bin" / "python"
+    marker = venv / ".magika-ready"
+    if marker.exists():
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", MAGIKA_PIN], check=True)
+    marker.write_text("ok\n")
+    return python
+
+
+def run_magika(python: Path, texts: list[str]) -> tuple[list[str], float]:
+    """magika on the same texts (each written to a file without a name hint: `f<N>.txt` is never read by it,
+    magika reads content only), through its batch API `identify_paths` at its default settings."""
+    with tempfile.TemporaryDirectory(prefix="crucible-magika-") as tmp:
+        paths = []
+        for i, text in enumerate(texts):
+            p = Path(tmp) / f"f{i:06d}"
+            p.write_bytes(text.encode("utf-8", "surrogatepass"))
+            paths.append(str(p))
+        (Path(tmp) / "paths.json").write_text(json.dumps(paths))
+        (Path(tmp) / "runner.py").write_text(MAGIKA_RUNNER)
+        proc = subprocess.run([str(python), str(Path(tmp) / "runner.py"), str(Path(tmp) / "paths.json")],
+                              capture_output=True, text=True, timeout=7200)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"magika runner failed: {proc.stderr[-2000:]}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return [MAGIKA_NAMES.get(p, f"magika:{p}") for p in result["predictions"]], result["seconds"]
+
+
+def protocol_bench_main(argv: list[str]) -> dict:
+    """The frozen test set (rebuilt from the crawled snapshots and checked against its committed hashes): ours
+    (single process, calibrated) vs magika, accuracy on all labels and on the labels magika has, files/s."""
+    from classifiers.code_language_protocol import UNKNOWN, load_frozen
+
+    ap = argparse.ArgumentParser(prog="code_lang_id.py protocol")
+    ap.add_argument("--data", nargs="+", default=DEFAULT_DATA)
+    ap.add_argument("--model-dir", type=Path, required=True, help="output of `code_lang_id.py train`")
+    ap.add_argument("--magika-venv", type=Path, default=None, help="default: <state dir>/bench-venv-magika")
+    ap.add_argument("--per-group-cap", type=int, default=60)
+    ap.add_argument("--min-files", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    files, _ = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
+    assign_splits(files, args.seed)  # raises if the data no longer gives the frozen sets
+    test = sorted((f for f in files if f["split"] == "test"), key=lambda f: f["id"])
+    load_frozen(FROZEN_TEST)  # checked against its sha256
+    texts, y_true = [f["text"] for f in test], [f["label"] for f in test]
+    cal = json.loads((args.model_dir / "calibration.json").read_text())
+    clf = CodeLanguageClassifier.load(args.model_dir / "code_language.bin", temperature=cal["temperature"])
+    clf.predict_content(texts[:50], k=1)
+    t0 = time.time()
+    probs = clf.predict_content(texts, k=1)
+    ours_s = time.time() - t0
+    preds = {"crucible fastText": [max(p, key=p.get) if p else UNKNOWN for p in probs]}
+    speed = {"crucible fastText": len(texts) / ours_s}
+    venv = args.magika_venv or load_profile().state_path / "bench-venv-magika"
+    mg, mg_s = run_magika(ensure_magika_venv(venv), texts)
+    preds["magika"] = [
+        y if (g == "magika:lisp" and y in MAGIKA_LISP) else g for g, y in zip(mg, y_true, strict=True)
+    ]
+    speed["magika"] = len(texts) / mg_s
+    magika_labels = set(MAGIKA_NAMES.values()) | MAGIKA_LISP
+    labels = sorted(set(y_true))
+    print(f"frozen test set {FROZEN_TEST.name} (sha256 {frozen_digest_of(FROZEN_TEST)[:16]}): {len(texts)} files, "
+          f"{len({f['group'] for f in test})} projects, {len(labels)} labels; content only; ours one process "
+          f"(temperature {cal['temperature']}), magika at its default settings (identify_paths)")  # fmt: skip
+    sections = {"all files, all labels (a label magika lacks counts as its error)": list(range(len(texts))),
+                "labels magika has": [i for i, y in enumerate(y_true) if y in magika_labels]}  # fmt: skip
+    result: dict = {"files": len(texts), "labels": labels, "sections": {}}
+    for title, idx in sections.items():
+        sub = [y_true[i] for i in idx]
+        rows = [score(m, sub, [preds[m][i] for i in idx], speed[m], sorted(set(sub))) for m in preds]
+        result["sections"][title] = rows
+        print(f"\n## {title}\n" + markdown_table(rows))
+    ratio = speed["crucible fastText"] / speed["magika"]
+    result["speed_ratio_vs_magika"] = round(ratio, 2)
+    print(
+        f"\nspeed: ours {speed['crucible fastText']:.0f} files/s vs magika {speed['magika']:.0f} files/s = {ratio:.1f}x"
+    )
+    rep_o = classification_report(y_true, preds["crucible fastText"], labels)
+    rep_m = classification_report(y_true, preds["magika"], labels)
+    rows = [{"label": lab, "test_files": int(rep_o.per_class[lab]["support"]),
+             "ours_f1": round(rep_o.per_class[lab]["f1"], 3), "magika_f1": round(rep_m.per_class[lab]["f1"], 3)}
+            for lab in labels]  # fmt: skip
+    print("\n## per-label F1 on the frozen test set\n" + markdown_table(rows))
+    result["per_label"] = rows
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def frozen_digest_of(path: Path) -> str:
+    return path.with_suffix(path.suffix + ".sha256").read_text().split()[0]
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["train"]:
         train_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["protocol"]:
+        protocol_bench_main(sys.argv[2:])
     else:
         main()

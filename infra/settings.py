@@ -47,6 +47,8 @@ STAGE_NAMES = frozenset(
         "reasoning_rl",
         "agentic_tasks",
         "agentic_rl",
+        "distill",
+        "post_training_report",
     }
 )
 

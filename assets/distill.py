@@ -1,0 +1,169 @@
+"""On-policy cross-stage distillation as the final post-training stage: the student starts from the last RL
+checkpoint (General RL when it is committed, else Agentic RL) and the final checkpoints of the earlier stages
+teach it on prompts from their own training sets. The checkpoint's lineage names its parent and every teacher."""
+
+from importlib.util import find_spec
+from pathlib import Path
+
+from assets.factory import Launches, tracked_asset
+from assets.pipes_launch import CALLBACK, PipesLaunch
+from assets.post_training import (
+    AGENTIC_TASKS_PREFIX,
+    TASKS_PREFIX,
+    _local,
+    _model_cfg,
+    _publish_checkpoint,
+    _work,
+)
+from assets.stage_config import launchpad_config
+from infra.committed import is_committed, read_committed
+from infra.settings import load_profile
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from training.agentic.families import read_agentic_sft_tasks, read_agentic_tasks
+from training.curves import plot_history
+from training.job import job_key, read_metrics, tree_digest
+from training.rl import distill
+from training.rl import distill_job as distill_job_module
+from training.rl.distill import DistillConfig
+from training.tasks.suites import read_tasks, write_tasks
+
+PROFILE = load_profile()
+DistillRunConfig = launchpad_config("distill", DistillConfig, PROFILE)
+# The General RL stage's committed prompt set (train.jsonl, heldout.jsonl): assets/general.py must commit it here
+# for the General RL checkpoint to teach; without it the distillation runs with the other teachers.
+GENERAL_PROMPTS_PREFIX = "post_training/general_prompts"
+TEACHER_STAGES = ["sft", "reasoning_rl", "agentic_rl", "general_rl"]  # chain order
+# General RL is a dependency once its asset module exists (a teacher and the parent when it is committed).
+DEP_STAGES = [t for t in TEACHER_STAGES if t != "general_rl" or find_spec("assets.general") is not None]
+DISTILL_PANELS = {
+    "reverse KL per teacher (log pi_student - log pi_teacher, sampled tokens)": r"reverse_kl/(?!mean)\w+",
+    "held-out greedy agreement with each teacher": r"heldout/agreement/\w+",
+    "held-out exact reverse KL per teacher": r"heldout/reverse_kl_exact/\w+",
+    "held-out pass@1 (greedy)": r"heldout/pass_at_1/\w+",
+    "IcePop rho (trainer / engine prob)": r"rho/(min|mean|max)",
+    "token fractions: masked by IcePop, clipped": r"icepop/masked_fraction|clip_fraction",
+}
+
+
+def _checkpoint(s: ObjectStore, stage: str) -> Path | None:
+    prefix = f"checkpoints/{stage}_checkpoint"
+    return _local(s, prefix, prefix) if is_committed(s, prefix) else None
+
+
+def _prompt_sets(s: ObjectStore, teachers: list[str], out: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Each teacher's own training prompts (train.jsonl) and held-out prompts, written under `out`."""
+    tasks_dir, agentic_dir = (
+        _local(s, TASKS_PREFIX, "task_suites"),
+        _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks"),
+    )
+    agentic = read_agentic_tasks(agentic_dir)
+    seen_in_sft = read_agentic_sft_tasks(agentic_dir)
+    sft_ids = {t.id for t in seen_in_sft}
+    reasoning_train, reasoning_heldout = tasks_dir / "train.jsonl", tasks_dir / "heldout.jsonl"
+    sets = {
+        # SFT trained on worked solutions of reasoning tasks and of a share of the agentic train tasks
+        "sft": (read_tasks(reasoning_train) + seen_in_sft, read_tasks(reasoning_heldout)),
+        "reasoning_rl": (read_tasks(reasoning_train), read_tasks(reasoning_heldout)),
+        "agentic_rl": ([t for t in agentic["train"] if t.id not in sft_ids], agentic["heldout"]),
+    }
+    if "general_rl" in teachers:
+        general = _local(s, GENERAL_PROMPTS_PREFIX, "general_prompts")
+        sets["general_rl"] = (read_tasks(general / "train.jsonl"), read_tasks(general / "heldout.jsonl"))
+    train, heldout = {}, {}
+    for name in teachers:
+        train[name] = str(write_tasks(sets[name][0], out / name / "train.jsonl"))
+        heldout[name] = str(write_tasks(sets[name][1], out / name / "heldout.jsonl"))
+    return train, heldout
+
+
+def _distill(launch: PipesLaunch, cfg: DistillConfig, s, _, run) -> StageResult:
+    found = {stage: _checkpoint(s, stage) for stage in TEACHER_STAGES}
+    if found["general_rl"] is not None and not is_committed(s, GENERAL_PROMPTS_PREFIX):
+        found["general_rl"] = None  # a teacher needs its own prompt set
+    teachers = {stage: path for stage, path in found.items() if path is not None}
+    parent_stage = "general_rl" if "general_rl" in teachers else "agentic_rl"
+    if parent_stage not in teachers:
+        raise RuntimeError(
+            "distilled_checkpoint: no Agentic RL checkpoint is committed; materialize it first"
+        )
+    parent = teachers[parent_stage]
+    unknown = sorted(set(cfg.proportions) - set(teachers))
+    proportions = {k: v for k, v in cfg.proportions.items() if k in teachers}
+    cfg = cfg.model_copy(update={"proportions": proportions})
+    train, heldout = _prompt_sets(s, list(teachers), _work("distill") / "prompts")
+    tasks_dir = _local(s, TASKS_PREFIX, "task_suites")
+    versions = [read_committed(s, p).version for p in (TASKS_PREFIX, AGENTIC_TASKS_PREFIX)]
+    model_cfg, distributed = _model_cfg(parent)
+    key = job_key(cfg.model_dump(mode="json"), *[tree_digest(p) for p in teachers.values()], *versions)
+    spec = distill_job_module.DistillJobSpec(
+        run_dir=str(PROFILE.state_path / "runs" / "distill" / key),
+        init_from=str(parent),
+        model=model_cfg,
+        teachers={name: str(path) for name, path in teachers.items()},
+        teacher_tasks=train,
+        teacher_heldout=heldout,
+        heldout_tasks=str(tasks_dir / "heldout.jsonl"),
+        facts=str(tasks_dir / "facts.jsonl"),
+        agentic_facts=str(_local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks") / "facts.json"),
+        config=cfg,
+        threads=distributed.threads_per_process or None,
+        callbacks=[CALLBACK],
+    )
+    result = distill_job_module.run_distill_job(spec, PROFILE.state_path / "torch_extensions", launch)
+    run_dir, hf_dir = Path(spec.run_dir), Path(result["hf_dir"])
+    metrics = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
+
+    def pair(kind: str, name: str) -> dict[str, str]:
+        before, after = metrics.get(f"parent/{kind}/{name}"), metrics.get(f"heldout/{kind}/{name}")
+        fmt = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
+        return {f"{kind} ({parent_stage})": fmt(before), f"{kind} (distilled)": fmt(after)}
+
+    rows = [{"teacher": n, **pair("agreement", n), **pair("reverse_kl_exact", n)} for n in teachers]
+    domains = sorted(k.split("/")[-1] for k in metrics if k.startswith("heldout/pass_at_1/"))
+    pass_rows = [
+        {
+            "domain": d,
+            parent_stage: f"{metrics.get(f'parent/pass_at_1/{d}', 0):.3f} ± {metrics.get(f'parent/pass_at_1_se/{d}', 0):.3f}",
+            "distilled": f"{metrics[f'heldout/pass_at_1/{d}']:.3f} ± {metrics[f'heldout/pass_at_1_se/{d}']:.3f}",
+        }
+        for d in domains
+    ]
+    history = read_metrics(run_dir)
+    plot = plot_history(history, DISTILL_PANELS, run_dir / "distill_curves.png", "On-policy distillation")
+    run.set_tags({"crucible.distill_parent": parent_stage, "crucible.distill_teachers": ",".join(teachers)})
+    note = f"\n\nproportions ignored (no such teacher): {unknown}" if unknown else ""
+    return StageResult(
+        metrics=metrics,
+        outputs={"checkpoint": _publish_checkpoint(s, "distilled_checkpoint", hf_dir)},
+        report_md=f"## On-policy distillation from {parent_stage}, teachers {', '.join(teachers)}\n\n"
+        f"{cfg.steps} steps x {cfg.prompts_per_step} prompts (group size 1)\n\n"
+        "### Held-out agreement with / exact reverse KL to each teacher (greedy student answers)\n\n"
+        + markdown_table(rows)
+        + "\n\n### Held-out pass@1 (greedy)\n\n"
+        + markdown_table(pass_rows)
+        + note,
+        artifacts={
+            "checkpoint": hf_dir,
+            "samples.json": run_dir / "samples.json",
+            "plots/distill_curves.png": plot,
+        },
+        data_version=key,
+        history=history,
+    )
+
+
+distilled_checkpoint = tracked_asset(
+    "distilled_checkpoint",
+    "On-policy cross-stage distillation (Eq. 2, group size 1) of the last RL checkpoint from the final\n"
+    "checkpoints of SFT, Reasoning RL, Agentic RL and General RL on their own training prompts.",
+    config=DistillRunConfig,
+    stage=Launches(_distill),
+    code_modules=[distill, distill_job_module],
+    group="post_training",
+    deps=[f"{stage}_checkpoint" for stage in DEP_STAGES] + ["task_suites", "agentic_tasks"],
+    register=lambda result: {"crucible-distilled": "checkpoint"},
+    tags={"crucible/resource": "gpu"},
+)
+
+distill_assets = [distilled_checkpoint]

@@ -1,0 +1,93 @@
+"""The post-training results table: every checkpoint from the last midtraining stage to the distilled one,
+scored on the same held-out sets (perplexity, passkey at the longest length, reasoning pass@1, agentic
+success), each cell with its standard error, as Markdown and one PNG; the distilled checkpoint's parent is in
+the table too, so distillation's effect is shown against the same parent without it."""
+
+import json
+from pathlib import Path
+
+from assets.distill import DEP_STAGES, TEACHER_STAGES
+from assets.factory import tracked_asset
+from assets.midtraining import _heldout, local_checkpoint
+from assets.post_training import AGENTIC_TASKS_PREFIX, PARENT, TASKS_PREFIX, _local
+from assets.stage_config import launchpad_config
+from infra.committed import is_committed
+from infra.figures import plot_dir
+from infra.settings import load_profile
+from infra.stage import StageResult, markdown_table
+from infra.store import ObjectStore
+from training import report
+from training.agentic.families import read_agentic_facts, read_agentic_tasks
+from training.report import ReportConfig, build_heldout_sets, post_training_report, recovery_rows
+from training.tasks.suites import read_tasks
+from training.tokenizer import load_tokenizer
+
+PROFILE = load_profile()
+ReportRunConfig = launchpad_config("post_training_report", ReportConfig, PROFILE)
+
+
+def _chain(s: ObjectStore) -> dict[str, Path]:
+    """name -> local HF dir in chain order: the midtrained parent of SFT, each committed post-training stage."""
+    out = {PARENT: local_checkpoint(s, PARENT)}
+    for stage in [*TEACHER_STAGES, "distilled"]:
+        prefix = f"checkpoints/{stage}_checkpoint"
+        if is_committed(s, prefix):
+            out[stage] = _local(s, prefix, prefix)
+    return out
+
+
+def _report(cfg: ReportConfig, s, _, run) -> StageResult:
+    checkpoints = _chain(s)
+    tok = load_tokenizer(str(checkpoints[PARENT]))
+    tasks_dir, agentic_dir = (
+        _local(s, TASKS_PREFIX, "task_suites"),
+        _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks"),
+    )
+    facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
+    sets = build_heldout_sets(
+        tok, cfg, _heldout(s), read_tasks(tasks_dir / "heldout.jsonl"), facts,
+        read_agentic_tasks(agentic_dir)["heldout"], read_agentic_facts(agentic_dir),
+    )  # fmt: skip
+    out = plot_dir("post-training-report-")
+    result = post_training_report(checkpoints, sets, cfg, out, tokenizer=tok)
+    parent = "general_rl" if "general_rl" in checkpoints else "agentic_rl"
+    md = (
+        "## Post-training checkpoints on the same held-out sets (value ± standard error)\n\n"
+        + result.markdown
+    )
+    if "distilled" in checkpoints and parent in checkpoints:
+        md += f"\n\n### Distillation against the same parent without it ({parent})\n\n" + markdown_table(
+            recovery_rows(result.scores, parent, "distilled")
+        )
+    counts = {
+        "texts": sum(len(r) for r in sets.text_rows.values()), "passkey": len(sets.passkey),
+        "reasoning": len(sets.reasoning), "agentic": len(sets.agentic),
+    }  # fmt: skip
+    md += "\n\nheld-out items: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    return StageResult(
+        metrics=result.flat_metrics(),
+        report_md=md,
+        artifacts={"plots/post_training_report.png": result.plot},
+        data_version=",".join(p.name for p in checkpoints.values()),
+    )
+
+
+post_training_report_asset = tracked_asset(
+    "post_training_report",
+    "Every post-training checkpoint (midtrained parent to distilled) on the same held-out sets, each number\n"
+    "with its standard error: perplexity, passkey, reasoning pass@1, agentic success.",
+    config=ReportRunConfig,
+    stage=_report,
+    code_modules=[report],
+    group="post_training",
+    deps=[
+        PARENT,
+        *[f"{stage}_checkpoint" for stage in DEP_STAGES],
+        "distilled_checkpoint",
+        "task_suites",
+        "agentic_tasks",
+        "token_shards",
+    ],  # fmt: skip
+)
+
+report_assets = [post_training_report_asset]

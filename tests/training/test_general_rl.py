@@ -85,3 +85,60 @@ def test_general_rl_raises_the_hybrid_reward(tok):
     evals = [m for s, m in rows if "heldout/reward/total" in m]
     assert len(evals) == 2 and evals[1]["heldout/reward/total"] > evals[0]["heldout/reward/total"]
     assert final["heldout/reward_se/total"] >= 0 and final["heldout/n/format"] == 8
+
+
+def test_general_jobs_train_an_orm_then_run_general_rl_with_it(tok, tmp_path):
+    """The job entries (`python -m training.rl.general_job orm|rl --spec ...`), run in-process: spec JSON ->
+    result.json with metrics, the ORM dir and the exported checkpoint."""
+    import json
+
+    from infra.packaged import LID_176, packaged_file
+    from training.checkpoint import export_hf
+    from training.rewards.orm import ORMConfig
+    from training.rl.general_job import GeneralRLJobSpec, ORMJobSpec, main
+    from training.tasks.suites import write_tasks
+
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
+    )
+    tok_dir = tmp_path / "tok"
+    tok.save_pretrained(tok_dir, save_jinja_files=False)
+    parent = export_hf(
+        build_model(cfg, seed=0),
+        tmp_path / "parent",
+        {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")},
+    )
+    prompts = general_prompts(FACTS, GeneralPromptsConfig(per_category=8, heldout_fraction=0.25))
+    train, held = (
+        write_tasks(prompts["train"], tmp_path / "train.jsonl"),
+        write_tasks(prompts["heldout"], tmp_path / "held.jsonl"),
+    )
+    orm_spec = ORMJobSpec(
+        run_dir=str(tmp_path / "orm"), tokenizer_dir=str(parent), train_prompts=str(train), heldout_prompts=str(held),
+        config=ORMConfig(steps=4, batch_size=4, max_len=48, eval_every=4), threads=1,
+    )  # fmt: skip
+    (tmp_path / "orm").mkdir()
+    (tmp_path / "orm" / "orm_spec.json").write_text(orm_spec.model_dump_json())
+    assert main(["orm", "--spec", str(tmp_path / "orm" / "orm_spec.json")]) == 0
+    orm_result = json.loads((tmp_path / "orm" / "result.json").read_text())
+    assert 0 <= orm_result["metrics"]["heldout/pair_accuracy"] <= 1
+    spec = GeneralRLJobSpec(
+        run_dir=str(tmp_path / "rl"), init_from=str(parent), model=cfg, train_prompts=str(train), heldout_prompts=str(held),
+        config=GeneralRLConfig(steps=2, prompts_per_step=3, group_size=2, max_new_tokens=4, eval_every=2, eval_prompts=3),
+        reward=HybridRewardConfig(weights={
+            "instruction_style": {"constraints": 1.0, "format": 0.5, "language": 0.5, "exemplar": 0.2},
+            "task_quality": {"orm": 1.0},
+        }),
+        orm_dir=orm_result["orm_dir"], lid_model=str(packaged_file(LID_176)), threads=1, compare={"parent": str(parent)},
+    )  # fmt: skip
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "general_spec.json").write_text(spec.model_dump_json())
+    assert main(["rl", "--spec", str(tmp_path / "rl" / "general_spec.json")]) == 0
+    result = json.loads((tmp_path / "rl" / "result.json").read_text())
+    m = result["metrics"]
+    for c in ("total", "orm", "language", "exemplar", "format", "constraints", "dim/task_quality"):
+        assert f"heldout/reward/{c}" in m and f"heldout/reward_se/{c}" in m, c
+    assert "compare/parent/reward/total" in m
+    assert (tmp_path / "rl" / "hf" / "model.safetensors").exists()
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]

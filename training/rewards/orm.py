@@ -194,7 +194,9 @@ class ORM:
         save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, directory / WEIGHTS)
         meta = {"model": self.model_cfg.model_dump(), "orm": self.cfg.model_dump()}
         (directory / CONFIG).write_text(json.dumps(meta, indent=1))
-        self.tokenizer.save_pretrained(directory)
+        self.tokenizer.save_pretrained(
+            directory, save_jinja_files=False
+        )  # the template in tokenizer_config.json
         return directory
 
     @staticmethod

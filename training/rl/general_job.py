@@ -1,0 +1,244 @@
+"""General RL jobs as child processes, the way Reasoning RL runs (training/post_train.py): the asset writes a
+JSON spec and runs
+
+    python -m training.rl.general_job orm --spec <run_dir>/orm_spec.json   # the outcome reward model
+    python -m training.rl.general_job rl  --spec <run_dir>/general_spec.json # the General RL loop
+
+Each job writes `<run_dir>/metrics.jsonl` and `<run_dir>/result.json` (metrics, and `orm_dir` or `hf_dir`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from classifiers.judge.judge_config import JudgeConfig
+from infra.launcher import build_launch_command
+from training.job import Launch
+from training.model import ModelConfig
+from training.rewards.hybrid import HybridRewardConfig
+from training.rewards.orm import ORMConfig
+from training.rl.general import GeneralRLConfig
+
+log = logging.getLogger(__name__)
+ORM_SPEC, GENERAL_SPEC = "orm_spec.json", "general_spec.json"
+
+
+class ORMJobSpec(BaseModel):
+    """An outcome reward model training job for the child process."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_dir: str
+    tokenizer_dir: str = Field(
+        description="Dir with tokenizer.json (the policy's, so the ORM reads its tokens)"
+    )
+    train_prompts: str = Field(description="JSONL of train General RL prompts (tasks with meta)")
+    heldout_prompts: str = Field(description="JSONL of held-out General RL prompts")
+    config: ORMConfig
+    threads: int | None = Field(None, description="torch threads in the child (None = torch's default)")
+    callbacks: list[str] = Field(default_factory=list)
+
+
+class GeneralRLJobSpec(BaseModel):
+    """A General RL job for the child process."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_dir: str
+    init_from: str = Field(description="HF dir of the parent checkpoint (with its tokenizer files)")
+    model: ModelConfig
+    train_prompts: str = Field(description="JSONL of train General RL prompts")
+    heldout_prompts: str = Field(description="JSONL of held-out General RL prompts")
+    facts: str | None = Field(None, description="JSONL of [term, definition] for the knowledge verifier")
+    config: GeneralRLConfig
+    reward: HybridRewardConfig
+    orm_dir: str | None = Field(None, description="Trained outcome reward model (None = no ORM component)")
+    judge: JudgeConfig | None = Field(None, description="Judge of the GRM component (None = no GRM)")
+    judge_cache_dir: str | None = Field(None, description="Local store of the judge cache (default: run_dir)")
+    lid_model: str | None = Field(None, description="lid.176 model file (None = no language component)")
+    threads: int | None = Field(None, description="torch threads in the child (None = torch's default)")
+    compare: dict[str, str] = Field(
+        default_factory=dict,
+        description="Other checkpoints (name -> HF dir) scored on the same held-out prompts",
+    )
+    callbacks: list[str] = Field(default_factory=list)
+
+
+def job_command(kind: str, spec: ORMJobSpec | GeneralRLJobSpec, torch_extensions_dir: Path | None = None):
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / (ORM_SPEC if kind == "orm" else GENERAL_SPEC)
+    tmp = spec_path.with_suffix(".tmp")
+    tmp.write_text(spec.model_dump_json(indent=1))
+    tmp.replace(spec_path)
+    return build_launch_command(
+        "training.rl.general_job", [kind, "--spec", str(spec_path)], launcher="python", nproc=1,
+        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
+    )  # fmt: skip
+
+
+def _run_child(kind: str, spec, torch_extensions_dir: Path | None, launch: Launch | None) -> dict:
+    from infra.launcher import run_command
+
+    cmd = job_command(kind, spec, torch_extensions_dir)
+    run_dir = Path(spec.run_dir)
+    if launch is None:
+        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
+    else:
+        launch(cmd, run_dir / "train.log", None)
+    result = run_dir / "result.json"
+    if not result.exists():
+        raise RuntimeError(
+            f"{kind} job in {run_dir} exited without writing result.json (see train.log there)"
+        )
+    return json.loads(result.read_text())
+
+
+def run_orm_job(
+    spec: ORMJobSpec, torch_extensions_dir: Path | None = None, launch: Launch | None = None
+) -> dict:
+    """Train the ORM in a child process; returns {"metrics": ..., "orm_dir": ...}."""
+    return _run_child("orm", spec, torch_extensions_dir, launch)
+
+
+def run_general_rl_job(
+    spec: GeneralRLJobSpec, torch_extensions_dir: Path | None = None, launch: Launch | None = None
+) -> dict:
+    """Run General RL in a child process; returns {"metrics": ..., "hf_dir": ..., "step": ...}."""
+    return _run_child("rl", spec, torch_extensions_dir, launch)
+
+
+def _callbacks(spec, run_dir: Path):
+    from training.job import import_object
+    from training.trainer import JsonlMetricsWriter
+
+    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
+    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
+
+    def log_metrics(metrics: dict[str, float], step: int) -> None:
+        for cb in callbacks:
+            cb(step, metrics)
+
+    return log_metrics
+
+
+def _write_result(run_dir: Path, result: dict[str, Any]) -> None:
+    tmp = run_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(run_dir / "result.json")
+
+
+def _run_orm(spec: ORMJobSpec) -> dict[str, Any]:
+    import torch
+
+    from training.rewards.orm import preference_pairs, train_orm
+    from training.tasks.suites import read_tasks
+    from training.tokenizer import load_tokenizer
+
+    run_dir = Path(spec.run_dir)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    prompts = {
+        "train": read_tasks(Path(spec.train_prompts)),
+        "heldout": read_tasks(Path(spec.heldout_prompts)),
+    }
+    pairs = preference_pairs(prompts, spec.config.seed)
+    orm, metrics = train_orm(
+        pairs, load_tokenizer(spec.tokenizer_dir), spec.config, _callbacks(spec, run_dir)
+    )
+    out = orm.save(run_dir / "orm")
+    metrics |= {
+        "train/pairs": float(len(pairs["train"])),
+        "heldout/pairs_total": float(len(pairs["heldout"])),
+    }
+    result = {"metrics": metrics, "orm_dir": str(out)}
+    _write_result(run_dir, result)
+    return result
+
+
+def build_reward(spec: GeneralRLJobSpec, facts: list[tuple[str, str]]):
+    """The hybrid reward the spec configures: only the models its weights use are loaded."""
+    from infra.store import LocalStore
+    from training.rewards.exemplars import ExemplarStyle
+    from training.rewards.grm import build_grm
+    from training.rewards.hybrid import HybridReward
+    from training.rewards.orm import ORM
+    from training.rewards.rules import LanguageId
+    from training.tasks.suites import suites
+
+    used = spec.reward.used_components()
+    store = LocalStore(Path(spec.judge_cache_dir or Path(spec.run_dir) / "judge_cache"))
+    return HybridReward(
+        spec.reward,
+        lid=LanguageId(spec.lid_model) if spec.lid_model and "language" in used else None,
+        orm=ORM.load(Path(spec.orm_dir)) if spec.orm_dir and "orm" in used else None,
+        grm=build_grm(spec.judge, store) if spec.judge is not None and "grm" in used else None,
+        exemplars=ExemplarStyle() if "exemplar" in used else None,
+        suites={d: s for d, s in suites(facts).items() if d in ("math", "knowledge")},
+    )
+
+
+def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
+    import torch
+
+    from training.checkpoint import export_hf
+    from training.model import load_model
+    from training.rl.general import evaluate_general, train_general_rl
+    from training.rollout.engine import LocalRolloutEngine
+    from training.tasks.suites import read_tasks
+    from training.tokenizer import load_tokenizer
+
+    run_dir = Path(spec.run_dir)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    tok = load_tokenizer(spec.init_from)
+    model = load_model(spec.init_from, spec.model)
+    facts = (
+        [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
+    )
+    reward = build_reward(spec, facts)
+    log_metrics = _callbacks(spec, run_dir)
+    heldout = read_tasks(Path(spec.heldout_prompts))[: spec.config.eval_prompts]
+    samples: dict[str, Any] = {}
+    for name, path in spec.compare.items():  # e.g. the checkpoint before Agentic RL, on the same prompts
+        other = LocalRolloutEngine(load_model(path, spec.model), pad_id=tok.pad_token_id)
+        scores = evaluate_general(other, tok, heldout, reward, spec.config.max_new_tokens)
+        log_metrics({f"compare/{name}/{k}": v for k, v in scores.items()}, 0)
+        samples[f"compare/{name}"] = scores
+
+    def on_sample(trajs, step: int) -> None:
+        samples[str(step)] = [t.to_json() for t in trajs]
+
+    final = train_general_rl(
+        model, tok, read_tasks(Path(spec.train_prompts)), heldout, reward, spec.config, log_metrics,
+        on_sample=on_sample,
+    )  # fmt: skip
+    (run_dir / "samples.json").write_text(json.dumps(samples))
+    extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    hf = export_hf(model, run_dir / "hf", extra)
+    compared = {f"compare/{n}/{k}": v for n in spec.compare for k, v in samples[f"compare/{n}"].items()}
+    result = {"metrics": {**final, **compared}, "hf_dir": str(hf), "step": spec.config.steps}
+    _write_result(run_dir, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one General RL job (orm | rl) from its spec")
+    parser.add_argument("kind", choices=["orm", "rl"])
+    parser.add_argument("--spec", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    text = args.spec.read_text()
+    if args.kind == "orm":
+        _run_orm(ORMJobSpec.model_validate_json(text))
+    else:
+        _run_general(GeneralRLJobSpec.model_validate_json(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

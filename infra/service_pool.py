@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from infra.json_http import HttpCallFailed
@@ -215,3 +215,11 @@ def orchestrated_environments(
         acquire_wait_s=acquire_wait_s,
     )
     return pool.environments(domains)
+
+
+def orchestrator_domain_picker(orchestrator_url: str) -> Callable[[], str | None]:
+    """The family the orchestrator wants the next rollout group in (its ratios), for a rollout worker's
+    `domain_picker`; None when no family can take an episode now."""
+    from infra.orchestrator_server import OrchestratorClient
+
+    return OrchestratorClient(orchestrator_url).next_task_domain

@@ -247,13 +247,14 @@ def test_later_turns_reach_their_rollouts_replica_only_with_affinity_routing(set
     tok, _, _, tasks = setup
     replicas = {"a": _ScriptedReplica(tok), "b": _ScriptedReplica(tok)}
     gateway = TitoGateway(replicas, RoundRobinRouter() if router == "round_robin" else None)
-    driver = RolloutDriver(
-        gateway.generate_batch, tok, color_environments(target="blue"), SamplingParams(16), 3
-    )
-    out = driver.run(tasks[:6], 2)
-    driver.close()
+    params = SamplingParams(16)
+    prompts = {f"r{i}": tok(f"pick a color {i}")["input_ids"] for i in range(5)}
+    for _turn in range(2):  # every rollout's first turn, then every rollout's second, in the same order
+        for rid, prompt in prompts.items():
+            out = gateway.generate(rid, prompt, params)
+            prompts[rid] = prompt + out.token_ids
     stats = gateway.stats()
-    assert len(out) == 12 and all(t.reward == 1.0 for t in out)
-    assert stats["later_turns"] == 12  # each rollout: a tool call, then the answer
+    assert stats["requests"] == 10 and stats["later_turns"] == 5
     rate = stats["same_replica_turns"] / stats["later_turns"]
-    assert rate == 1.0 if router == "affinity" else rate < 0.75, rate
+    # round-robin over 5 rollouts and 2 replicas moves every second turn to the other replica
+    assert rate == (1.0 if router == "affinity" else 0.0), rate

@@ -96,6 +96,11 @@ class WorkerSpec(BaseModel):
     tasks: list[dict[str, Any]] = Field(description="Train tasks (Task.to_json())")
     environments: str = Field(description="module:function returning {domain: Environment}")
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
+    domain_picker: str | None = Field(
+        None, description="module:function returning a () -> domain | None callable (the orchestrator's "
+        "ratios); None = the worker's own pick by task_ratios",
+    )  # fmt: skip
+    domain_picker_kwargs: dict[str, Any] = Field(default_factory=dict)
     config: AgenticRLConfig
     pad_id: int
     threads: int = 1
@@ -177,6 +182,7 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
         raise ValueError(f"no train tasks for any family in task_ratios {cfg.task_ratios}")
     rng = random.Random(cfg.seed)
     orders = {d: [] for d in ratios}
+    pick = import_object(spec.domain_picker)(**spec.domain_picker_kwargs) if spec.domain_picker else None
     params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed)
     driver = RolloutDriver(
         gateway.generate_batch, tokenizer, envs, params, cfg.max_turns, env_threads=cfg.env_threads,
@@ -200,14 +206,18 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
                 driver.paused, groups_done_since_resume, refill = False, 0, True
             # async refills whenever a group ends; sync only when a round starts (stragglers carry over)
             while (refill or not pause_after) and groups_open < cfg.in_flight_groups:
-                domain = _pick_domain(ratios, started)
+                if pick is not None and driver.opening():  # its counts move when episodes open: one at a time
+                    break
+                domain = pick() if pick is not None else _pick_domain(ratios, started)
+                if domain not in ratios:  # no family can take an episode now (or one without train tasks)
+                    break
                 if not orders[domain]:
                     orders[domain] = rng.sample(pools[domain], len(pools[domain]))
                 task = orders[domain].pop()
                 driver.start_group(task, cfg.group_size, f"g{n_groups}-{uuid.uuid4().hex[:6]}")
                 started[domain] += 1
                 groups_open, n_groups = groups_open + 1, n_groups + 1
-            refill = False
+            refill = refill and groups_open < cfg.in_flight_groups  # a round's fill may take several passes
             for traj in driver.poll(timeout=0.02):
                 out_q.put(("trajectory", traj.to_json()))
                 finished_in_group[traj.group_id] += 1

@@ -85,6 +85,10 @@ class RolloutDriver:
             live = _Live(traj, task, started=time.perf_counter())
             self._submit("open", live, self.envs[task.domain].open, task)
 
+    def opening(self) -> int:
+        """Episodes whose environment is still being opened."""
+        return sum(kind == "open" for kind, _ in self.env_calls.values())
+
     def in_flight(self) -> int:
         return len(self.waiting) + len(self.env_calls)
 

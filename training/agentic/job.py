@@ -140,6 +140,8 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
             hf_dir=str(hf_parent), tasks=[t.to_json() for t in train if t.domain in domains],
             environments="infra.service_pool:orchestrated_environments",
             environment_kwargs={"orchestrator_url": services.url, "domains": domains},
+            domain_picker="infra.service_pool:orchestrator_domain_picker",
+            domain_picker_kwargs={"orchestrator_url": services.url},
             config=cfg, pad_id=tok.pad_token_id, threads=1,
         )  # fmt: skip
         final = train_agentic_rl(model, worker, run_dir, log_metrics, on_batch=on_batch)

@@ -47,6 +47,9 @@ STAGE_NAMES = frozenset(
         "reasoning_rl",
         "agentic_tasks",
         "agentic_rl",
+        "general_prompts",
+        "outcome_reward_model",
+        "general_rl",
         "distill",
         "post_training_report",
     }

@@ -204,3 +204,21 @@ def train_general_rl(
             final = evaluate(step)
     set_dsa_mode(model, mode)
     return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
+
+
+def general_scorer(
+    reward: HybridReward, prompts: Sequence[Task], max_new_tokens: int
+) -> Callable[[nn.Module, Any], dict[str, tuple[float, float]]]:
+    """A scorer for the results table (training/report.py `score_general`): greedy answers of a checkpoint to
+    `prompts`, each reward component's mean and standard error, e.g. {"total": (0.61, 0.02), "orm": ...}."""
+
+    def score(model: nn.Module, tokenizer: Any) -> dict[str, tuple[float, float]]:
+        engine = LocalRolloutEngine(model, pad_id=tokenizer.pad_token_id)
+        out = evaluate_general(engine, tokenizer, prompts, reward, max_new_tokens)
+        return {
+            k.removeprefix("reward/"): (v, out[k.replace("reward/", "reward_se/", 1)])
+            for k, v in out.items()
+            if k.startswith("reward/")
+        }
+
+    return score

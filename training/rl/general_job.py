@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from classifiers.judge.client import JudgeClientConfig
 from classifiers.judge.judge_config import JudgeConfig
 from infra.launcher import build_launch_command
 from training.job import Launch
@@ -27,6 +28,22 @@ from training.rl.general import GeneralRLConfig
 
 log = logging.getLogger(__name__)
 ORM_SPEC, GENERAL_SPEC = "orm_spec.json", "general_spec.json"
+
+
+class GeneralRLStageConfig(GeneralRLConfig):
+    """The `general_rl` stage: the loop's settings, the hybrid reward's weights and the GRM's judge."""
+
+    reward: HybridRewardConfig = Field(
+        default_factory=HybridRewardConfig, description="Per-component weights per objective dimension"
+    )
+    judge: JudgeConfig | None = Field(
+        default_factory=lambda: JudgeConfig(client=JudgeClientConfig(show_progress=False, max_calls=4000)),
+        description="Judge of the GRM component (local SmolLM2 or an endpoint; client.max_calls is its budget); "
+        "None = no GRM (then give grm no weight)",
+    )
+
+    def loop_config(self) -> GeneralRLConfig:
+        return GeneralRLConfig.model_validate(self.model_dump(include=set(GeneralRLConfig.model_fields)))
 
 
 class ORMJobSpec(BaseModel):

@@ -38,7 +38,7 @@ STOPWORDS = frozenset(
 )
 MAX_QUERY_CHARS, TOP_K, SNIPPET_CHARS, CLUE_CHARS = 80, 2, 40, 40
 CLUE_WORDS = {1: 2, 2: 2, 3: 3}  # level -> fewest words in the clue
-MIN_CLUE_DF = 3  # clue words appear in at least this many documents (seen in other questions' clues)
+MIN_CLUE_DF = 10  # clue words appear in at least this many documents (seen in many other questions' clues)
 MAX_TERM_CHARS = 14  # answers are copied from an observation by a tiny policy: short terms only
 _WORD = re.compile(r"[a-z0-9]+")
 _CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")

@@ -10,6 +10,7 @@ from assets.distill import DEP_STAGES, TEACHER_STAGES
 from assets.factory import tracked_asset
 from assets.midtraining import _heldout, local_checkpoint
 from assets.post_training import AGENTIC_TASKS_PREFIX, PARENT, TASKS_PREFIX, _local
+from assets.pretraining import SHARDS_PREFIX
 from assets.stage_config import launchpad_config
 from infra.committed import is_committed
 from infra.figures import plot_dir
@@ -44,8 +45,9 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks"),
     )
     facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
+    text = _heldout(s) if is_committed(s, SHARDS_PREFIX) else None  # perplexity and passkey need the shards
     sets = build_heldout_sets(
-        tok, cfg, _heldout(s), read_tasks(tasks_dir / "heldout.jsonl"), facts,
+        tok, cfg, text, read_tasks(tasks_dir / "heldout.jsonl"), facts,
         read_agentic_tasks(agentic_dir)["heldout"], read_agentic_facts(agentic_dir),
     )  # fmt: skip
     out = plot_dir("post-training-report-")
@@ -64,6 +66,8 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         "reasoning": len(sets.reasoning), "agentic": len(sets.agentic),
     }  # fmt: skip
     md += "\n\nheld-out items: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    if text is None:
+        md += f"\n\nno committed token shards ({SHARDS_PREFIX}): perplexity and passkey left out"
     return StageResult(
         metrics=result.flat_metrics(),
         report_md=md,

@@ -221,6 +221,7 @@ def train_distill(
     streams = {name: _Prompts(prompts[name], cfg.seed + i) for i, name in enumerate(sorted(teachers))}
     for teacher in teachers.values():
         teacher.eval()
+        set_dsa_mode(teacher, "sparse_gather")  # native's top-k attention, faster on CPU (no KV cache here)
         for p in teacher.parameters():
             p.requires_grad_(False)
     model.train()

@@ -1,0 +1,80 @@
+"""The end of the post-training chain as Dagster assets on the micro profile: after SFT -> Reasoning RL ->
+Agentic RL, `distilled_checkpoint` (from the Agentic RL checkpoint, the earlier stages as teachers) is registered
+with lineage to its parent and its teachers, and `post_training_report` scores every checkpoint of the chain."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from assets.midtraining import checkpoint_prefix
+from assets.pretraining import TOKENIZER_PREFIX
+from infra.committed import Producer, commit
+from infra.settings import load_profile
+from infra.store import LocalStore
+from infra.tracking import UPSTREAM_RUNS_TAG, Tracker
+from training.checkpoint import export_hf
+from training.model import build_model
+from training.tokenizer import TokenizerConfig, train_tokenizer
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+CORPUS = [
+    "What is 3 + 4? Answer: 7. Use the calculator to compute 12 * 34. def f(x): return x + 1",
+    "Which term is defined as: a computer program? Answer: software",
+] * 40
+
+
+@pytest.fixture
+def midtrained(tmp_path, dagster_home):
+    """A committed tokenizer and a micro `midtrain_stage3` checkpoint (as in test_post_training.py)."""
+    from assets.post_training import _model_cfg
+
+    profile = load_profile()
+    store = LocalStore(profile.state_path / profile.store.url)
+    tok_dir = train_tokenizer(CORPUS, TokenizerConfig(vocab_size=512), tmp_path / "tok")
+    files = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    store.begin_stage(Producer(asset="corpus_tokenizer"))
+    commit(store, TOKENIZER_PREFIX, files)
+    cfg, _ = _model_cfg(tok_dir)
+    hf = export_hf(build_model(cfg, seed=0), tmp_path / "hf", files)
+    store.begin_stage(Producer(asset="midtrain_stage3", mlflow_run_id="parent-run"))
+    commit(store, checkpoint_prefix("midtrain_stage3"), hf)
+    return store
+
+
+def test_distilled_checkpoint_and_report(midtrained):
+    from assets.agentic import agentic_assets
+    from assets.distill import distill_assets
+    from assets.post_training import post_training_assets
+    from assets.report import report_assets
+    from assets.resources import resources_for
+
+    instance = dg.DagsterInstance.get()
+    resources = {**resources_for(load_profile()), "pipes": dg.PipesSubprocessClient()}
+    result = dg.materialize(
+        post_training_assets + agentic_assets + distill_assets + report_assets, instance=instance,
+        resources=resources,
+    )  # fmt: skip
+    assert result.success
+    tracker = Tracker.from_profile(load_profile())
+    run = tracker.get_run(tracker.model_version_run_id("crucible-distilled", "1"))
+    upstream = run.data.tags[UPSTREAM_RUNS_TAG]
+    for teacher in ("crucible-sft", "crucible-reasoning_rl", "crucible-agentic_rl"):
+        assert tracker.model_version_run_id(teacher, "1") in upstream, teacher
+    assert run.data.tags["crucible.distill_parent"] == "agentic_rl"
+    m = run.data.metrics
+    for teacher in ("sft", "reasoning_rl", "agentic_rl"):
+        assert f"reverse_kl/{teacher}" in m and 0.0 <= m[f"heldout/agreement/{teacher}"] <= 1.0
+        assert m[f"prompts/{teacher}"] >= 1
+    assert abs(m["heldout/reverse_kl_exact/agentic_rl"]) < 1.0  # the student starts as that teacher
+    assert {s.step for s in tracker.client.get_metric_history(run.info.run_id, "reverse_kl/mean")} == {1, 2}
+    event = instance.get_latest_materialization_event(dg.AssetKey("post_training_report"))
+    md = event.asset_materialization.metadata["report"].value
+    table = md.split("\n\n")[1].splitlines()
+    names = [row.split("|")[1].strip() for row in table[2:]]
+    assert names == ["midtrain_stage3", "sft", "reasoning_rl", "agentic_rl", "distilled"]
+    assert "pass@1/math" in table[0] and "success/terminal" in table[0]
+    assert all(" ± " in cell for row in table[2:] for cell in row.strip("|").split("|")[1:])
+    assert "Distillation against the same parent without it (agentic_rl)" in md
+    assert "plot/post_training_report" in event.asset_materialization.metadata

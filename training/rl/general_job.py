@@ -177,8 +177,16 @@ def _run_orm(spec: ORMJobSpec) -> dict[str, Any]:
     return result
 
 
-def build_reward(spec: GeneralRLJobSpec, facts: list[tuple[str, str]]):
-    """The hybrid reward the spec configures: only the models its weights use are loaded."""
+def build_reward(
+    reward: HybridRewardConfig,
+    facts: list[tuple[str, str]],
+    orm_dir: str | Path | None = None,
+    judge: JudgeConfig | None = None,
+    judge_cache_dir: str | Path | None = None,
+    lid_model: str | Path | None = None,
+):
+    """The hybrid reward `reward` configures; only the models its weights use are loaded (the results table
+    builds the same reward for `general.general_scorer`)."""
     from infra.store import LocalStore
     from training.rewards.exemplars import ExemplarStyle
     from training.rewards.grm import build_grm
@@ -187,13 +195,17 @@ def build_reward(spec: GeneralRLJobSpec, facts: list[tuple[str, str]]):
     from training.rewards.rules import LanguageId
     from training.tasks.suites import suites
 
-    used = spec.reward.used_components()
-    store = LocalStore(Path(spec.judge_cache_dir or Path(spec.run_dir) / "judge_cache"))
+    used = reward.used_components()
+    grm = None
+    if judge is not None and "grm" in used:
+        if judge_cache_dir is None:
+            raise ValueError("build_reward: a GRM needs judge_cache_dir (where the judge cache lives)")
+        grm = build_grm(judge, LocalStore(Path(judge_cache_dir)))
     return HybridReward(
-        spec.reward,
-        lid=LanguageId(spec.lid_model) if spec.lid_model and "language" in used else None,
-        orm=ORM.load(Path(spec.orm_dir)) if spec.orm_dir and "orm" in used else None,
-        grm=build_grm(spec.judge, store) if spec.judge is not None and "grm" in used else None,
+        reward,
+        lid=LanguageId(lid_model) if lid_model and "language" in used else None,
+        orm=ORM.load(Path(orm_dir)) if orm_dir and "orm" in used else None,
+        grm=grm,
         exemplars=ExemplarStyle() if "exemplar" in used else None,
         suites={d: s for d, s in suites(facts).items() if d in ("math", "knowledge")},
     )
@@ -217,7 +229,8 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     facts = (
         [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
     )
-    reward = build_reward(spec, facts)
+    cache = spec.judge_cache_dir or run_dir / "judge_cache"
+    reward = build_reward(spec.reward, facts, spec.orm_dir, spec.judge, cache, spec.lid_model)
     log_metrics = _callbacks(spec, run_dir)
     heldout = read_tasks(Path(spec.heldout_prompts))[: spec.config.eval_prompts]
     samples: dict[str, Any] = {}

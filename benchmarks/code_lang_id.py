@@ -454,8 +454,12 @@ def train_main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="[STATE_DIR:]SNAPSHOT of crawled code")
     ap.add_argument("--epochs", type=int, nargs="+", default=[40, 120], help="candidates, chosen on dev")
-    ap.add_argument("--per-group-cap", type=int, default=60, help="held-out files of one label from one project")
-    ap.add_argument("--train-group-cap", type=int, default=300, help="training files of one label from one project")
+    ap.add_argument(
+        "--per-group-cap", type=int, default=60, help="held-out files of one label from one project"
+    )
+    ap.add_argument(
+        "--train-group-cap", type=int, default=300, help="training files of one label from one project"
+    )
     ap.add_argument("--max-train-per-label", type=int, default=1500)
     ap.add_argument("--min-files", type=int, default=60, help="labels with fewer files are left out")
     ap.add_argument("--threads", type=int, default=2)
@@ -722,6 +726,11 @@ def frozen_digest_of(path: Path) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["train"]:
         train_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["log-test"]:  # log a finished test report again (e.g. the tracking store was down)
+        out = Path(sys.argv[2])
+        _log_mlflow(json.loads((out / "test_report.json").read_text()),
+                    [out / "confusion_test.png", out / "test_report.json", out / "test_table.md",
+                     out / "calibration.json", FROZEN_TEST.with_suffix(".json.sha256")])  # fmt: skip
     elif sys.argv[1:2] == ["protocol"]:
         protocol_bench_main(sys.argv[2:])
     else:

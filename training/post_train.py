@@ -6,7 +6,6 @@ Each job writes `<run_dir>/metrics.jsonl`, the HF export `<run_dir>/hf/` and `<r
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -15,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.launcher import build_launch_command
+from training.child_job import child_command, child_main, run_child, write_result
 from training.distributed import DistributedConfig
 from training.job import DataSpec, Launch, TrainJobSpec, run_training_job
 from training.model import ModelConfig
@@ -110,33 +109,15 @@ class RLJobSpec(BaseModel):
 
 
 def rl_command(spec: RLJobSpec, torch_extensions_dir: Path | None = None):
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = run_dir / RL_SPEC
-    tmp = spec_path.with_suffix(".tmp")
-    tmp.write_text(spec.model_dump_json(indent=1))
-    tmp.replace(spec_path)
-    return build_launch_command(
-        "training.post_train", ["--spec", str(spec_path)], launcher="python", nproc=1,
-        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
-    )  # fmt: skip
+    return child_command(
+        spec, "training.post_train", Path(spec.run_dir), RL_SPEC, torch_extensions_dir, spec.threads or 0
+    )
 
 
 def run_rl_job(
     spec: RLJobSpec, torch_extensions_dir: Path | None = None, launch: Launch | None = None
 ) -> dict:
-    from infra.launcher import run_command
-
-    cmd = rl_command(spec, torch_extensions_dir)
-    run_dir = Path(spec.run_dir)
-    if launch is None:
-        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
-    else:
-        launch(cmd, run_dir / "train.log", None)
-    result = run_dir / "result.json"
-    if not result.exists():
-        raise RuntimeError(f"RL job in {run_dir} exited without writing result.json")
-    return json.loads(result.read_text())
+    return run_child(rl_command(spec, torch_extensions_dir), Path(spec.run_dir), launch, "Reasoning RL")
 
 
 def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
@@ -194,19 +175,12 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     hf = export_hf(model, run_dir / "hf", extra)
     compared = {f"compare/{n}/{k}": v for n in spec.compare for k, v in samples[f"compare/{n}"].items()}
     result = {"metrics": {**final, **compared}, "hf_dir": str(hf), "step": spec.config.steps}
-    tmp = run_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(run_dir / "result.json")
+    write_result(run_dir, result)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one Reasoning RL job from its spec")
-    parser.add_argument("--spec", required=True, type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    _run_rl(RLJobSpec.model_validate_json(args.spec.read_text()))
-    return 0
+    return child_main(argv, RLJobSpec, _run_rl, "Run one Reasoning RL job from its spec")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ tasks, export the checkpoint. `python -m training.agentic.job --spec SPEC.json`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -14,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.agentic.async_loop import AgenticRLConfig
+from training.child_job import child_command, child_main, run_child, write_result
 from training.model import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -34,39 +34,19 @@ class AgenticJobSpec(BaseModel):
     callbacks: list[str] = Field(default_factory=list)
 
 
-def job_command(spec: AgenticJobSpec, torch_extensions_dir: Path | None = None):
-    from infra.launcher import build_launch_command
-
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / SPEC
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(spec.model_dump_json(indent=1))
-    tmp.replace(path)
-    return build_launch_command(
-        "training.agentic.job", ["--spec", str(path)], launcher="python", nproc=1,
-        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
-    )  # fmt: skip
-
-
 def run_job(spec: AgenticJobSpec, torch_extensions_dir: Path | None = None, launch: Any = None) -> dict:
     """Run the job as a child process (through `launch`, the asset's Pipes launcher, when given)."""
-    from infra.launcher import run_command
-
-    cmd = job_command(spec, torch_extensions_dir)
     run_dir = Path(spec.run_dir)
-    if launch is None:
-        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
-    else:
-        launch(cmd, run_dir / "train.log", None)
-    result = run_dir / "result.json"
-    if not result.exists():
-        raise RuntimeError(f"Agentic RL job in {run_dir} exited without writing result.json")
-    return json.loads(result.read_text())
+    cmd = child_command(spec, "training.agentic.job", run_dir, SPEC, torch_extensions_dir, spec.threads or 0)
+    return run_child(cmd, run_dir, launch, "Agentic RL")
 
 
 def local_environments(
-    facts_json: str, domains: list[str], latency_mean_s: float = 0.0, latency_sigma: float = 1.0, seed: int = 0
+    facts_json: str,
+    domains: list[str],
+    latency_mean_s: float = 0.0,
+    latency_sigma: float = 1.0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """The families in the worker's own process (no task services), with extra latency: a rollout worker's
     environment factory for benchmarks and tests."""
@@ -164,19 +144,12 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
         "hf_dir": str(hf),
         "step": cfg.steps,
     }
-    tmp = run_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(run_dir / "result.json")
+    write_result(run_dir, result)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one Agentic RL job from its spec")
-    parser.add_argument("--spec", required=True, type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    _run(AgenticJobSpec.model_validate_json(args.spec.read_text()))
-    return 0
+    return child_main(argv, AgenticJobSpec, _run, "Run one Agentic RL job from its spec")
 
 
 if __name__ == "__main__":

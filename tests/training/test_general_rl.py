@@ -142,3 +142,11 @@ def test_general_jobs_train_an_orm_then_run_general_rl_with_it(tok, tmp_path):
     assert (tmp_path / "rl" / "hf" / "model.safetensors").exists()
     rows = [json.loads(line) for line in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+
+
+def test_a_capped_heldout_evaluation_covers_every_category():
+    from training.rl.general import heldout_subset
+
+    held = general_prompts(FACTS, GeneralPromptsConfig(per_category=40, heldout_fraction=0.25))["heldout"]
+    picked = heldout_subset(held, 9)
+    assert sorted(t.domain for t in picked) == ["chat"] * 3 + ["instruction"] * 3 + ["writing"] * 3

@@ -116,6 +116,21 @@ def evaluate_general(
     return reward_means(trajs, tasks, with_se=True)
 
 
+def heldout_subset(tasks: Sequence[Task], n: int) -> list[Task]:
+    """Up to `n` prompts taken round-robin over the categories (file order within one), so a capped
+    evaluation covers chat, instruction, writing and the suite prompts alike."""
+    by: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by[category_of(t)].append(t)
+    queues = [list(reversed(by[c])) for c in sorted(by)]
+    out: list[Task] = []
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                out.append(q.pop())
+    return out
+
+
 def train_general_rl(
     model: nn.Module,
     tokenizer: Any,
@@ -142,7 +157,7 @@ def train_general_rl(
         model, "sparse_gather"
     )  # the trainer's forward: native's values and gradients, faster on CPU
     engine.sync_weights(model.state_dict(), 0)
-    heldout = list(heldout_prompts)[: cfg.eval_prompts]
+    heldout = heldout_subset(heldout_prompts, cfg.eval_prompts)
     log.info("general RL: %d indexer tensors frozen, %d train / %d held-out prompts", frozen,
              len(train_prompts), len(heldout))  # fmt: skip
 

@@ -216,7 +216,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
 
     from training.checkpoint import export_hf
     from training.model import load_model
-    from training.rl.general import evaluate_general, train_general_rl
+    from training.rl.general import evaluate_general, heldout_subset, train_general_rl
     from training.rollout.engine import LocalRolloutEngine
     from training.tasks.suites import read_tasks
     from training.tokenizer import load_tokenizer
@@ -232,7 +232,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     cache = spec.judge_cache_dir or run_dir / "judge_cache"
     reward = build_reward(spec.reward, facts, spec.orm_dir, spec.judge, cache, spec.lid_model)
     log_metrics = _callbacks(spec, run_dir)
-    heldout = read_tasks(Path(spec.heldout_prompts))[: spec.config.eval_prompts]
+    heldout = heldout_subset(read_tasks(Path(spec.heldout_prompts)), spec.config.eval_prompts)
     samples: dict[str, Any] = {}
     for name, path in spec.compare.items():  # e.g. the checkpoint before Agentic RL, on the same prompts
         other = LocalRolloutEngine(load_model(path, spec.model), pad_id=tok.pad_token_id)

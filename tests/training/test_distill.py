@@ -281,3 +281,31 @@ def test_the_job_names_a_teacher_without_prompts(tmp_path, setup):
                           teachers={"sft": str(tmp_path)}, teacher_tasks={}, config=DistillConfig())  # fmt: skip
     with pytest.raises(ValueError, match=r"\['sft'\] have no teacher_tasks"):
         _check(spec)
+
+
+def test_the_results_table_shows_the_regression_and_its_recovery(setup, stages, tmp_path):
+    """The recipe's claim in miniature: an earlier stage's metric drops after a later stage and comes back with
+    distillation from the same parent, in one table (training/report.py) with standard errors."""
+    from training.checkpoint import export_hf
+    from training.report import HeldoutSets, ReportConfig, post_training_report, recovery_rows
+
+    tok, cfg, train, heldout = setup
+    teacher, drifted = stages
+    student = copy.deepcopy(drifted)
+    config = DistillConfig(steps=25, prompts_per_step=8, max_new_tokens=4, max_turns=1, learning_rate=1e-3,
+                           eval_every=25, eval_prompts_per_teacher=2)  # fmt: skip
+    train_distill(student, tok, {"sft": teacher}, {"sft": train}, config, lambda m, s: None)
+    files = {n: Path(tok.name_or_path) / n for n in ("tokenizer.json", "tokenizer_config.json")}
+    chain = {
+        name: export_hf(model, tmp_path / name, files)
+        for name, model in (("sft", teacher), ("later_rl", drifted), ("distilled", student))
+    }
+    more = [Task(f"m{i}", "color", f"pick a color {i + 200}", "blue", 1, "heldout") for i in range(16)]
+    sets = HeldoutSets(reasoning=heldout + more, verifiers={"color": SaysBlue()})
+    report = post_training_report(
+        chain, sets, ReportConfig(max_new_tokens=4, max_turns=1), tmp_path, tokenizer=tok
+    )
+    scores = {n: s["pass@1/color"][0] for n, s in report.scores.items()}
+    assert scores["sft"] > 0.9 and scores["later_rl"] < 0.1 and scores["distilled"] > 0.9, scores
+    (row,) = recovery_rows(report.scores, "later_rl", "distilled")
+    assert row["best earlier"] == "sft" and row["drop"] > 0.8 and row["within_se"], row

@@ -231,3 +231,32 @@ def test_grm_with_the_embedded_judge_scores_good_answers_higher_and_caches(tmp_p
     ]  # a 5th document is over the budget: no GRM component
     assert "grm" not in over.components and over.total == 0.0
     assert grm.metrics()["grm/status/over_budget"] == 1
+
+
+def test_grm_through_an_openai_compatible_endpoint_asks_the_chat_rubric(tmp_path, monkeypatch):
+    """The endpoint path: `infra.llm_server` with its deterministic keyword scorer (0-5 by the density of math
+    words) behind the real OpenAI chat API. It checks the plumbing, not judgement: the rubric prompt reaches
+    the server with the request and answer inside <document>, the digit comes back and is scaled to [0, 1]."""
+    import requests
+
+    from classifiers.judge.client import JudgeClientConfig
+    from classifiers.judge.judge_config import JudgeConfig
+    from infra.llm_server import llm_server_process
+    from infra.store import LocalStore
+    from training.rewards.grm import build_grm
+
+    with llm_server_process("--keyword-scorer") as url:
+        monkeypatch.setenv("CRUCIBLE_JUDGE_URL", url)
+        monkeypatch.setenv("CRUCIBLE_JUDGE_MODEL", "keyword-scorer")
+        config = JudgeConfig(backend="openai", client=JudgeClientConfig(show_progress=False))
+        grm = build_grm(config, LocalStore(tmp_path))
+        assert grm.judge.prompt.name == "general_rubric_v1"
+        q = "How do I solve 2x + 3 = 7?"
+        scores = grm.score(
+            [q, q],
+            [f"Subtract 3: 2x = 4, divide by 2: x = 2, the equation's solution.{END}", f"No idea.{END}"],
+        )
+        assert scores[0] > scores[1] and all(0.0 <= s <= 1.0 for s in scores), scores
+        assert requests.get(f"{url}/stats", timeout=5).json()["requests/chat"] == 2
+        assert grm.score([q], [f"No idea.{END}"]) == [scores[1]]  # cached: no third request
+        assert requests.get(f"{url}/stats", timeout=5).json()["requests/chat"] == 2

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from classifiers.code_language_protocol import apply_temperature
+import numpy as np
+
 from classifiers.code_language_rules import (
     AMBIGUOUS,
     Prior,
@@ -33,7 +34,7 @@ from classifiers.code_language_rules import (
     language_from_script_header,
     language_prior,
 )
-from classifiers.fasttext_train import FastTextParams, predict_proba, train_fasttext
+from classifiers.fasttext_train import FastTextParams, label_name, predict_proba, train_fasttext
 
 # 4000 chars x 800 tokens vs 3200 x 640 on a seed-1 package split: 0.9569 vs 0.9564 accuracy, ~15% slower
 MAX_CHARS = 3200
@@ -284,7 +285,7 @@ class CodeLanguageClassifier:
         """Language -> probability from content alone; `workers` > 1 splits the files over processes (each
         loads the model file once), for large batches on several cores. With a temperature other than 1 the
         model's full distribution is rescaled (`p_i^(1/T)`, renormalised) and then cut to the top `k`."""
-        if self.temperature != 1.0 and k != -1:
+        if self.temperature != 1.0 and k != -1 and workers > 1:
             probs = self.predict_content(texts, k=-1, workers=workers)
             return [dict(sorted(p.items(), key=lambda kv: -kv[1])[:k]) for p in probs]
         if workers > 1 and self.path is not None and len(texts) >= 200 * workers:
@@ -297,7 +298,7 @@ class CodeLanguageClassifier:
             ) as pool:
                 probs = [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
         else:
-            probs = predict_proba(self.model, [self.features.line(t) for t in texts], k=k)
+            probs = self._probabilities([self.features.line(t) for t in texts], k)
         # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model
         for i, text in enumerate(texts):
             if (lang := language_from_content_marker(text) or language_from_script_header(text)) is not None:
@@ -306,16 +307,26 @@ class CodeLanguageClassifier:
                 top = max(probs[i], key=probs[i].get)
                 if top == "YAML" and (body := front_matter_body(text)) is not None:
                     # Markdown's front matter is YAML: the rest of the file says what it is
-                    body_probs = predict_proba(self.model, [self.features.line(body)], k=k)[0]
+                    body_probs = self._probabilities([self.features.line(body)], k)[0]
                     body_top = max(body_probs, key=body_probs.get) if body_probs else "YAML"
                     if body_top != "YAML":
                         probs[i], top = body_probs, body_top
                 fixed = correct_content_prediction(text, top, sure=probs[i][top] >= CORRECT_BELOW_PROB)
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
-                if self.temperature != 1.0:
-                    probs[i] = apply_temperature(probs[i], self.temperature)
         return probs
+
+    def _probabilities(self, lines: list[str], k: int) -> list[dict[str, float]]:
+        """The model's top-`k` probabilities, temperature-scaled over all labels (`p^(1/T)` renormalised, one
+        numpy pass over the batch) when the temperature is not 1."""
+        if self.temperature == 1.0:
+            return predict_proba(self.model, lines, k=k)
+        labels, probs = self.model.predict(lines, k=-1)
+        q = np.power(np.maximum(np.asarray(probs, dtype=np.float64), 1e-12), 1.0 / self.temperature)
+        q /= q.sum(axis=1, keepdims=True)  # fastText returns each row sorted by probability: the top k lead
+        n = q.shape[1] if k == -1 else k
+        return [{label_name(lab): float(p) for lab, p in zip(labs[:n], row[:n], strict=True)}
+                for labs, row in zip(labels, q, strict=True)]  # fmt: skip
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:
         """Combine priors and content probabilities into the final language of one file."""

@@ -102,3 +102,24 @@ def test_new_names_and_extensions():
     assert language_from_path("Containerfile") == "Dockerfile"
     assert language_from_path("lapack/SRC/dgemm.f") == "Fortran"
     assert language_from_path("lib/std/mem.zig") == "Zig"
+
+
+def test_classifier_temperature_keeps_the_argmax_and_matches_the_reference(tmp_path):
+    from classifiers.code_language import CodeLanguageClassifier, train_code_language_model
+    from classifiers.fasttext_train import FastTextParams, predict_proba
+
+    py = ["import os\ndef f(x):\n    return x + 1\n", "for i in range(3):\n    print(i)\n"] * 10
+    c = ["#include <stdio.h>\nint main(void) { return 0; }\n", "static int g(int x) { return x * 2; }\n"] * 10
+    examples = [("Python", t) for t in py] + [("C", t) for t in c]
+    path = tmp_path / "m.bin"
+    train_code_language_model(examples, FastTextParams(epoch=5, dim=8, bucket=1000, threads=1, seed=0), path)
+    raw = CodeLanguageClassifier.load(path)
+    hot = CodeLanguageClassifier.load(path, temperature=2.0)
+    texts = ["def g(y):\n    return y\n", "int h(void) { return 1; }\n"]
+    ref = [apply_temperature(p, 2.0) for p in predict_proba(raw.model, [raw.features.line(t) for t in texts])]
+    for top1, full, r in zip(
+        hot.predict_content(texts, k=1), hot.predict_content(texts, k=-1), ref, strict=True
+    ):
+        ((lang, p),) = top1.items()
+        assert lang == max(r, key=r.get) == max(full, key=full.get)
+        assert p == pytest.approx(r[lang], abs=1e-6) and sum(full.values()) == pytest.approx(1.0, abs=1e-6)

@@ -5,6 +5,16 @@
     .venv/bin/python benchmarks/code_lang_id.py --snapshot code-0001 --eval-snapshot code-fresh2-0001 \
         --eval-manifest pipelines/code/manifests/heldout.yaml --max-files 0
 
+Issue 19, the frozen protocol (see README, "Frozen protocol"):
+
+    .venv/bin/python benchmarks/code_lang_id.py train --data STATE_DIR:code-0001 code-langs-0001 --out DIR
+    .venv/bin/python benchmarks/code_lang_id.py protocol --data ... --model-dir DIR    # ours vs magika
+    .venv/bin/python benchmarks/code_lang_id.py log-test DIR    # re-log a finished test report to MLflow
+
+`train` splits projects into train / dev / test (or reads the frozen split in `classifiers/data/`), chooses the
+epochs and the temperature on dev and scores the frozen test set once; `protocol` runs ours and magika (its own
+venv, `<state dir>/bench-venv-magika`) on the same frozen test texts in one run.
+
 `--snapshot` defaults to the code snapshot `make run` (`crucible run`) materializes. `--eval-snapshot` scores the
 model of `--snapshot` on another crawl (e.g. `manifests/heldout.yaml`, crawled as `code-fresh2-0001`: projects
 that share nothing with the training manifest), labelled the way training labels files. Correction rules were

@@ -36,6 +36,10 @@ def test_format_wants_an_end_of_turn_and_no_leftover_markup():
     left = format_reward(f'<tool_call>{{"name": "x"}}</tool_call>{END}')
     assert left.score == 0.5 and "<tool_call>" in left.reason
     assert format_reward(END).score == 0.5  # empty answer
+    # one leading reasoning block is how SFT answers (worked solutions); an unclosed or stray one is leftover
+    assert format_reward(f"<think>3 + 4 = 7</think>Answer: 7{END}").score == 1.0
+    assert format_reward(f"<think>3 + 4 = 7 and then{END}").score == 0.5
+    assert format_reward(f"Answer: 7 <think>hmm</think>{END}").score == 0.5
 
 
 def test_length_is_one_inside_the_range_and_falls_off_outside():

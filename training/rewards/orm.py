@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from training.model import ModelConfig, build_model, load_model
-from training.rewards.rules import answer_text
+from training.rewards.rules import without_end_markers
 from training.tasks.base import Split, Task
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,12 @@ def _pairs_for(task: Task, others: Sequence[Task], rng: random.Random) -> list[P
             else right + "0"
         )
         return [
-            PreferencePair(p, f"{steps}\nAnswer: {right}", f"{steps}\nAnswer: {wrong}", "math_wrong_answer")
+            PreferencePair(
+                p,
+                f"<think>{steps}</think>Answer: {right}",
+                f"<think>{steps}</think>Answer: {wrong}",
+                "math_wrong_answer",
+            )
         ]
     if task.domain == "knowledge":
         return [
@@ -161,9 +166,10 @@ class ORM:
     def encode(self, prompts: Sequence[str], answers: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = []
         for prompt, answer in zip(prompts, answers, strict=True):
+            # the whole output, reasoning block included: a worked solution is judged with its steps
             messages = [
                 {"role": "user", "content": prompt},
-                {"role": "assistant", "content": answer_text(answer)},
+                {"role": "assistant", "content": without_end_markers(answer)},
             ]
             ids = self.tokenizer.apply_chat_template(messages, return_dict=True)["input_ids"]
             rows.append(list(ids)[-self.cfg.max_len :])  # keep the end: the answer is what is judged

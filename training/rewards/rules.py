@@ -1,7 +1,8 @@
 """Rule-based rewards: pure functions (constraints, response) -> `RuleScore` in [0, 1] with the reason.
 
 `response` is the assistant's text as the rollout decoded it, special tokens included, so the format rule can
-see whether the turn ended and whether tool-call markup was left behind; the other rules read `answer_text`.
+see whether the turn ended and whether tool-call markup was left behind; the other rules read `answer_text`,
+the visible answer (without a leading `<think>...</think>` block: SFT teaches reasoning there).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ FORBIDDEN_WORDS = Path(__file__).parent / "forbidden_words_v1.txt"
 _ENDINGS = (END_OF_TURN, EOS)
 _MARKUP = tuple(t for t in SPECIAL_TOKENS if t not in _ENDINGS)  # <tool_call>, <think>, <|user|>, ...
 _WORD = re.compile(r"\b[\w'-]+\b")
+_THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -44,12 +46,17 @@ class Constraints(BaseModel):
     length: tuple[int, int] = Field((1, 80), description="Soft word-count range of a good answer")
 
 
-def answer_text(response: str) -> str:
+def without_end_markers(response: str) -> str:
     """The response without the end-of-turn / end-of-text markers and surrounding whitespace."""
     text = response
     for end in _ENDINGS:
         text = text.replace(end, "")
     return text.strip()
+
+
+def answer_text(response: str) -> str:
+    """The visible answer: no end markers, no leading `<think>...</think>` reasoning block."""
+    return _THINK.sub("", without_end_markers(response), count=1).strip()
 
 
 def word_count(text: str) -> int:
@@ -58,11 +65,11 @@ def word_count(text: str) -> int:
 
 def format_reward(response: str) -> RuleScore:
     """1 when the turn ends with an end-of-turn marker, has an answer and no leftover markup (tool-call tags,
-    think tags, role headers); 0.5 off per failed check."""
-    stripped = response.rstrip()
-    ended = stripped.endswith(_ENDINGS)
-    leftover = sorted({m for m in _MARKUP if m in response})
-    empty = not answer_text(response)
+    role headers, think tags other than one leading reasoning block); 0.5 off per failed check."""
+    ended = response.rstrip().endswith(_ENDINGS)
+    visible = answer_text(response)
+    leftover = sorted({m for m in _MARKUP if m in visible})
+    empty = not visible
     fails = [
         *(["no end of turn"] if not ended else []),
         *([f"leftover {' '.join(leftover)}"] if leftover else []),

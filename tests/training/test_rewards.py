@@ -173,15 +173,16 @@ def test_orm_learns_held_out_preferences_and_round_trips(orm_data, tmp_path):
     orm, metrics = train_orm(
         pairs,
         tok,
-        ORMConfig(steps=60, batch_size=8, max_len=96, eval_every=60),
+        ORMConfig(steps=100, batch_size=8, max_len=96, eval_every=100),
         lambda m, s: logged.append(s),
     )
-    assert logged == list(range(1, 61))
+    assert logged == list(range(1, 101))
     acc = metrics["heldout/pair_accuracy"]
-    # measured: 0.79 ± 0.05 on 58 held-out pairs (garbled 0.96, forbidden words / JSON / word counts 1.0; wrong
-    # definitions 0.38 and wrong math answers 0.50: a 60-step micro model cannot tell a wrong fact from a right one)
+    # measured: 0.76 ± 0.06 on 58 held-out pairs (garbled 0.83, forbidden words / JSON / too many words 1.0;
+    # wrong definitions 0.38 and wrong math answers 0.6 ± 0.15: a 100-step micro model cannot tell a wrong fact
+    # from a right one)
     assert acc > 0.6, metrics
-    assert metrics["heldout/pair_accuracy/garbled"] > 0.7, metrics
+    assert metrics["heldout/pair_accuracy/garbled"] > 0.65, metrics
     loaded = ORM.load(orm.save(tmp_path / "orm"))
     assert pair_accuracy(loaded, pairs["heldout"])["pair_accuracy"] == acc
     sample = pairs["heldout"][:4]

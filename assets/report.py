@@ -1,6 +1,6 @@
 """The post-training results table: every checkpoint from the last midtraining stage to the distilled one,
 scored on the same held-out sets (perplexity, passkey at the longest length, reasoning pass@1, agentic
-success), each cell with its standard error, as Markdown and one PNG; the distilled checkpoint's parent is in
+success, General RL's hybrid-reward components), each cell with its standard error, as Markdown and one PNG; the distilled checkpoint's parent is in
 the table too, so distillation's effect is shown against the same parent without it."""
 
 import json
@@ -14,12 +14,18 @@ from assets.pretraining import SHARDS_PREFIX
 from assets.stage_config import launchpad_config
 from infra.committed import is_committed
 from infra.figures import plot_dir
-from infra.settings import load_profile
+from infra.settings import load_profile, validate_stage
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from training import report
 from training.agentic.families import read_agentic_facts, read_agentic_tasks
-from training.report import ReportConfig, build_heldout_sets, post_training_report, recovery_rows
+from training.report import (
+    GeneralScorer,
+    ReportConfig,
+    build_heldout_sets,
+    post_training_report,
+    recovery_rows,
+)
 from training.tasks.suites import read_tasks
 from training.tokenizer import load_tokenizer
 
@@ -37,6 +43,25 @@ def _chain(s: ObjectStore) -> dict[str, Path]:
     return out
 
 
+def _general_scorer(s: ObjectStore, cfg: ReportConfig, facts: list) -> GeneralScorer | None:
+    """General RL's hybrid reward (the stage's own config, ORM and judge) on its held-out prompts, when its
+    prompts and ORM are committed; None otherwise (the table then has no general/ columns)."""
+    from assets.general import GENERAL_PROMPTS_PREFIX, ORM_PREFIX
+    from infra.packaged import LID_176, packaged_file
+    from training.rl.general import general_scorer, heldout_subset
+    from training.rl.general_job import GeneralRLStageConfig, build_reward
+
+    if not (is_committed(s, GENERAL_PROMPTS_PREFIX) and is_committed(s, ORM_PREFIX)):
+        return None
+    stage = validate_stage(PROFILE, "general_rl", GeneralRLStageConfig)
+    prompts = read_tasks(_local(s, GENERAL_PROMPTS_PREFIX, "general_prompts") / "heldout.jsonl")
+    reward = build_reward(
+        stage.reward, facts, _local(s, ORM_PREFIX, "outcome_reward_model"), stage.judge,
+        PROFILE.state_path / "cache" / "judge_general", packaged_file(LID_176),
+    )  # fmt: skip
+    return general_scorer(reward, heldout_subset(prompts, cfg.general_prompts), cfg.general_max_new_tokens)
+
+
 def _report(cfg: ReportConfig, s, _, run) -> StageResult:
     checkpoints = _chain(s)
     tok = load_tokenizer(str(checkpoints[PARENT]))
@@ -51,7 +76,8 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         read_agentic_tasks(agentic_dir)["heldout"], read_agentic_facts(agentic_dir),
     )  # fmt: skip
     out = plot_dir("post-training-report-")
-    result = post_training_report(checkpoints, sets, cfg, out, tokenizer=tok)
+    general = _general_scorer(s, cfg, facts)
+    result = post_training_report(checkpoints, sets, cfg, out, score_general=general, tokenizer=tok)
     parent = "general_rl" if "general_rl" in checkpoints else "agentic_rl"
     md = (
         "## Post-training checkpoints on the same held-out sets (value ± standard error)\n\n"
@@ -66,6 +92,8 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         "reasoning": len(sets.reasoning), "agentic": len(sets.agentic),
     }  # fmt: skip
     md += "\n\nheld-out items: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    if general is None:
+        md += "\n\nno committed General RL prompts / outcome reward model: general-reward components left out"
     if text is None:
         md += f"\n\nno committed token shards ({SHARDS_PREFIX}): perplexity and passkey left out"
     return StageResult(
@@ -79,7 +107,7 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
 post_training_report_asset = tracked_asset(
     "post_training_report",
     "Every post-training checkpoint (midtrained parent to distilled) on the same held-out sets, each number\n"
-    "with its standard error: perplexity, passkey, reasoning pass@1, agentic success.",
+    "with its standard error: perplexity, passkey, reasoning pass@1, agentic success, general-reward components.",
     config=ReportRunConfig,
     stage=_report,
     code_modules=[report],
@@ -88,6 +116,7 @@ post_training_report_asset = tracked_asset(
         PARENT,
         *[f"{stage}_checkpoint" for stage in DEP_STAGES],
         "distilled_checkpoint",
+        *(["general_prompts", "outcome_reward_model"] if "general_rl" in DEP_STAGES else []),
         "task_suites",
         "agentic_tasks",
         "token_shards",

@@ -52,6 +52,12 @@ class ReportConfig(BaseModel):
     agentic_tasks_per_domain: int = Field(40, ge=1, description="Held-out agentic tasks per family")
     agentic_max_new_tokens: int = Field(64, ge=1, description="Tokens per turn on the agentic tasks")
     agentic_max_turns: int = Field(4, ge=1, description="Assistant turns on the agentic tasks")
+    general_prompts: int = Field(
+        60,
+        ge=1,
+        description="Held-out General RL prompts scored per checkpoint (round-robin over categories)",
+    )
+    general_max_new_tokens: int = Field(48, ge=1, description="Tokens per answer to a General RL prompt")
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass (perplexity, passkey)")
     seed: int = Field(1234, description="Seed of the passkey set and the agentic environments")
 

@@ -15,7 +15,7 @@ from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.knowledge.facts import dictionary_facts
 from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig
-from training.agentic import async_loop, families
+from training.agentic import async_loop, codefix, driver, episodes, families, search, terminal
 from training.agentic import job as agentic_job
 from training.agentic.async_loop import AgenticRLConfig
 from training.agentic.families import AgenticTasksConfig, build_agentic_task_sets, write_agentic_tasks
@@ -59,7 +59,7 @@ agentic_tasks = tracked_asset(
     "train / held-out splits; a share of train becomes SFT trajectories.",
     config=AgenticTasksRunConfig,
     stage=_build_agentic_tasks,
-    code_modules=[families],
+    code_modules=[families, terminal, codefix, search, episodes],
     group="post_training",  # its facts come from the profile's dictionary files, not from a committed output
 )
 
@@ -120,7 +120,7 @@ agentic_rl_checkpoint = tracked_asset(
     "Agentic RL (asynchronous, direct double-sided IS) from the Reasoning RL checkpoint against task services.",
     config=AgenticRLRunConfig,
     stage=Launches(_agentic_rl),
-    code_modules=[async_loop, agentic_job],
+    code_modules=[async_loop, driver, agentic_job],
     group="post_training",
     deps=["reasoning_rl_checkpoint", "agentic_tasks"],
     register=lambda result: {"crucible-agentic_rl": "checkpoint"},

@@ -17,6 +17,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
@@ -260,8 +261,10 @@ def train_distill(
         owner_of: dict[str, str] = {}
         for name, n in sorted(counts.items()):
             for task in streams[name].take(n):
+                # teachers' sets may share prompts (SFT's and Reasoning RL's): the id names the teacher
+                task = replace(task, id=f"{name}:{task.id}")
                 batch_tasks.append(task)
-                owner_of.setdefault(task.id, name)
+                owner_of[task.id] = name
         sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed * 100_003 + step)
         trajs = sample_student(
             engine, tokenizer, batch_tasks, suites, environments, sampling, cfg.max_turns, f"s{step}-"

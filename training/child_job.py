@@ -27,6 +27,7 @@ def child_command(
     spec_name: str,
     torch_extensions_dir: Path | None,
     threads: int,
+    leading_args: tuple[str, ...] = (),
 ) -> LaunchCommand:
     """Write `spec` to `<run_dir>/<spec_name>` (atomically) and the command that runs `module` on it."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -35,7 +36,7 @@ def child_command(
     tmp.write_text(spec.model_dump_json(indent=1))
     tmp.replace(path)
     return build_launch_command(
-        module, ["--spec", str(path)], launcher="python", nproc=1, torch_extensions_dir=torch_extensions_dir,
+        module, [*leading_args, "--spec", str(path)], launcher="python", nproc=1, torch_extensions_dir=torch_extensions_dir,
         threads_per_process=threads,
     )  # fmt: skip
 
@@ -54,6 +55,27 @@ def run_child(cmd: LaunchCommand, run_dir: Path, launch: Any, what: str) -> dict
             f"{what} job in {run_dir} exited without writing {RESULT}; see {run_dir / 'train.log'}"
         )
     return json.loads(result.read_text())
+
+
+def metrics_logger(
+    run_dir: Path, spec: Any, callbacks: list[str], resume_after: int | None = None
+) -> Callable[[dict[str, float], int], None]:
+    """`log(metrics, step)`: one JSON line per call in `<run_dir>/metrics.jsonl`, then each `module:function`
+    callback (built with the spec; e.g. the Pipes reporter that streams metrics to the asset). With
+    `resume_after`, lines of later steps from an earlier attempt are dropped first (they are rewritten)."""
+    from training.job import import_object
+    from training.trainer import JsonlMetricsWriter
+
+    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
+    if resume_after is not None:
+        writer.drop_after(resume_after)
+    sinks = [writer] + [import_object(p)(spec) for p in callbacks]
+
+    def log(metrics: dict[str, float], step: int) -> None:
+        for sink in sinks:
+            sink(step, metrics)
+
+    return log
 
 
 def write_result(run_dir: Path, result: dict[str, Any]) -> None:

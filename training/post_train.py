@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.child_job import child_command, child_main, run_child, write_result
+from training.child_job import child_command, child_main, metrics_logger, run_child, write_result
 from training.distributed import DistributedConfig
 from training.job import DataSpec, Launch, TrainJobSpec, run_training_job
 from training.model import ModelConfig
@@ -124,11 +124,9 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     import torch
 
     from training.checkpoint import export_hf
-    from training.job import import_object
     from training.model import load_model
     from training.tasks.suites import eval_subset, read_tasks, suites
     from training.tokenizer import load_tokenizer
-    from training.trainer import JsonlMetricsWriter
 
     run_dir = Path(spec.run_dir)
     if spec.threads:
@@ -141,13 +139,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     from training.rl.reasoning import resume_step
 
     checkpoints = run_dir / "checkpoints"
-    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
-    writer.drop_after(resume_step(checkpoints))  # a resumed run rewrites the steps after its checkpoint
-    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
-
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        for cb in callbacks:
-            cb(step, metrics)
+    log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=resume_step(checkpoints))
 
     samples: dict[str, Any] = {}
 

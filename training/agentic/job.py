@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.agentic.async_loop import AgenticRLConfig
-from training.child_job import child_command, child_main, run_child, write_result
+from training.child_job import child_command, child_main, metrics_logger, run_child, write_result
 from training.model import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -76,10 +76,8 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
         read_agentic_tasks,
     )
     from training.checkpoint import export_hf
-    from training.job import import_object
     from training.model import load_model
     from training.tokenizer import load_tokenizer
-    from training.trainer import JsonlMetricsWriter
 
     run_dir, cfg = Path(spec.run_dir), spec.config
     if spec.threads:
@@ -94,13 +92,7 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     seen_in_sft = {t.id for t in read_agentic_sft_tasks(tasks_dir)}  # RL trains on the rest
     train = [t for t in sets["train"] if t.id not in seen_in_sft]
     domains = sorted({t.domain for t in train} & {d for d, r in cfg.task_ratios.items() if r > 0})
-    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
-    writer.drop_after(0)
-    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
-
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        for cb in callbacks:
-            cb(step, metrics)
+    log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=0)  # a rerun starts over
 
     parent = heldout_success(model, tok, scored, local_envs, cfg, tok.pad_token_id)
     log_metrics({f"parent/{k}": v for k, v in parent.items()}, 0)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.judge.client import JudgeClientConfig
 from classifiers.judge.judge_config import JudgeConfig
-from infra.launcher import build_launch_command
+from training.child_job import child_command, metrics_logger, run_child, write_result
 from training.job import Launch
 from training.model import ModelConfig
 from training.rewards.hybrid import HybridRewardConfig
@@ -86,33 +86,20 @@ class GeneralRLJobSpec(BaseModel):
 
 
 def job_command(kind: str, spec: ORMJobSpec | GeneralRLJobSpec, torch_extensions_dir: Path | None = None):
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = run_dir / (ORM_SPEC if kind == "orm" else GENERAL_SPEC)
-    tmp = spec_path.with_suffix(".tmp")
-    tmp.write_text(spec.model_dump_json(indent=1))
-    tmp.replace(spec_path)
-    return build_launch_command(
-        "training.rl.general_job", [kind, "--spec", str(spec_path)], launcher="python", nproc=1,
-        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
-    )  # fmt: skip
+    name = ORM_SPEC if kind == "orm" else GENERAL_SPEC
+    return child_command(
+        spec,
+        "training.rl.general_job",
+        Path(spec.run_dir),
+        name,
+        torch_extensions_dir,
+        spec.threads or 0,
+        (kind,),
+    )
 
 
 def _run_child(kind: str, spec, torch_extensions_dir: Path | None, launch: Launch | None) -> dict:
-    from infra.launcher import run_command
-
-    cmd = job_command(kind, spec, torch_extensions_dir)
-    run_dir = Path(spec.run_dir)
-    if launch is None:
-        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
-    else:
-        launch(cmd, run_dir / "train.log", None)
-    result = run_dir / "result.json"
-    if not result.exists():
-        raise RuntimeError(
-            f"{kind} job in {run_dir} exited without writing result.json (see train.log there)"
-        )
-    return json.loads(result.read_text())
+    return run_child(job_command(kind, spec, torch_extensions_dir), Path(spec.run_dir), launch, kind)
 
 
 def run_orm_job(
@@ -130,23 +117,7 @@ def run_general_rl_job(
 
 
 def _callbacks(spec, run_dir: Path):
-    from training.job import import_object
-    from training.trainer import JsonlMetricsWriter
-
-    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
-    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
-
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        for cb in callbacks:
-            cb(step, metrics)
-
-    return log_metrics
-
-
-def _write_result(run_dir: Path, result: dict[str, Any]) -> None:
-    tmp = run_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(run_dir / "result.json")
+    return metrics_logger(run_dir, spec, spec.callbacks)
 
 
 def _run_orm(spec: ORMJobSpec) -> dict[str, Any]:
@@ -173,7 +144,7 @@ def _run_orm(spec: ORMJobSpec) -> dict[str, Any]:
         "heldout/pairs_total": float(len(pairs["heldout"])),
     }
     result = {"metrics": metrics, "orm_dir": str(out)}
-    _write_result(run_dir, result)
+    write_result(run_dir, result)
     return result
 
 
@@ -252,7 +223,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     hf = export_hf(model, run_dir / "hf", extra)
     compared = {f"compare/{n}/{k}": v for n in spec.compare for k, v in samples[f"compare/{n}"].items()}
     result = {"metrics": {**final, **compared}, "hf_dir": str(hf), "step": spec.config.steps}
-    _write_result(run_dir, result)
+    write_result(run_dir, result)
     return result
 
 

@@ -348,6 +348,14 @@ FROZEN_DEV = DATA_DIR / "code_language_dev_v1.json"
 DEFAULT_DATA = ["code-0001", "code-langs-0001"]
 
 
+def use_frozen_version(version: str) -> None:
+    """Point the driver at `code_language_{test,dev}_<version>.json`: a new version when labels or the split
+    rule change (v1 stays as it was, with its scores)."""
+    global FROZEN_TEST, FROZEN_DEV
+    FROZEN_TEST = DATA_DIR / f"code_language_test_{version}.json"
+    FROZEN_DEV = DATA_DIR / f"code_language_dev_{version}.json"
+
+
 def _log_files() -> list[Path]:
     logs = [Path(p) for p in ("/var/log/dpkg.log", "/var/log/alternatives.log", "/var/log/fontconfig.log",
                               "/var/log/apt/history.log", "/var/log/apt/term.log")]  # fmt: skip
@@ -462,6 +470,7 @@ def train_main(argv: list[str]) -> dict:
     from classifiers.fasttext_train import FastTextParams, plot_confusion
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
+    ap.add_argument("--frozen-version", default="v1", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="[STATE_DIR:]SNAPSHOT of crawled code")
     ap.add_argument("--epochs", type=int, nargs="+", default=[40, 120], help="candidates, chosen on dev")
     ap.add_argument(
@@ -476,6 +485,7 @@ def train_main(argv: list[str]) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True, help="directory for the model and its calibration")
     args = ap.parse_args(argv)
+    use_frozen_version(args.frozen_version)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     files, info = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
     info.update(assign_splits(files, args.seed))
@@ -570,7 +580,7 @@ def _log_mlflow(result: dict, artifacts: list[Path]) -> None:
 
     tracker = Tracker.from_profile(load_profile())
     run = tracker.client.create_run(tracker.experiment_id("code_language_id"),
-                                    tags={"mlflow.runName": "frozen-test-v1", "issue": "19"})  # fmt: skip
+                                    tags={"mlflow.runName": FROZEN_TEST.stem, "issue": "19"})  # fmt: skip
     rid = run.info.run_id
     for key in (
         "accuracy",
@@ -671,6 +681,7 @@ def protocol_bench_main(argv: list[str]) -> dict:
     from classifiers.code_language_protocol import UNKNOWN, load_frozen
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py protocol")
+    ap.add_argument("--frozen-version", default="v1", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA)
     ap.add_argument("--model-dir", type=Path, required=True, help="output of `code_lang_id.py train`")
     ap.add_argument("--magika-venv", type=Path, default=None, help="default: <state dir>/bench-venv-magika")
@@ -679,6 +690,7 @@ def protocol_bench_main(argv: list[str]) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    use_frozen_version(args.frozen_version)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     files, _ = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
     assign_splits(files, args.seed)  # raises if the data no longer gives the frozen sets

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from classifiers.code_language_rules import AMBIGUOUS, EXTENSIONS, FILENAMES, extension_of, language_from_path
+from classifiers.code_language_rules import AMBIGUOUS, EXTENSIONS, FILENAMES, extension_of, is_dockerfile_name
 
 # where a label came from; only the first two never read the file's content
 LABEL_SOURCES = ("extension", "filename", "shebang", "heuristic")
@@ -111,8 +111,8 @@ def training_label(
     name = PurePosixPath(path).name.lower()
     if name in FILENAMES:
         return FILENAMES[name], "filename"
-    if name.startswith(("dockerfile.", "containerfile.")) or name.endswith(".dockerfile"):
-        return language_from_path(path), "filename"
+    if is_dockerfile_name(name):
+        return "Dockerfile", "filename"
     ext = extension_of(path)
     if ext in EXTENSIONS:
         return EXTENSIONS[ext], "extension"

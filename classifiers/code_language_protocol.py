@@ -63,7 +63,15 @@ def split_groups(
         groups = by_label[label]
         total = sum(groups.values())
         held = Counter({s: sum(n for g, n in groups.items() if where.get(g) == s) for s in SPLITS})
-        for g in sorted(groups, key=lambda g: _hash(seed, g)):
+        order = sorted(groups, key=lambda g: _hash(seed, g))
+        if (
+            len(groups) < 6
+        ):  # few projects: the largest trains, or train may keep a handful of files (v1: Verilog 6)
+            biggest = max(order, key=lambda g: groups[g])
+            if biggest not in where:
+                where[biggest] = "train"
+                held["train"] += groups[biggest]
+        for g in order:
             if g in where:
                 continue
             free = [x for x in groups if x not in where]

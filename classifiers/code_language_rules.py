@@ -120,6 +120,17 @@ def extension_of(path: str) -> str:
 
 
 _DOCKERFILE_NAME = re.compile(r"(?:dockerfile|containerfile)\.[\w.-]+|[\w.-]+\.dockerfile")
+# `Dockerfile.<x>` whose suffix is another format's: editor bundles (`Dockerfile.tmPreferences` is an XML plist)
+_NOT_DOCKERFILE_SUFFIXES = frozenset({".tmpreferences", ".tmlanguage", ".tmsnippet", ".plist", ".sublime-syntax",
+                                      ".vim", ".orig", ".rej", ".patch", ".diff", ".txt", ".rst"})  # fmt: skip
+
+
+def is_dockerfile_name(name: str) -> bool:
+    """A lower-cased file name that is a Dockerfile's by convention, unless its suffix is a known other format."""
+    if not _DOCKERFILE_NAME.fullmatch(name) or name.endswith(".dockerfile"):
+        return bool(_DOCKERFILE_NAME.fullmatch(name))
+    suffix = extension_of(name)
+    return suffix not in EXTENSIONS and suffix not in _NOT_DOCKERFILE_SUFFIXES
 
 
 def language_from_path(path: str) -> str | None:
@@ -127,7 +138,7 @@ def language_from_path(path: str) -> str | None:
     name = PurePosixPath(path).name.lower()
     if name in FILENAMES:
         return FILENAMES[name]
-    if _DOCKERFILE_NAME.fullmatch(name):  # Dockerfile.alpine, Containerfile.test, base.dockerfile
+    if is_dockerfile_name(name):  # Dockerfile.alpine, Containerfile.test, base.dockerfile
         return "Dockerfile"
     return EXTENSIONS.get(extension_of(path))
 

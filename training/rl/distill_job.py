@@ -5,7 +5,6 @@ teachers, read each teacher's prompt set, distil, export the checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -14,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from training.child_job import child_command, child_main, metrics_logger, run_child, write_result
 from training.model import ModelConfig
 from training.rl.distill import DistillConfig
 
@@ -52,36 +52,16 @@ class DistillJobSpec(BaseModel):
 
 
 def distill_command(spec: DistillJobSpec, torch_extensions_dir: Path | None = None):
-    from infra.launcher import build_launch_command
-
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / SPEC
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(spec.model_dump_json(indent=1))
-    tmp.replace(path)
-    return build_launch_command(
-        "training.rl.distill_job", ["--spec", str(path)], launcher="python", nproc=1,
-        torch_extensions_dir=torch_extensions_dir, threads_per_process=spec.threads or 0,
-    )  # fmt: skip
+    return child_command(
+        spec, "training.rl.distill_job", Path(spec.run_dir), SPEC, torch_extensions_dir, spec.threads or 0
+    )
 
 
 def run_distill_job(
     spec: DistillJobSpec, torch_extensions_dir: Path | None = None, launch: Any = None
 ) -> dict:
     """Run the job as a child process (through `launch`, the asset's Pipes launcher, when given)."""
-    from infra.launcher import run_command
-
-    cmd = distill_command(spec, torch_extensions_dir)
-    run_dir = Path(spec.run_dir)
-    if launch is None:
-        run_command(cmd, log_path=run_dir / "train.log", timeout_s=None)
-    else:
-        launch(cmd, run_dir / "train.log", None)
-    result = run_dir / "result.json"
-    if not result.exists():
-        raise RuntimeError(f"distillation job in {run_dir} exited without writing result.json")
-    return json.loads(result.read_text())
+    return run_child(distill_command(spec, torch_extensions_dir), Path(spec.run_dir), launch, "distillation")
 
 
 def _check(spec: DistillJobSpec) -> None:
@@ -104,12 +84,10 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
 
     from training.agentic.families import agentic_suites
     from training.checkpoint import export_hf
-    from training.job import import_object
     from training.model import load_model
     from training.rl.distill import train_distill
     from training.tasks.suites import eval_subset, read_tasks, suites
     from training.tokenizer import load_tokenizer
-    from training.trainer import JsonlMetricsWriter
 
     _check(spec)
     run_dir, cfg = Path(spec.run_dir), spec.config
@@ -134,14 +112,7 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
         else []
     )
     teacher_heldout = {n: read_tasks(Path(p)) for n, p in spec.teacher_heldout.items()}
-    writer = JsonlMetricsWriter(run_dir / "metrics.jsonl")
-    writer.drop_after(0)
-    callbacks = [writer] + [import_object(p)(spec) for p in spec.callbacks]
-
-    def log_metrics(metrics: dict[str, float], step: int) -> None:
-        for cb in callbacks:
-            cb(step, metrics)
-
+    log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=0)
     samples: dict[str, Any] = {}
     first: dict[str, float] = {}
 
@@ -160,19 +131,12 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
     hf = export_hf(model, run_dir / "hf", extra)
     parent = {k.replace("heldout/", "parent/", 1): v for k, v in first.items()}
     result = {"metrics": {**final, **parent}, "hf_dir": str(hf), "step": cfg.steps, "teachers": spec.teachers}
-    tmp = run_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(run_dir / "result.json")
+    write_result(run_dir, result)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run one on-policy distillation job from its spec")
-    parser.add_argument("--spec", required=True, type=Path)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    _run(DistillJobSpec.model_validate_json(args.spec.read_text()))
-    return 0
+    return child_main(argv, DistillJobSpec, _run, "Run one on-policy distillation job from its spec")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ from assets import (
     agentic,
     code_corpus,
     dedup,
+    distill,
+    general,
     knowledge,
     midtraining,
     post_training,
     pretraining,
+    report,
     web_crawl,
     web_extract,
 )
@@ -67,6 +70,14 @@ def _job(name: str, assets: list, description: str):
     )
 
 
+POST_TRAINING = [
+    *post_training.post_training_assets,
+    *agentic.agentic_assets,
+    *general.general_assets,
+    *distill.distill_assets,
+    *report.report_assets,
+]
+
 # In graph order; `crucible run` materializes them one after the other.
 JOBS = [
     _job("web_corpus", web_assets, "Crawl, extract, filter and dedup one web snapshot"),
@@ -76,8 +87,8 @@ JOBS = [
     _job("training", training_assets, "Tokenizer, token shards, pretraining, midtraining, evals"),
     _job(
         "post_training",
-        post_training.post_training_assets + agentic.agentic_assets,
-        "Task suites, agentic tasks, SFT data, SFT, Reasoning RL, Agentic RL",
+        POST_TRAINING,
+        "Task suites, SFT data, SFT, Reasoning RL, Agentic RL, General RL, distillation, results table",
     ),
 ]
 
@@ -88,8 +99,7 @@ defs = dg.Definitions(
         *knowledge_assets,
         *rescue_assets,
         *training_assets,
-        *post_training.post_training_assets,
-        *agentic.agentic_assets,
+        *POST_TRAINING,
     ],
     jobs=JOBS,
     sensors=[web_snapshot_sensor],

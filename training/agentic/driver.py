@@ -101,7 +101,9 @@ class RolloutDriver:
             self._generate_batch()
         elif self.env_calls:
             if self.waiting and not self.paused:  # wait no longer than the batching window
-                timeout = min(timeout, max(0.0, self._waiting_since + self.batch_wait_s - time.perf_counter()))
+                timeout = min(
+                    timeout, max(0.0, self._waiting_since + self.batch_wait_s - time.perf_counter())
+                )
             self._collect(block=True, timeout=timeout)
         elif timeout:
             time.sleep(min(timeout, 0.01))

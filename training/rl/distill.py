@@ -18,16 +18,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import nn
 
 from training.dsa_indexer import current_dsa_mode, set_dsa_mode
 from training.rl.losses import on_policy_distillation_loss
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rl.reasoning import pass_at_1
+from training.rl.settings import PolicyUpdateConfig
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
 from training.rollout.multiturn import prompt_ids, rollout
 from training.rollout.trajectory import Trajectory
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 Log = Callable[[dict[str, float], int], None]
 
 
-class DistillConfig(BaseModel):
+class DistillConfig(PolicyUpdateConfig):
     """On-policy distillation settings (defaults are the `tiny` profile's)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -51,14 +52,6 @@ class DistillConfig(BaseModel):
     max_new_tokens: int = Field(48, ge=1, description="Tokens generated per turn")
     max_turns: int = Field(3, ge=1, description="Assistant turns (tool calls) per trajectory")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (student and teacher log-probs)")
-    learning_rate: float = Field(3e-5, gt=0, description="AdamW learning rate")
-    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
-    beta: float = Field(2.0, gt=1, description="IcePop band [1/beta, beta] on rho")
-    eps_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio")
-    eps_high: float = Field(0.28, gt=0, description="Upper clip of the policy ratio")
-    engine_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
-    )
     eval_every: int = Field(20, ge=1, description="Held-out evaluation every N steps (and at 0 and the end)")
     eval_prompts_per_teacher: int = Field(
         16, ge=1, description="Held-out prompts per teacher for greedy agreement and exact reverse KL"

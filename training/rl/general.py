@@ -13,10 +13,10 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import nn
 
 from training.dsa_indexer import current_dsa_mode, set_dsa_mode
@@ -25,6 +25,7 @@ from training.rewards.hybrid import HybridReward, RewardBreakdown
 from training.rl.losses import group_advantages, grpo_icepop_loss
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rl.reasoning import mixed_batches
+from training.rl.settings import PolicyUpdateConfig
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
 from training.rollout.multiturn import rollout
 from training.rollout.trajectory import Trajectory
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 Log = Callable[[dict[str, float], int], None]
 
 
-class GeneralRLConfig(BaseModel):
+class GeneralRLConfig(PolicyUpdateConfig):
     """General RL loop settings (defaults are the `tiny` profile's)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -44,14 +45,6 @@ class GeneralRLConfig(BaseModel):
     max_new_tokens: int = Field(48, ge=1, description="Tokens generated per answer (one turn, no tools)")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollouts")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the rollouts")
-    learning_rate: float = Field(3e-5, gt=0, description="AdamW learning rate")
-    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
-    beta: float = Field(2.0, gt=1, description="IcePop band [1/beta, beta] on rho")
-    eps_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio")
-    eps_high: float = Field(0.28, gt=0, description="Upper clip of the policy ratio")
-    engine_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
-    )
     eval_every: int = Field(20, ge=1, description="Held-out reward evaluation every N steps (and at the end)")
     eval_prompts: int = Field(60, ge=1, description="Held-out prompts scored per evaluation")
     seed: int = Field(0, description="Seed of prompt order and sampling")

@@ -139,3 +139,13 @@ def test_eval_subset_covers_every_level_of_each_domain():
     assert len({t.id for t in picked}) == len(picked) == 12
     # a cap above the pool takes everything once
     assert len(eval_subset(sets["heldout"], 1000)) == len(sets["heldout"])
+
+
+@pytest.mark.parametrize("answer", ["15x1.", "15x1.2", "15x..1", "15x1 .", "x =.", "(((", "1/0", "x^^2"])
+def test_math_verifier_scores_unparsable_answers_zero_instead_of_raising(answer):
+    # "15x1." once crashed a tiny Reasoning RL run at step 40: sympy built code naming `Number`
+    suite = MathSuite()
+    task = suite.generate("train", 1, seed=0, difficulty=1)[0]
+    verdict = suite.verify(task, f"Answer: {answer}")
+    assert verdict.reward == 0.0 and verdict.reason
+    assert not equivalent(answer, "15*x")

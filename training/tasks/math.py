@@ -38,7 +38,12 @@ def parse_answer(text: str) -> sympy.Expr | None:
         return parse_expr(
             text.replace("^", "**"), local_dict={"x": X}, global_dict=_GLOBALS, transformations=_TRANSFORMS
         )
-    except (SyntaxError, TypeError, ValueError, ZeroDivisionError, sympy.SympifyError, TokenError):
+    # sympy's transformations can also build code naming things outside _GLOBALS ("15x1." -> Number,
+    # "15x..1" -> Symbol.Float): any failure to parse is "not an expression", never a crashed RL step
+    except (
+        SyntaxError, TypeError, ValueError, ZeroDivisionError, NameError, AttributeError, sympy.SympifyError,
+        TokenError,
+    ):  # fmt: skip
         return None
 
 

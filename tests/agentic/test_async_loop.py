@@ -147,7 +147,8 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
     after = heldout_success(model, tok, tasks, color_environments(), config, tok.pad_token_id)
     rewards = [m["reward/mean"] for _, m in rows]
     assert len(rewards) == 30
-    assert sum(rewards[-6:]) / 6 > sum(rewards[:6]) / 6 + 0.15, rewards
+    assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.1, rewards  # per-step SE ~0.1 (16 samples)
+    print("first 10 / last 10 mean reward", sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10)
     assert after["n/color"] == before["n/color"] == 8
     assert after["success/color"] >= before["success/color"], (before, after)
     assert final["buffer/env_failures"] >= 1  # crashes were dropped and counted, never scored

@@ -7,14 +7,19 @@ from pathlib import Path
 
 from assets.factory import Launches, tracked_asset
 from assets.pipes_launch import CALLBACK, PipesLaunch
-from assets.post_training import AGENTIC_TASKS_PREFIX, _local, _model_cfg, _publish_checkpoint, _work
+from assets.post_training import (
+    AGENTIC_TASKS_PREFIX,
+    _local,
+    _model_cfg,
+    _publish_checkpoint,
+    _work,
+    recorded_dictionary_facts,
+)
 from assets.stage_config import launchpad_config
 from infra.committed import commit, read_committed
-from infra.settings import load_profile, validate_stage
+from infra.settings import load_profile
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
-from pipelines.knowledge.facts import dictionary_facts
-from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig
 from training.agentic import async_loop, codefix, driver, episodes, families, search, terminal
 from training.agentic import job as agentic_job
 from training.agentic.async_loop import AgenticRLConfig
@@ -36,8 +41,7 @@ AGENTIC_PANELS = {
 
 
 def _build_agentic_tasks(cfg: AgenticTasksConfig, s, _, run) -> StageResult:
-    wk = validate_stage(PROFILE, "world_knowledge", WorldKnowledgeConfig)
-    facts = dictionary_facts(wk.dictionaries, cfg.max_facts, cfg.seed)
+    facts = recorded_dictionary_facts(run, cfg.max_facts, cfg.seed)
     sets = build_agentic_task_sets(cfg, facts)
     out = _work("agentic_tasks") / "out"
     version = write_agentic_tasks(sets, out, facts[: cfg.max_facts], cfg.sft_per_level)
@@ -60,7 +64,7 @@ agentic_tasks = tracked_asset(
     config=AgenticTasksRunConfig,
     stage=_build_agentic_tasks,
     code_modules=[families, terminal, codefix, search, episodes],
-    group="post_training",  # its facts come from the profile's dictionary files, not from a committed output
+    group="post_training",  # its facts come from Debian dictd archives, recorded as the run's sources
 )
 
 

@@ -11,9 +11,11 @@ from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.pretraining import local_tokenizer
 from assets.stage_config import launchpad_config
 from infra.committed import commit, fetch_committed, read_committed
+from infra.local_web import doc_package_source
 from infra.settings import load_profile, validate_stage
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
+from infra.tracking import SOURCES_TAG
 from pipelines.knowledge.facts import dictionary_facts
 from pipelines.knowledge.world_knowledge import WorldKnowledgeConfig
 from training import post_train, sft_data
@@ -69,9 +71,15 @@ def _model_cfg(tok_dir: Path):
     return pre.model.model_copy(update=update), pre.distributed
 
 
-def _build_task_suites(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
+def recorded_dictionary_facts(run, limit: int, seed: int) -> list[tuple[str, str]]:
+    """Facts from the profile's dictd packages; the archives read are tagged on the run (lineage leaves)."""
     wk = validate_stage(PROFILE, "world_knowledge", WorldKnowledgeConfig)
-    facts = dictionary_facts(wk.dictionaries, cfg.max_facts, cfg.seed)
+    run.set_tags({SOURCES_TAG: ",".join(doc_package_source(p) for p in wk.dictionaries)})
+    return dictionary_facts(wk.dictionaries, limit, seed)
+
+
+def _build_task_suites(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
+    facts = recorded_dictionary_facts(run, cfg.max_facts, cfg.seed)
     sets = build_task_sets(cfg, facts)
     out = _work("task_suites") / "out"
     write_tasks(sets["train"], out / "train.jsonl")
@@ -100,8 +108,7 @@ task_suites = tracked_asset(
     config=TaskSuitesRunConfig,
     stage=_build_task_suites,
     code_modules=[task_suites_module],
-    group="post_training",
-    upstream=["world_knowledge_classifier"],  # its dictionaries give the facts: in lineage, not a Dagster dep
+    group="post_training",  # its facts come from Debian dictd archives, recorded as the run's sources
 )
 
 

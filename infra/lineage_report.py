@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from infra.committed import POINTER, CommittedOutput
 from infra.store import ObjectStore, StoreError
-from infra.tracking import LINEAGE_MISSING_TAG, UPSTREAM_RUNS_TAG, UPSTREAM_VERSIONS_TAG
+from infra.tracking import LINEAGE_MISSING_TAG, SOURCES_TAG, UPSTREAM_RUNS_TAG, UPSTREAM_VERSIONS_TAG
 
 EXIT_BROKEN = 3  # a link cannot be followed (kept: scripts already test for 3)
 EXIT_STALE = 4  # every link follows, but some run read a version that has since been replaced
@@ -51,6 +51,7 @@ def _describe(run: Any) -> dict:
         "data_version": tags.get("crucible.data_version", ""),
         "code_version": tags.get("crucible.code_version", ""),
         "git_commit": tags.get("crucible.git_commit", ""),
+        "sources": [x for x in tags.get(SOURCES_TAG, "").split(",") if x],  # external: a leaf's inputs
         "upstream": [],
         "missing": [],
         "reads": [],
@@ -95,7 +96,7 @@ def _child(client: Any, run_id: str, store: ObjectStore | None, seen: dict[str, 
 
 def _describe_lost(run_id: str) -> dict:
     keys = ("asset", "partition", "dagster_run_id", "data_version", "code_version", "git_commit")
-    return {"run_id": run_id, **dict.fromkeys(keys, ""), "upstream": [], "missing": [], "reads": [],
+    return {"run_id": run_id, **dict.fromkeys(keys, ""), "sources": [], "upstream": [], "missing": [], "reads": [],
             "error": "", "seen": False}  # fmt: skip
 
 
@@ -203,6 +204,7 @@ def _node_text(node: dict) -> str:
     return (
         f"{node['asset']}{part}  mlflow={node['run_id']} dagster={node['dagster_run_id']} "
         f"data={node['data_version'][:16]} code={node['code_version'] or '-'}"
+        + (f" sources={','.join(node['sources'])}" if node["sources"] else "")
     )
 
 
@@ -258,6 +260,7 @@ def _node_html(node: dict, parent: dict | None) -> str:
         meta = "(see above)" if node["seen"] else (
             f"mlflow={node['run_id']} dagster={node['dagster_run_id']} data={node['data_version']} "
             f"code={node['code_version'] or '-'} git={node['git_commit'][:12]}"
+            + (f" sources={','.join(node['sources'])}" if node["sources"] else "")
         )  # fmt: skip
         head = f'<span class="asset">{esc(node["asset"] + part)}</span> <span class="meta">{esc(meta)}</span>'
     for read in _edge(parent, node):

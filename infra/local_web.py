@@ -97,6 +97,11 @@ def fetch_doc_package(package: str, cache_dir: Path | None = None) -> Path:
     return root
 
 
+def doc_package_source(package: str, cache_dir: Path | None = None) -> str:
+    """The Debian archive (name_version_arch.deb) `fetch_doc_package` unpacked: what a stage read, for lineage."""
+    return (fetch_doc_package(package, cache_dir) / _DONE_MARKER).read_text().strip()
+
+
 def find_html_root(tree: Path) -> Path:
     """The directory of the package's main `index.html`: the one above the most HTML files (then shallowest)."""
     html_dirs: dict[Path, int] = {}

@@ -29,6 +29,8 @@ UPSTREAM_RUNS_TAG = "crucible.upstream_runs"
 UPSTREAM_VERSIONS_TAG = "crucible.upstream_data_versions"
 # Declared upstream assets the stage recorded no read of: the lineage walk reports a broken link there.
 LINEAGE_MISSING_TAG = "crucible.lineage_missing"
+# External sources a stage read outside the store (Debian archives by name and version): lineage leaves.
+SOURCES_TAG = "crucible.sources"
 HOST_TAG, PID_TAG = "crucible.host", "crucible.pid"
 # Whole words of a key's last part: `hf_token`, `aws_secret_access_key`, `apiKey` are secret; `max_new_tokens`
 # and `author` are not.

@@ -45,10 +45,6 @@ CORPUS = [
 ] * 40
 TOK_FILES = ("tokenizer.json", "tokenizer_config.json")
 TASKS = "post_training/task_suites"
-# task_suites declares world_knowledge_classifier as upstream but builds its facts from the profile's
-# dictionaries and reads no committed output of it (assets/post_training.py): a broken link in every
-# post-training lineage until that declaration or that read is fixed there.
-KNOWN_GAP = "no recorded read of world_knowledge_classifier (by task_suites)"
 
 
 def _store() -> LocalStore:
@@ -209,8 +205,11 @@ def test_rl_checkpoint_lineage_reaches_the_crawl_and_the_task_suite_version(chai
     rl_read = [r for r in tree["reads"] if r["prefix"] == TASKS]
     assert rl_read == [{"prefix": TASKS, "asset": "task_suites[]", "version": suites.version,
                         "current": suites.version, "status": "ok", "detail": ""}]  # fmt: skip
-    assert tree["stale_links"] == [] and tree["broken_links"] == [KNOWN_GAP]
-    assert code == EXIT_BROKEN
+    assert tree["stale_links"] == [] and tree["broken_links"] == [] and code == 0
+    # a leaf built from Debian archives names them (the profile's dictd packages, by version)
+    assert suites_node["sources"] and all(
+        x.startswith("dict-") and x.endswith(".deb") for x in suites_node["sources"]
+    )
 
     code, out, err = _lineage(capsys, "crucible-sft/1")
     print(out)
@@ -220,10 +219,11 @@ def test_rl_checkpoint_lineage_reaches_the_crawl_and_the_task_suite_version(chai
     assert (
         f"task_suites  mlflow={suites_node['run_id']}" in out and f"read {TASKS}@{suites.version[:12]}" in out
     )
-    assert err.strip() == f"crucible lineage: incomplete, {KNOWN_GAP}"
+    assert f"sources={','.join(suites_node['sources'])}" in out
+    assert code == 0 and err.strip() == ""
 
     page = tmp_path / "lineage.html"
-    assert _lineage(capsys, "crucible-reasoning_rl/1", "--html", str(page))[0] == EXIT_BROKEN
+    assert _lineage(capsys, "crucible-reasoning_rl/1", "--html", str(page))[0] == 0
     html = page.read_text()
     assert "web_warc[local-docs-0001]" in html and suites.meta["suite_version"] in html
     assert "<script" not in html and "src=" not in html and "<link" not in html  # self-contained
@@ -242,8 +242,8 @@ def test_the_lineage_report_is_an_artifact_of_each_registered_checkpoint_run(cha
         )
         assert report["run_id"] == run_id and report["asset"] == asset
         assert any(n["asset"] == "web_warc" for n in _nodes(report))
-        assert report["broken_links"] == [KNOWN_GAP] and report["stale_links"] == []
-        assert tracker.get_run(run_id).data.tags["crucible.lineage_status"] == "broken"
+        assert report["broken_links"] == [] and report["stale_links"] == []
+        assert tracker.get_run(run_id).data.tags["crucible.lineage_status"] == "ok"
         artifacts = {a.path for a in tracker.client.list_artifacts(run_id)}
         assert {"lineage.json", "lineage.html"} <= artifacts
     # only checkpoints (assets that register a model) carry one
@@ -253,7 +253,7 @@ def test_the_lineage_report_is_an_artifact_of_each_registered_checkpoint_run(cha
 
 def test_a_corrupted_link_is_reported_broken(chain, capsys):
     tracker, store = Tracker.from_profile(load_profile()), _store()
-    assert _tree(capsys, "crucible-reasoning_rl/1")[1]["broken_links"] == [KNOWN_GAP]
+    assert _tree(capsys, "crucible-reasoning_rl/1")[1]["broken_links"] == []
     sft_data = read_committed(store, "post_training/sft_data")
     store.delete(f"post_training/sft_data/{POINTER}")  # the SFT data's committed pointer is gone
     code, out, err = _lineage(capsys, "crucible-reasoning_rl/1")
@@ -269,7 +269,7 @@ def test_a_corrupted_link_is_reported_broken(chain, capsys):
     tracker.client.set_tag(rl_run, UPSTREAM_RUNS_TAG, upstream.replace(sft_run, "0" * 32))
     code, tree = _tree(capsys, "crucible-reasoning_rl/1")
     assert code == EXIT_BROKEN
-    new = set(tree["broken_links"]) - {KNOWN_GAP}
+    new = set(tree["broken_links"])
     sft_ckpt = read_committed(store, "checkpoints/sft_checkpoint").version
     assert new == {
         f"no MLflow run {'0' * 32} (deleted, or another server) (upstream of reasoning_rl_checkpoint[])",
@@ -296,7 +296,7 @@ def test_a_recommitted_task_suite_makes_its_readers_stale(chain, capsys):
         "sft_data_set[]",
     ]
     assert all("re-committed since by task_suites[] run " in line for line in stale)
-    assert code == EXIT_BROKEN  # broken wins over stale, and every post-training lineage has KNOWN_GAP
+    assert code == EXIT_STALE
 
 
 def test_a_recommitted_upstream_exits_with_the_stale_code(chain, capsys, tmp_path):

@@ -163,11 +163,22 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def serve_tree(mounts: dict[str, Path], robots_txt: str = "User-agent: *\nAllow: /\n") -> Iterator[str]:
-    """Serve directories under `/<name>/` on a free 127.0.0.1 port; yields the base URL `http://127.0.0.1:P`."""
+def serve_tree(
+    mounts: dict[str, Path], robots_txt: str = "User-agent: *\nAllow: /\n", port: int = 0
+) -> Iterator[str]:
+    """Serve directories under `/<name>/` on 127.0.0.1:`port` (0, or `port` in use: a free one); yields the
+    base URL `http://127.0.0.1:P`. A fixed port keeps the pages' URLs, and all that is keyed by them, the
+    same from run to run."""
     mounts = {name: Path(path).resolve() for name, path in mounts.items()}
     handler = partial(_DocsHandler, mounts=mounts, robots_txt=robots_txt)
-    server = _QuietServer(("127.0.0.1", 0), handler)
+    try:
+        server = _QuietServer(("127.0.0.1", port), handler)
+    except OSError as exc:
+        if not port:
+            raise
+        server = _QuietServer(("127.0.0.1", 0), handler)
+        log.warning("local web: port %d is not free (%s): serving on %d instead, so page URLs differ from a "
+                    "run on port %d", port, exc, server.server_port, port)  # fmt: skip
     thread = threading.Thread(target=server.serve_forever, name="local-web", daemon=True)
     thread.start()
     try:
@@ -189,12 +200,15 @@ def docs_robots_txt(mounts: dict[str, Path]) -> str:
 
 
 @contextmanager
-def serve_doc_packages(packages: list[str], cache_dir: Path | None = None) -> Iterator[list[str]]:
-    """Serve the HTML docs of Debian `packages` on 127.0.0.1; yields one seed URL (index.html) per package."""
+def serve_doc_packages(
+    packages: list[str], cache_dir: Path | None = None, port: int = 0
+) -> Iterator[list[str]]:
+    """Serve the HTML docs of Debian `packages` on 127.0.0.1:`port` (`serve_tree`); yields one seed URL
+    (index.html) per package."""
     if not packages:
         raise LocalWebUnavailable(
             "doc_packages is empty: name at least one Debian doc package, or " + _NO_APT_HELP
         )
     mounts = {package: find_html_root(fetch_doc_package(package, cache_dir)) for package in packages}
-    with serve_tree(mounts, docs_robots_txt(mounts)) as base:
+    with serve_tree(mounts, docs_robots_txt(mounts), port) as base:
         yield [f"{base}/{package}/index.html" for package in packages]

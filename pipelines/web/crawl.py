@@ -23,8 +23,10 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from io import BytesIO
 from typing import Literal
@@ -165,6 +167,20 @@ class CrawlConfig(BaseModel):
         description="Cap on a robots.txt Crawl-delay / Request-rate interval (hosts over it are counted)",
     )
     seed: int = Field(0, description="Seed for retry jitter")
+    local_web_port: int = Field(
+        18080,
+        ge=0,
+        le=65535,
+        description="127.0.0.1 port of the local web (source=local_docs): fixed, so page URLs and the document "
+        "ids and held-out split derived from them are the same in every run; 0 or a busy port = any free port",
+    )
+    ordered: bool = Field(
+        True,
+        description="Crawl in breadth-first waves in a fixed order (each wave sorted by where its URLs were "
+        "found, pages written in that order): the same site and budget give the same pages in the same WARC "
+        "order on every run. Off: a free-running frontier, faster across many hosts, whose cut at max_pages "
+        "depends on fetch timing",
+    )
 
     @field_validator("allow_private_networks")
     @classmethod
@@ -229,6 +245,7 @@ class CrawlItem:
     url: str
     depth: int
     redirected_from: tuple[str, ...] = ()  # the chain of URLs that redirected to this one
+    rank: int = 0  # ordered crawl: its position in its wave
 
 
 @dataclass
@@ -249,7 +266,13 @@ class HostState:
 class Frontier:
     """Per-origin FIFO queues. `pop` hands out work only for an origin below its concurrency cap whose next
     polite request time has come, reserving that request slot; it blocks until work is ready and returns
-    None when the queues are drained or the page budget is spent."""
+    None when the queues are drained or the page budget is spent.
+
+    `ordered`: breadth-first waves instead. URLs found while a wave runs wait for the next one, keyed by
+    where they were found (the finder's rank in its wave, the link's index on the page; the smallest key
+    wins for a URL found twice); when a wave is done the next is sorted by key and handed out strictly in
+    that order (head-of-line waits for its origin's politeness). Which pages fall under `max_pages` is then
+    the same on every run, whatever the fetch timing. `on_wave` runs before each new wave starts."""
 
     def __init__(
         self,
@@ -258,6 +281,8 @@ class Frontier:
         interval: float,
         user_agent: str,
         max_crawl_delay_s: float = 30.0,
+        ordered: bool = False,
+        on_wave: Callable[[], None] | None = None,
     ):
         self.max_pages, self.concurrency, self.interval = max_pages, concurrency_per_host, interval
         self.user_agent = user_agent  # whose robots.txt Crawl-delay applies
@@ -265,22 +290,40 @@ class Frontier:
         self.hosts: dict[str, HostState] = {}
         self.pages_written = self.in_flight = self.queued = self.rate_limited_waits = 0
         self.crawl_delay_capped_hosts = 0
+        self.ordered, self.on_wave, self.waves = ordered, on_wave, 0
+        self.wave: deque[CrawlItem] = deque()
+        self.next_wave: dict[str, tuple[tuple[int, ...], CrawlItem]] = {}
         self._cond = threading.Condition()
         self._closed = False
 
-    def push(self, item: CrawlItem) -> str:
-        """Queue an item; returns a drop reason instead if its origin already failed."""
+    def _host(self, item: CrawlItem) -> HostState:
         key = origin(item.url)
+        host = self.hosts.get(key)
+        if host is None:
+            host = self.hosts[key] = HostState(origin=key, interval=self.interval)
+        return host
+
+    def push(self, item: CrawlItem, found_at: tuple[int, ...] = ()) -> str:
+        """Queue an item (ordered: for the next wave, at `found_at`); returns a drop reason instead if its
+        origin already failed."""
         with self._cond:
-            host = self.hosts.get(key)
-            if host is None:
-                host = self.hosts[key] = HostState(origin=key, interval=self.interval)
+            host = self._host(item)
             if host.state == "failed":
                 return host.failure
-            host.queue.append(item)
             self.queued += 1
+            if self.ordered:
+                self.next_wave[item.url] = (found_at, item)
+            else:
+                host.queue.append(item)
             self._cond.notify()
             return ""
+
+    def found_again(self, item: CrawlItem, found_at: tuple[int, ...]) -> None:
+        """Ordered: a URL already waiting for the next wave was found again; the earlier place wins."""
+        with self._cond:
+            waiting = self.next_wave.get(item.url)
+            if waiting is not None and found_at < waiting[0]:
+                self.next_wave[item.url] = (found_at, item)
 
     def _reserve_locked(self, host: HostState, now: float) -> float:
         start = max(now, host.next_time)
@@ -294,6 +337,8 @@ class Frontier:
 
     def pop(self) -> tuple[str, HostState, CrawlItem | None] | None:
         """("prepare", host, None) for a new origin (resolve + robots.txt), ("fetch", host, item), or None."""
+        if self.ordered:
+            return self._pop_ordered()
         waited_for_rate = False
         with self._cond:
             while True:
@@ -322,12 +367,55 @@ class Frontier:
                 waited_for_rate = waited_for_rate or soonest is not None
                 self._cond.wait(timeout=max(0.001, soonest - now) if soonest is not None else 1.0)
 
+    def _start_next_wave(self) -> None:
+        if self.on_wave is not None:
+            self.on_wave()
+        found = sorted(self.next_wave.values(), key=lambda entry: entry[0])
+        self.next_wave.clear()
+        self.wave = deque(replace(item, rank=i) for i, (_, item) in enumerate(found))
+        self.waves += 1
+
+    def _pop_ordered(self) -> tuple[str, HostState, CrawlItem | None] | None:
+        waited_for_rate = False
+        with self._cond:
+            while True:
+                if self._closed or self.pages_written >= self.max_pages:
+                    return None
+                if not self.wave and self.in_flight == 0:
+                    if not self.next_wave:
+                        return None
+                    self._start_next_wave()
+                    continue
+                now, timeout = time.monotonic(), 1.0
+                if self.wave and self.pages_written + self.in_flight < self.max_pages:
+                    host = self._host(self.wave[0])
+                    if host.state == "new" or (
+                        host.state == "ready" and host.active < self.concurrency and host.next_time <= now
+                    ):
+                        self._reserve_locked(host, now)
+                        host.active += 1
+                        self.in_flight += 1
+                        self.rate_limited_waits += waited_for_rate
+                        if host.state == "new":
+                            host.state = "preparing"
+                            return "prepare", host, None
+                        self.queued -= 1
+                        return "fetch", host, self.wave.popleft()
+                    if host.state == "ready" and host.active < self.concurrency:
+                        waited_for_rate, timeout = True, max(0.001, host.next_time - now)
+                self._cond.wait(timeout=timeout)
+
     def prepared(self, host: HostState, rules: RobotsRules | None, failure: str = "") -> int:
         """Record an origin's robots.txt rules (or why it failed); returns how many queued URLs were dropped."""
         with self._cond:
+            self._cond.notify_all()
             if failure:
                 host.state, host.failure = "failed", failure
-                dropped = len(host.queue)
+                mine = [item for item in self.wave if origin(item.url) == host.origin]
+                self.wave = deque(item for item in self.wave if origin(item.url) != host.origin)
+                for url in [url for url in self.next_wave if origin(url) == host.origin]:
+                    mine.append(self.next_wave.pop(url)[1])
+                dropped = len(host.queue) + len(mine)
                 self.queued -= dropped
                 host.queue.clear()
                 return dropped
@@ -362,8 +450,14 @@ class Frontier:
 class Crawler:
     """Crawls from seed URLs into a `WarcShardWriter`; owns the frontier, the seen-URL set and the counters."""
 
-    def __init__(self, config: CrawlConfig, writer: WarcShardWriter, policy: AddressPolicy | None = None):
-        self.config = config
+    def __init__(
+        self,
+        config: CrawlConfig,
+        writer: WarcShardWriter,
+        policy: AddressPolicy | None = None,
+        snapshot: str = "",
+    ):
+        self.config, self.snapshot = config, snapshot
         self.writer = writer
         self.policy = policy or AddressPolicy(config.allow_private_networks)
         self.frontier = Frontier(
@@ -372,7 +466,10 @@ class Crawler:
             1.0 / config.requests_per_second_per_host,
             config.user_agent,
             config.max_crawl_delay_s,
+            ordered=config.ordered,
+            on_wave=self._flush_wave,
         )
+        self._wave_pages: list[tuple[int, list, dict]] = []  # ordered: this wave's pages, written at its end
         self.stats: Counter[str] = Counter(dict.fromkeys(COUNTER_KEYS, 0))
         self.errors: dict[str, dict] = {}  # the first URL and message per failure key, for the report
         self.failure: BaseException | None = None  # a bug in a worker: stops the crawl, re-raised by run()
@@ -411,8 +508,16 @@ class Crawler:
             session.max_redirects = 5  # robots.txt only; page redirects go through the frontier
         return session
 
-    def enqueue(self, raw_url: str, depth: int, base: str | None = None, redirected_from: tuple = ()) -> bool:
-        """Normalise, scope-check and de-duplicate a URL, then queue it; returns whether it was queued."""
+    def enqueue(
+        self,
+        raw_url: str,
+        depth: int,
+        base: str | None = None,
+        redirected_from: tuple = (),
+        found_at: tuple[int, ...] = (),
+    ) -> bool:
+        """Normalise, scope-check and de-duplicate a URL, then queue it; returns whether it was queued.
+        `found_at` orders an ordered crawl's next wave (the finder's rank, the link's index)."""
         url = normalise_url(raw_url, base)
         reason = ""
         if url is None:
@@ -428,9 +533,10 @@ class Crawler:
             with self._lock:
                 duplicate = url in self._seen
                 self._seen.add(url)
-            reason = (
-                "duplicate_url" if duplicate else self.frontier.push(CrawlItem(url, depth, redirected_from))
-            )
+            item = CrawlItem(url, depth, redirected_from)
+            if duplicate and self.config.ordered:
+                self.frontier.found_again(item, found_at)
+            reason = "duplicate_url" if duplicate else self.frontier.push(item, found_at)
         if reason:
             self.count(reason)
         return not reason
@@ -442,8 +548,8 @@ class Crawler:
             url = normalise_url(seed)
             if url:
                 self._scope.add(urlsplit(url).hostname)
-        for seed in seeds:
-            self.enqueue(seed, depth=0)
+        for i, seed in enumerate(seeds):
+            self.enqueue(seed, depth=0, found_at=(i,))
         self._progress = tqdm(total=self.config.max_pages, unit="page", desc="crawl", mininterval=2.0)
         workers = [
             threading.Thread(target=self._worker, name=f"crawl-{i}", daemon=True)
@@ -459,6 +565,8 @@ class Crawler:
             for worker in workers:
                 worker.join(timeout=self.config.timeout_s * 2)
             self._progress.close()
+        if self.failure is None:
+            self._flush_wave()  # the last wave's pages
         self.stats["rate_limited_waits"] += self.frontier.rate_limited_waits
         self.stats["crawl_delay_capped_hosts"] += self.frontier.crawl_delay_capped_hosts
         if self.failure is not None:
@@ -600,9 +708,9 @@ class Crawler:
                     raise CrawlDrop("oversize", f"{item.url}: Content-Length {declared}")
                 ip = peer_ip(resp)
                 body = self._read_body(resp, item.url, deadline, cfg.max_bytes_per_page)
-        self._write(item.url, resp, body, ip, mime, fetched_at)
-        for link in extract_links(body, item.url):
-            self.enqueue(link, item.depth + 1)
+        self._write(item, resp, body, ip, mime, fetched_at)
+        for i, link in enumerate(extract_links(body, item.url)):
+            self.enqueue(link, item.depth + 1, found_at=(item.rank, i))
         return True
 
     def _read_body(
@@ -636,12 +744,14 @@ class Crawler:
         if len(chain) > self.config.max_redirects:
             raise CrawlDrop("too_many_redirects", " -> ".join((*chain, location)))
         self.count("redirects_followed")
-        self.enqueue(location, item.depth, base=item.url, redirected_from=chain)
+        self.enqueue(location, item.depth, base=item.url, redirected_from=chain, found_at=(item.rank, 0))
 
     def _write(
-        self, url: str, resp: requests.Response, body: bytes, ip: str, mime: str, fetched_at: datetime
+        self, item: CrawlItem, resp: requests.Response, body: bytes, ip: str, mime: str, fetched_at: datetime
     ) -> None:
-        """Write the request and response records of one page (the payload stored decoded)."""
+        """Write the request and response records of one page (the payload stored decoded); an ordered crawl
+        holds them until its wave is done and writes the wave in rank order."""
+        url = item.url
         date = datetime_to_iso_date(fetched_at)
         headers = [
             (f"X-Crawler-{name}" if name.lower() in _WIRE_HEADERS else name, value)
@@ -650,7 +760,9 @@ class Crawler:
         headers.append(("Content-Length", str(len(body))))
         version = {10: "HTTP/1.0", 11: "HTTP/1.1"}.get(getattr(resp.raw, "version", 11), "HTTP/1.1")
         http_headers = StatusAndHeaders(f"{resp.status_code} {resp.reason}", headers, protocol=version)
-        warc_headers = {"WARC-Date": date, "WARC-Identified-Payload-Type": mime}
+        body_sha = hashlib.sha256(body).hexdigest()
+        warc_headers = {"WARC-Date": date, "WARC-Identified-Payload-Type": mime,
+                        "WARC-Record-ID": record_id(self.snapshot, "response", url, body_sha)}  # fmt: skip
         if ip:
             warc_headers["WARC-IP-Address"] = ip
         response = self._records.create_warc_record(
@@ -672,17 +784,40 @@ class Crawler:
             http_headers=StatusAndHeaders(f"GET {target} HTTP/1.1", request_headers, is_http_request=True),
             warc_headers_dict={
                 "WARC-Date": date,
+                "WARC-Record-ID": record_id(self.snapshot, "request", url, body_sha),
                 "WARC-Concurrent-To": response.rec_headers.get_header("WARC-Record-ID"),
             },
         )
-        self.writer.write_records([request, response])
+        page = {"url": url, "status": resp.status_code, "content_type": mime, "bytes": len(body),
+                "digest": response.rec_headers.get_header("WARC-Payload-Digest")}  # fmt: skip
+        if self.config.ordered:
+            with self._lock:
+                self._wave_pages.append((item.rank, [request, response], page))
+        else:
+            self._emit([request, response], page)
+
+    def _emit(self, records: list, page: dict) -> None:
+        self.writer.write_records(records)
         with self._lock:
-            self.bytes_written += len(body)
-            self.digests.append(f"{url} {response.rec_headers.get_header('WARC-Payload-Digest')}")
+            self.bytes_written += page["bytes"]
+            self.digests.append(f"{page['url']} {page['digest']}")
             if len(self.sample) < 10:
-                self.sample.append(
-                    {"url": url, "status": resp.status_code, "content_type": mime, "bytes": len(body)}
-                )
+                self.sample.append({k: v for k, v in page.items() if k != "digest"})
+
+    def _flush_wave(self) -> None:
+        """Ordered: write the finished wave's pages in rank order (no fetch is running when it is called)."""
+        with self._lock:
+            pages, self._wave_pages = sorted(self._wave_pages, key=lambda p: p[0]), []
+        for _, records, page in pages:
+            self._emit(records, page)
+
+
+def record_id(snapshot: str, record_type: str, url: str, body_sha256: str) -> str:
+    """A WARC-Record-ID named by what the record holds (uuid5), not drawn at random: the documents read from
+    it keep their ids, and every choice keyed by id (the held-out split), in every crawl of the same pages.
+    Unique within a snapshot: one page is written once."""
+    name = "\n".join((snapshot, record_type, url, body_sha256))
+    return f"<urn:uuid:{uuid.uuid5(uuid.NAMESPACE_URL, name)}>"
 
 
 def _warcinfo(config: CrawlConfig, snapshot: str) -> dict:
@@ -707,7 +842,7 @@ def crawl_seeds(
         warcinfo=_warcinfo(config, snapshot),
         allow_empty=config.allow_empty,
     )
-    crawler = Crawler(config, writer)
+    crawler = Crawler(config, writer, snapshot=snapshot)
     with writer:
         crawler.run(seeds)
         if crawler.frontier.pages_written == 0 and not config.allow_empty:
@@ -807,6 +942,6 @@ def crawl_web(config: CrawlConfig, store: ObjectStore, snapshot: str, out_prefix
         return crawl_seeds(config, store, snapshot, out_prefix, config.seeds)
     from infra.local_web import serve_doc_packages
 
-    with serve_doc_packages(config.doc_packages) as seeds:
+    with serve_doc_packages(config.doc_packages, port=config.local_web_port) as seeds:
         log.info("local web: %s", ", ".join(seeds))
         return crawl_seeds(config, store, snapshot, out_prefix, seeds)

@@ -38,6 +38,21 @@ def doc_tree(tmp_path):
     return tmp_path / "pkg"
 
 
+def test_serve_tree_keeps_a_fixed_port_and_falls_back_to_a_free_one_when_it_is_taken(doc_tree, caplog):
+    import socket
+
+    mounts = {"pkg": find_html_root(doc_tree)}
+    with socket.socket() as probe:  # a port that is free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with serve_tree(mounts, port=port) as base:
+        assert base == f"http://127.0.0.1:{port}"
+        assert requests.get(f"{base}/pkg/about.html", timeout=5).status_code == 200
+        with serve_tree(mounts, port=port) as other:  # taken by the first: served elsewhere, with a warning
+            assert other != base and requests.get(f"{other}/pkg/about.html", timeout=5).status_code == 200
+    assert f"port {port} is not free" in caplog.text
+
+
 def test_find_html_root_prefers_the_directory_above_most_pages(doc_tree):
     assert find_html_root(doc_tree) == doc_tree / "usr/share/doc/pkg/html"
 

@@ -290,6 +290,33 @@ def test_max_pages_stops_the_crawl(tmp_path, make_site):
     assert len(site.requests) <= 1 + 5  # robots + pages: nothing fetched beyond the budget
 
 
+def test_ordered_crawl_takes_the_same_pages_in_the_same_order_whatever_the_timing(tmp_path, make_site):
+    import random
+
+    def slow(reply: Reply, rng: random.Random):
+        return lambda _seen: (time.sleep(rng.uniform(0, 0.03)), reply)[1]
+
+    kids = {f"/a{i}": [f"/a{i}/b{j}" for j in range(8)] for i in range(6)}
+    # /a5/b0 is also linked from /a0: found twice in wave 2, it keeps the earlier place (after /a0's own)
+    kids["/a0"].append("/a5/b0")
+    order = []
+    for seed in (1, 2):
+        rng = random.Random(seed)
+        routes = {"/": slow(page(*kids), rng)}
+        routes |= {a: slow(page(*bs), rng) for a, bs in kids.items()}
+        routes |= {b: slow(page(), rng) for bs in kids.values() for b in bs}
+        site = make_site(routes)
+        out = tmp_path / f"run{seed}"
+        result, _ = crawl(out, [site.url("/")], max_pages=20, total_concurrency=4, concurrency_per_host=4)
+        store = LocalStore(out / "store")
+        urls = [r["url"].removeprefix(site.base) for k in read_committed(store, "web/warc/snap").keys()
+                for r in iter_warc_records(store.local_path(k))]  # fmt: skip
+        order.append(urls)
+        assert result.metrics["pages_fetched"] == 20
+    wave2 = [*kids["/a0"][:8], "/a5/b0", *kids["/a1"], *kids["/a2"]]
+    assert order[0] == order[1] == ["/", *kids, *wave2][:20]
+
+
 def test_warc_output_is_readable_by_warcio_and_datatrove(tmp_path, make_site):
     from datatrove.pipeline.readers import WarcReader
 
@@ -317,11 +344,14 @@ def test_warc_output_is_readable_by_warcio_and_datatrove(tmp_path, make_site):
 
 def test_rerun_replaces_the_snapshot_and_is_versioned_by_content(tmp_path, make_site):
     site = make_site({"/": page("/a"), "/a": page()})
-    first, _ = crawl(tmp_path, [site.url("/")], records_per_warc_file=2)
+    first, first_pages = crawl(tmp_path, [site.url("/")], records_per_warc_file=2)
     second, _ = crawl(tmp_path, [site.url("/")], max_pages=1)
     assert read_committed(LocalStore(tmp_path / "store"), "web/warc/snap").names() == ["part-00000.warc.gz"]
-    third, _ = crawl(tmp_path, [site.url("/")])
+    third, third_pages = crawl(tmp_path, [site.url("/")])
     assert first.data_version == third.data_version != second.data_version
+    # record ids (the documents' ids downstream) name the content, so a re-crawl keeps them
+    ids = [{u: r["headers"]["WARC-Record-ID"] for u, r in p.items()} for p in (first_pages, third_pages)]
+    assert ids[0] == ids[1] and len(set(ids[0].values())) == 2
 
 
 def test_crawl_web_checks_its_source(tmp_path):

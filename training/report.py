@@ -1,6 +1,7 @@
 """The post-training results table (docs/recipe.md, "On-policy cross-stage distillation"): every checkpoint of
 the chain, from the midtrained base to the distilled one, scored on the same held-out sets, each number with
-its standard error, as a Markdown table and one PNG.
+its standard error, as a Markdown table and one PNG; and the distillation's recovery rows: its teacher, the RL
+checkpoint it started from (without distillation) and the distilled one.
 
 Metrics (all on the same items for every checkpoint):
 - `ppl/<source>`: held-out perplexity; SE by the delta method over rows (se(ppl) = ppl · se(mean row NLL));
@@ -246,29 +247,36 @@ def _metric_order(scores: Mapping[str, Mapping[str, Score]]) -> list[str]:
 
 
 def recovery_rows(
-    scores: Mapping[str, Mapping[str, Score]], parent: str, distilled: str
+    scores: Mapping[str, Mapping[str, Score]],
+    parent: str,
+    distilled: str,
+    teachers: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per metric: the best earlier checkpoint (before `parent`), how much `parent` lost against it and how much of
-    that `distilled` (trained from `parent`) won back; `within_se` when distilled is within the two SEs
-    (sqrt(se_best² + se_distilled²)) of the best. Signs are "better is positive" (perplexity flipped)."""
+    """One distillation, per metric: its best teacher on that metric (of `teachers`; default every checkpoint
+    before `parent`), the RL checkpoint `parent` it started from (without distillation) and `distilled` (the
+    same parent with distillation); how much `parent` lost against that teacher (`drop`) and how much of it
+    `distilled` won back (`recovered`); `within_se` when distilled is within the two SEs
+    (sqrt(se_teacher² + se_distilled²)) of the teacher. Signs are "better is positive" (perplexity flipped).
+    A metric no teacher has is left out."""
     names = list(scores)
     if parent not in scores or distilled not in scores:
         raise ValueError(
             f"recovery: {parent!r} and {distilled!r} must both be checkpoints of the table ({names})"
         )
-    earlier = names[: names.index(parent)]
+    candidates = names[: names.index(parent)] if teachers is None else [t for t in teachers if t in scores]
     rows = []
     for metric in _metric_order(scores):
         sign = 1.0 if metric.startswith(HIGHER_IS_BETTER) else -1.0
-        have = [n for n in earlier if metric in scores[n]]
+        have = [n for n in candidates if metric in scores[n]]
         if not have or metric not in scores[parent] or metric not in scores[distilled]:
             continue
         best = max(have, key=lambda n: sign * scores[n][metric][0])
         (b, b_se), (p, _), (d, d_se) = scores[best][metric], scores[parent][metric], scores[distilled][metric]
         drop, gain = sign * (b - p), sign * (d - p)
         rows.append({
-            "metric": metric, "best earlier": best, "best": _cell(scores[best][metric]),
-            f"{parent} (no distillation)": _cell(scores[parent][metric]), distilled: _cell(scores[distilled][metric]),
+            "distilled": distilled, "metric": metric, "teacher": best, "teacher score": _cell(scores[best][metric]),
+            "RL stage": parent, "without distillation": _cell(scores[parent][metric]),
+            "with distillation": _cell(scores[distilled][metric]),
             "drop": round(drop, 4), "recovered": round(gain, 4),
             "recovered share": round(gain / drop, 2) if drop > 0 else "—",
             "within_se": abs(d - b) <= math.hypot(b_se, d_se),

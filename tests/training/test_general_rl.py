@@ -4,6 +4,7 @@ component is logged per step, and the held-out evaluation reports each component
 from __future__ import annotations
 
 import pytest
+import torch
 
 from training.model import ModelConfig, build_model
 from training.rewards.general_prompts import GeneralPromptsConfig, general_prompts
@@ -85,6 +86,39 @@ def test_general_rl_raises_the_hybrid_reward(tok):
     evals = [m for s, m in rows if "heldout/reward/total" in m]
     assert len(evals) == 2 and evals[1]["heldout/reward/total"] > evals[0]["heldout/reward/total"]
     assert final["heldout/reward_se/total"] >= 0 and final["heldout/n/format"] == 8
+
+
+def test_a_resumed_general_rl_run_reaches_the_weights_of_an_uninterrupted_one(tok, tmp_path):
+    from training.rl.loop import resume_step
+
+    cfg = ModelConfig.for_size(
+        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
+    )
+    constraints = Constraints(keywords=["blue"], length=(1, 4)).model_dump()
+    meta = {"category": "instruction", "constraints": constraints}
+    tasks = [Task(f"p{i}", "instruction", f"name a color {i}", "", 1, "train", meta) for i in range(6)]
+    weights = {"instruction_style": {"constraints": 1.0, "format": 0.1, "length": 0.1, "forbidden": 0.1}}
+    reward = HybridReward(HybridRewardConfig(weights=weights, dimension_weights={"instruction_style": 1.0}))
+    config = GeneralRLConfig(steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, learning_rate=3e-3,
+                             eval_every=4, eval_prompts=2, checkpoint_every=2)  # fmt: skip
+
+    def run(steps: int, ckpt, job="j1"):
+        model, logged = build_model(cfg, seed=0), []
+        c = config.model_copy(update={"steps": steps})
+        train_general_rl(model, tok, tasks, tasks, reward, c, lambda m, s: logged.append(s),
+                         checkpoint_dir=ckpt, job=job)  # fmt: skip
+        return model, logged
+
+    whole, _ = run(4, None)
+    killed, _ = run(3, tmp_path)  # saves step 2, dies at step 3
+    assert resume_step(tmp_path) == 2
+    resumed, logged = run(4, tmp_path)
+    assert min(logged) == 3  # no step-0 evaluation again: it goes on after the checkpoint
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(killed.lm_head.weight, whole.lm_head.weight)
+    with pytest.raises(RuntimeError, match="different job"):  # another config or inputs: never resumed
+        run(4, tmp_path, job="j2")
 
 
 def test_general_jobs_train_an_orm_then_run_general_rl_with_it(tok, tmp_path):

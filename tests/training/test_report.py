@@ -135,9 +135,16 @@ def test_recovery_rows_measure_the_drop_and_what_distillation_won_back():
     }
     rows = {r["metric"]: r for r in recovery_rows(scores, "agentic_rl", "distilled")}
     math_row, ppl_row = rows["pass@1/math"], rows["ppl/web"]
-    assert math_row["best earlier"] == "sft" and math_row["drop"] == pytest.approx(0.3)
+    assert math_row["teacher"] == "sft" and math_row["drop"] == pytest.approx(0.3)
+    assert math_row["teacher score"] == "0.500 ± 0.050" and math_row["RL stage"] == "agentic_rl"
+    assert math_row["without distillation"] == "0.200 ± 0.050"
+    assert math_row["with distillation"] == "0.450 ± 0.050"
     assert math_row["recovered share"] == pytest.approx(0.83, abs=0.01) and math_row["within_se"]
-    assert ppl_row["best earlier"] == "sft" and ppl_row["drop"] == pytest.approx(10.0)  # lower is better
+    assert ppl_row["teacher"] == "sft" and ppl_row["drop"] == pytest.approx(10.0)  # lower is better
     assert ppl_row["recovered"] == pytest.approx(1.0) and not ppl_row["within_se"]
+    # only the distillation's own teachers are compared against
+    only = {r["metric"]: r for r in recovery_rows(scores, "agentic_rl", "distilled", ["reasoning_rl"])}
+    assert only["pass@1/math"]["teacher"] == "reasoning_rl"
+    assert only["pass@1/math"]["drop"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="must both be checkpoints"):
         recovery_rows(scores, "general_rl", "distilled")

@@ -46,6 +46,15 @@ class GenerativeRewardModel:
     def metrics(self) -> dict[str, float]:
         return self.judge.metrics("grm/")
 
+    def state_dict(self) -> dict[str, int]:
+        """The judge's counts (calls against its budget, cache hits, tokens): a resumed run goes on counting
+        from them, so `max_calls` bounds the whole run. The answers themselves live in the judge cache."""
+        return dict(self.judge.counts)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.judge.counts.clear()
+        self.judge.counts.update(state)
+
 
 def build_grm(
     config: JudgeConfig, store: ObjectStore, backend: JudgeBackend | None = None

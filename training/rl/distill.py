@@ -7,26 +7,27 @@ in-process environments for the agentic families), scores the student's own toke
 prompt's set, and makes one update on Eq. 1 with the advantage replaced per token by
 Â_t = sg[log π_teacher(y_t) - log π_θ(y_t)] (group size 1).
 
-The loop is plain Python: `train_distill(...)` takes the student, the teachers, the prompt sets and a
+The step loop, checkpoints and resume are `training.rl.loop`'s: `train_distill(...)` takes the student, the teachers, the prompt sets and a
 `log(metrics, step)` callback, and returns the final metrics."""
 
 from __future__ import annotations
 
 import logging
 import random
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from training.dsa_indexer import current_dsa_mode, set_dsa_mode
+from training.dsa_indexer import set_dsa_mode
+from training.rl.loop import OnPolicyLoop, StepTimes
 from training.rl.losses import on_policy_distillation_loss
-from training.rl.policy import freeze_indexer, response_batch, token_logprobs
+from training.rl.policy import token_logprobs
 from training.rl.reasoning import pass_at_1
 from training.rl.settings import PolicyUpdateConfig
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
@@ -187,90 +188,90 @@ def teacher_agreement(
     return {"agreement": agree / max(count, 1.0), "reverse_kl_exact": kl / max(count, 1.0)}
 
 
-def train_distill(
-    model: nn.Module,
-    tokenizer: Any,
-    teachers: Mapping[str, nn.Module],
-    prompts: Mapping[str, Sequence[Task]],
-    cfg: DistillConfig,
-    log_metrics: Log,
-    suites: Mapping[str, TaskSuite] | None = None,
-    environments: Mapping[str, Any] | None = None,
-    heldout_prompts: Mapping[str, Sequence[Task]] | None = None,
-    heldout_tasks: Sequence[Task] = (),
-    engine: RolloutEngine | None = None,
-    on_sample: Callable[[list[Trajectory], int], None] | None = None,
-) -> dict[str, float]:
-    """Distil `teachers` into `model` (trained in place) on-policy; returns the last step's metrics and the last
-    evaluation (`heldout/...`): per teacher greedy agreement and exact reverse KL on `heldout_prompts`, and
-    greedy pass@1 on `heldout_tasks` for the domains with a suite."""
-    missing = sorted(set(teachers) - set(prompts))
-    if missing:
-        raise ValueError(f"distillation: teacher(s) {missing} have no prompt set; give prompts[name] = tasks")
-    suites, environments = dict(suites or {}), dict(environments or {})
-    heldout_prompts = {k: list(v)[: cfg.eval_prompts_per_teacher] for k, v in (heldout_prompts or {}).items()}
-    torch.manual_seed(cfg.seed)
-    pad_id = tokenizer.pad_token_id
-    counts = batch_counts(cfg.proportions, list(teachers), cfg.prompts_per_step)
-    streams = {name: _Prompts(prompts[name], cfg.seed + i) for i, name in enumerate(sorted(teachers))}
-    for teacher in teachers.values():
-        teacher.eval()
-        set_dsa_mode(teacher, "sparse_gather")  # native's top-k attention, faster on CPU (no KV cache here)
-        for p in teacher.parameters():
-            p.requires_grad_(False)
-    model.train()
-    frozen = freeze_indexer(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
-    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
-    engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
-    mode = current_dsa_mode(model)
-    set_dsa_mode(
-        model, "sparse_gather"
-    )  # the trainer's forward: native's values and gradients, faster on CPU
-    log.info("distillation: teachers %s, prompts per step %s, %d indexer tensors frozen", sorted(teachers),
-             counts, frozen)  # fmt: skip
+@dataclass
+class _DistillOut:
+    owner: list[str]
+    logp_old: torch.Tensor
+    logp_teacher: torch.Tensor
+    entropy: torch.Tensor
+    stats: Any
 
-    def evaluate(step: int) -> dict[str, float]:
+
+class _DistillStage:
+    """Distillation's part of the shared loop: prompts from every teacher's set in proportion, one on-policy
+    answer each (group size 1), Eq. 2's per-token advantage under the prompt's teacher. No per-run state
+    beyond the prompt streams, which are replayed on resume."""
+
+    def __init__(self, loop: OnPolicyLoop, model: nn.Module, tokenizer: Any, teachers: Mapping[str, nn.Module],
+                 prompts: Mapping[str, Sequence[Task]], cfg: DistillConfig, suites: Mapping[str, TaskSuite],
+                 environments: Mapping[str, Any], heldout_prompts: Mapping[str, Sequence[Task]],
+                 heldout_tasks: Sequence[Task], counts: dict[str, int]):  # fmt: skip
+        self.model, self.engine, self.tokenizer, self.teachers, self.cfg = (
+            model,
+            loop.engine,
+            tokenizer,
+            teachers,
+            cfg,
+        )
+        self.suites, self.environments, self.counts = suites, environments, counts
+        self.heldout_prompts, self.heldout_tasks, self.pad_id = heldout_prompts, heldout_tasks, loop.pad_id
+        self.streams = {
+            name: _Prompts(prompts[name], cfg.seed + i) for i, name in enumerate(sorted(teachers))
+        }
+        self.owner_of: dict[str, str] = {}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        cfg, model = self.cfg, self.model
         out: dict[str, float] = {}
         model.eval()
-        for name, tasks in sorted(heldout_prompts.items()):
-            scores = teacher_agreement(model, teachers[name], tokenizer, tasks, cfg.max_new_tokens, pad_id)
+        for name, tasks in sorted(self.heldout_prompts.items()):
+            scores = teacher_agreement(model, self.teachers[name], self.tokenizer, tasks, cfg.max_new_tokens,
+                                       self.pad_id)  # fmt: skip
             out.update({f"{k}/{name}": v for k, v in scores.items()})
-        scored = [t for t in heldout_tasks if t.domain in suites]
+        scored = [t for t in self.heldout_tasks if t.domain in self.suites]
         if scored:
-            engine.sync_weights(model.state_dict(), step)
-            out.update(pass_at_1(engine, tokenizer, scored, suites, cfg.max_new_tokens, cfg.max_turns))
+            self.engine.sync_weights(model.state_dict(), step)
+            out.update(pass_at_1(self.engine, self.tokenizer, scored, self.suites, cfg.max_new_tokens,
+                                 cfg.max_turns))  # fmt: skip
         model.train()
-        log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
         return out
 
-    final = evaluate(0)
-    metrics: dict[str, float] = {}
-    for step in range(1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        engine.sync_weights(model.state_dict(), step - 1)  # fully on-policy: the engine samples θ_old
+    def prepare(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def _take(self) -> list[Task]:
         batch_tasks: list[Task] = []
-        owner_of: dict[str, str] = {}
-        for name, n in sorted(counts.items()):
-            for task in streams[name].take(n):
+        self.owner_of = {}
+        for name, n in sorted(self.counts.items()):
+            for task in self.streams[name].take(n):
                 # teachers' sets may share prompts (SFT's and Reasoning RL's): the id names the teacher
                 task = replace(task, id=f"{name}:{task.id}")
                 batch_tasks.append(task)
-                owner_of[task.id] = name
+                self.owner_of[task.id] = name
+        return batch_tasks
+
+    def skip(self, steps: int) -> None:
+        for _ in range(steps):
+            self._take()
+
+    def sample(self, step: int) -> list[Trajectory]:
+        cfg = self.cfg
+        batch_tasks = self._take()
         sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed * 100_003 + step)
-        trajs = sample_student(
-            engine, tokenizer, batch_tasks, suites, environments, sampling, cfg.max_turns, f"s{step}-"
-        )
-        trajs = [t for t in trajs if t.status != "env_failure" and sum(t.loss_mask) > 0]
-        if not trajs:
-            log.warning("distillation step %d: no trajectory with policy tokens; skipped", step)
-            continue
-        owner = [owner_of[t.prompt_id] for t in trajs]
-        t_rollout = time.perf_counter() - t0
-        batch = response_batch(trajs, pad_id)
-        t1 = time.perf_counter()
-        logp_teacher = teacher_logprobs(teachers, owner, batch, cfg.temperature)
+        trajs = sample_student(self.engine, self.tokenizer, batch_tasks, self.suites, self.environments, sampling,
+                               cfg.max_turns, f"s{step}-")  # fmt: skip
+        return [t for t in trajs if t.status != "env_failure" and sum(t.loss_mask) > 0]
+
+    def loss(self, model: nn.Module, trajs: list[Trajectory], batch: dict[str, torch.Tensor]):
+        cfg = self.cfg
+        owner = [self.owner_of[t.prompt_id] for t in trajs]
+        logp_teacher = teacher_logprobs(self.teachers, owner, batch, cfg.temperature)
         with torch.no_grad():
             logp_old, _ = token_logprobs(model, batch, cfg.temperature)
         logp, entropy = token_logprobs(model, batch, cfg.temperature)
@@ -284,22 +285,57 @@ def train_distill(
             cfg.eps_low,
             cfg.eps_high,
         )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        optimizer.step()
-        metrics = _step_metrics(trajs, owner, logp_old, logp_teacher, batch["mask"], entropy, stats)
+        return loss, _DistillOut(owner, logp_old, logp_teacher, entropy, stats)
+
+    def metrics(
+        self, trajs, batch, out: _DistillOut, loss, grad_norm: float, times: StepTimes
+    ) -> dict[str, float]:
+        metrics = _step_metrics(trajs, out.owner, out.logp_old, out.logp_teacher, batch["mask"], out.entropy,
+                                out.stats)  # fmt: skip
         metrics.update({
-            "loss": float(loss.detach()), "grad_norm": grad_norm, "rollout_s": t_rollout,
-            "time/train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
+            "loss": float(loss.detach()), "grad_norm": grad_norm, "rollout_s": times.rollout_s,
+            "time/train_s": times.train_s, "step_s": times.step_s(),
         })  # fmt: skip
-        log_metrics(metrics, step)
-        if on_sample is not None and step in (1, cfg.steps):
-            on_sample(trajs[:8], step)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            final = evaluate(step)
-    set_dsa_mode(model, mode)
-    return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
+        return metrics
+
+
+def train_distill(
+    model: nn.Module,
+    tokenizer: Any,
+    teachers: Mapping[str, nn.Module],
+    prompts: Mapping[str, Sequence[Task]],
+    cfg: DistillConfig,
+    log_metrics: Log,
+    suites: Mapping[str, TaskSuite] | None = None,
+    environments: Mapping[str, Any] | None = None,
+    heldout_prompts: Mapping[str, Sequence[Task]] | None = None,
+    heldout_tasks: Sequence[Task] = (),
+    engine: RolloutEngine | None = None,
+    on_sample: Callable[[list[Trajectory], int], None] | None = None,
+    checkpoint_dir: Path | None = None,
+    job: str | None = None,
+) -> dict[str, float]:
+    """Distil `teachers` into `model` (trained in place) on-policy; returns the last step's metrics and the last
+    evaluation (`heldout/...`): per teacher greedy agreement and exact reverse KL on `heldout_prompts`, and
+    greedy pass@1 on `heldout_tasks` for the domains with a suite. With `checkpoint_dir`, state is saved every
+    `cfg.checkpoint_every` steps and a rerun of the same `job` resumes there (training/rl/loop.py)."""
+    missing = sorted(set(teachers) - set(prompts))
+    if missing:
+        raise ValueError(f"distillation: teacher(s) {missing} have no prompt set; give prompts[name] = tasks")
+    suites, environments = dict(suites or {}), dict(environments or {})
+    heldout_prompts = {k: list(v)[: cfg.eval_prompts_per_teacher] for k, v in (heldout_prompts or {}).items()}
+    counts = batch_counts(cfg.proportions, list(teachers), cfg.prompts_per_step)
+    for teacher in teachers.values():
+        teacher.eval()
+        set_dsa_mode(teacher, "sparse_gather")  # native's top-k attention, faster on CPU (no KV cache here)
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+    loop = OnPolicyLoop(model, tokenizer, cfg, engine, checkpoint_dir, job, "distillation")
+    log.info("distillation: teachers %s, prompts per step %s, %d indexer tensors frozen", sorted(teachers),
+             counts, loop.frozen)  # fmt: skip
+    stage = _DistillStage(loop, model, tokenizer, teachers, prompts, cfg, suites, environments, heldout_prompts,
+                          heldout_tasks, counts)  # fmt: skip
+    return loop.run(stage, log_metrics, on_sample, 8)
 
 
 def _step_metrics(

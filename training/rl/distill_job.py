@@ -1,7 +1,8 @@
 """One on-policy distillation job (the child process of `distilled_checkpoint`): load the student and its
 teachers, read each teacher's prompt set, distil, export the checkpoint.
 `python -m training.rl.distill_job --spec <run_dir>/distill_spec.json`; writes `<run_dir>/metrics.jsonl`,
-`<run_dir>/samples.json`, the HF export `<run_dir>/hf/` and `<run_dir>/result.json`."""
+`<run_dir>/samples.json`, the HF export `<run_dir>/hf/` and `<run_dir>/result.json`; every `checkpoint_every`
+steps a checkpoint under `<run_dir>/checkpoints/`, which a rerun of the same spec (a killed job) resumes."""
 
 from __future__ import annotations
 
@@ -79,6 +80,19 @@ def _check(spec: DistillJobSpec) -> None:
             raise FileNotFoundError(f"distillation spec: {name}: {path} does not exist")
 
 
+def distill_job_fingerprint(spec: DistillJobSpec) -> str:
+    """What decides a distillation job's result: its settings and the bytes of the student's start, the
+    teachers and every prompt set (how it reports does not). A checkpoint of another fingerprint is never
+    resumed."""
+    from training.job import job_key
+    from training.rl.loop import input_digest
+
+    settings = spec.model_dump(mode="json", exclude={"run_dir", "callbacks", "threads"})
+    paths = [spec.init_from, *spec.teachers.values(), *spec.teacher_tasks.values(), spec.heldout_tasks,
+             *spec.teacher_heldout.values(), spec.facts, spec.agentic_facts]  # fmt: skip
+    return job_key(settings, *[input_digest(p) for p in paths])
+
+
 def _run(spec: DistillJobSpec) -> dict[str, Any]:
     import torch
 
@@ -86,6 +100,7 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
     from training.checkpoint import export_hf
     from training.model import load_model
     from training.rl.distill import train_distill
+    from training.rl.loop import resume_step, saved_trainer_state
     from training.tasks.suites import eval_subset, read_tasks, suites
     from training.tokenizer import load_tokenizer
 
@@ -112,9 +127,12 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
         else []
     )
     teacher_heldout = {n: read_tasks(Path(p)) for n, p in spec.teacher_heldout.items()}
-    log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=0)
+    checkpoints = run_dir / "checkpoints"
+    log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=resume_step(checkpoints))
     samples: dict[str, Any] = {}
-    first: dict[str, float] = {}
+    # the parent's scores: the step-0 evaluation, logged now or (a resumed run) kept in the checkpoint
+    initial = saved_trainer_state(checkpoints).get("initial", {})
+    first: dict[str, float] = {f"heldout/{k}": v for k, v in initial.items()}
 
     def logged(metrics: dict[str, float], step: int) -> None:
         if step == 0:
@@ -125,6 +143,7 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
         model, tok, teachers, prompts, cfg, logged, suites=registry, environments=environments,
         heldout_prompts=teacher_heldout, heldout_tasks=heldout,
         on_sample=lambda trajs, step: samples.__setitem__(str(step), [t.to_json() for t in trajs]),
+        checkpoint_dir=checkpoints, job=distill_job_fingerprint(spec),
     )  # fmt: skip
     (run_dir / "samples.json").write_text(json.dumps(samples))
     extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}

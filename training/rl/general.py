@@ -1,7 +1,7 @@
 """General RL (docs/recipe.md, Stage 3): the Reasoning RL machinery (rollout engine, GRPO group advantages,
 Eq. 1 with IcePop, no KL) with the hybrid reward in place of a verifier. One step = push weights to the rollout
 engine, sample a group per prompt, score every response with `HybridReward` (each component logged), normalise
-per group, one update.
+per group, one update. The step loop, checkpoints and resume are `training.rl.loop`'s.
 
 Held-out evaluation: one greedy answer per held-out prompt, the mean of every reward component, dimension and
 the total with its standard error over prompts."""
@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from training.dsa_indexer import current_dsa_mode, set_dsa_mode
 from training.rewards.general_prompts import category_of
 from training.rewards.hybrid import HybridReward, RewardBreakdown
-from training.rl.losses import group_advantages, grpo_icepop_loss
-from training.rl.policy import freeze_indexer, response_batch, token_logprobs
+from training.rl.loop import GRPOOut, OnPolicyLoop, StepTimes, grpo_loss, grpo_metrics
 from training.rl.reasoning import mixed_batches
 from training.rl.settings import PolicyUpdateConfig
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
@@ -124,6 +122,75 @@ def heldout_subset(tasks: Sequence[Task], n: int) -> list[Task]:
     return out
 
 
+class _GeneralStage:
+    """General RL's part of the shared loop: category-mixed batches, one-turn answers scored by the hybrid
+    reward, GRPO + IcePop; its per-run state is the GRM judge's counts (its call budget)."""
+
+    def __init__(self, loop: OnPolicyLoop, tokenizer: Any, train_prompts: Sequence[Task],
+                 heldout: Sequence[Task], reward: HybridReward, cfg: GeneralRLConfig):  # fmt: skip
+        self.engine, self.tokenizer, self.reward, self.cfg, self.heldout = (
+            loop.engine,
+            tokenizer,
+            reward,
+            cfg,
+            heldout,
+        )
+        # categories play the part of the reasoning loop's domains: every batch mixes chat, instruction, writing
+        self.batches = mixed_batches(train_prompts, cfg.prompts_per_step, cfg.seed)
+        self.tasks: list[Task] = []
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return evaluate_general(
+            self.engine, self.tokenizer, self.heldout, self.reward, self.cfg.max_new_tokens
+        )
+
+    def prepare(self) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"grm": self.reward.grm.state_dict()} if self.reward.grm is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.reward.grm is not None and "grm" in state:
+            self.reward.grm.load_state_dict(state["grm"])
+
+    def skip(self, steps: int) -> None:
+        for _ in range(steps):
+            next(self.batches)
+
+    def sample(self, step: int) -> list[Trajectory]:
+        cfg = self.cfg
+        sampling = SamplingParams(
+            cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step
+        )
+        self.tasks = next(self.batches)
+        trajs, _ = sample_and_score(
+            self.engine, self.tokenizer, self.tasks, cfg.group_size, sampling, self.reward, f"s{step}-"
+        )
+        return trajs
+
+    def loss(self, model: nn.Module, trajs: list[Trajectory], batch: dict[str, torch.Tensor]):
+        return grpo_loss(model, trajs, batch, self.cfg.group_size, self.cfg)
+
+    def metrics(
+        self, trajs, batch, out: GRPOOut, loss, grad_norm: float, times: StepTimes
+    ) -> dict[str, float]:
+        metrics = {
+            **reward_means(trajs, self.tasks, with_se=False),
+            "loss": float(loss.detach()),
+            "grad_norm": grad_norm,
+            **grpo_metrics(out, batch["mask"]),
+            "response_length": sum(len(t.response_ids) for t in trajs) / len(trajs),
+            "truncated_fraction": sum(t.status == "truncated" for t in trajs) / len(trajs),
+            "time/rollout_and_reward_s": times.rollout_s,
+            "time/train_s": times.train_s,
+            "step_s": times.step_s(),
+        }
+        if self.reward.grm is not None:
+            metrics.update(self.reward.grm.metrics())
+        return metrics
+
+
 def train_general_rl(
     model: nn.Module,
     tokenizer: Any,
@@ -134,84 +201,18 @@ def train_general_rl(
     log_metrics: Log,
     engine: RolloutEngine | None = None,
     on_sample: Callable[[list[Trajectory], int], None] | None = None,
+    checkpoint_dir: Path | None = None,
+    job: str | None = None,
 ) -> dict[str, float]:
     """Train `model` in place; returns the last step's metrics and the final held-out evaluation
-    (`heldout/reward/<component>`, `heldout/reward_se/<component>`)."""
-    torch.manual_seed(cfg.seed)
-    pad_id = tokenizer.pad_token_id
-    model.train()
-    frozen = freeze_indexer(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
-    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
-    engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
-    mode = current_dsa_mode(model)
-    set_dsa_mode(
-        model, "sparse_gather"
-    )  # the trainer's forward: native's values and gradients, faster on CPU
-    engine.sync_weights(model.state_dict(), 0)
+    (`heldout/reward/<component>`, `heldout/reward_se/<component>`). With `checkpoint_dir`, state is saved
+    every `cfg.checkpoint_every` steps and a rerun of the same `job` resumes there (training/rl/loop.py)."""
+    loop = OnPolicyLoop(model, tokenizer, cfg, engine, checkpoint_dir, job, "general RL")
     heldout = heldout_subset(heldout_prompts, cfg.eval_prompts)
-    log.info("general RL: %d indexer tensors frozen, %d train / %d held-out prompts", frozen,
+    log.info("general RL: %d indexer tensors frozen, %d train / %d held-out prompts", loop.frozen,
              len(train_prompts), len(heldout))  # fmt: skip
-
-    def evaluate(step: int) -> dict[str, float]:
-        out = evaluate_general(engine, tokenizer, heldout, reward, cfg.max_new_tokens)
-        log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
-        return out
-
-    final = evaluate(0)
-    # categories play the part of the reasoning loop's domains: every batch mixes chat, instruction, writing
-    batches = mixed_batches(train_prompts, cfg.prompts_per_step, cfg.seed)
-    metrics: dict[str, float] = {}
-    for step in range(1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        engine.sync_weights(model.state_dict(), step - 1)  # fully on-policy: the engine samples θ_old
-        sampling = SamplingParams(
-            cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step
-        )
-        tasks = next(batches)
-        trajs, _ = sample_and_score(engine, tokenizer, tasks, cfg.group_size, sampling, reward, f"s{step}-")
-        t_rollout = time.perf_counter() - t0
-        rewards = torch.tensor([t.reward for t in trajs]).view(-1, cfg.group_size)
-        adv = group_advantages(rewards).flatten()
-        batch = response_batch(trajs, pad_id)
-        t1 = time.perf_counter()
-        with torch.no_grad():
-            logp_old, _ = token_logprobs(model, batch, cfg.temperature)
-        logp, entropy = token_logprobs(model, batch, cfg.temperature)
-        loss, stats = grpo_icepop_loss(
-            logp, logp_old, batch["logp_infer"], adv, batch["mask"], cfg.beta, cfg.eps_low, cfg.eps_high
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        optimizer.step()
-        mask = batch["mask"]
-        metrics = {
-            **reward_means(trajs, tasks, with_se=False),
-            "loss": float(loss.detach()),
-            "grad_norm": grad_norm,
-            "rho/mean": stats.rho_mean, "rho/min": stats.rho_min, "rho/max": stats.rho_max,
-            "icepop/masked_fraction": stats.masked_fraction,
-            "clip_fraction": stats.clip_fraction,
-            "entropy": float((entropy * mask).sum() / mask.sum().clamp_min(1)),
-            "zero_advantage_groups": float((rewards.std(dim=1) == 0).float().mean()),
-            "response_length": sum(len(t.response_ids) for t in trajs) / len(trajs),
-            "truncated_fraction": sum(t.status == "truncated" for t in trajs) / len(trajs),
-            "time/rollout_and_reward_s": t_rollout,
-            "time/train_s": time.perf_counter() - t1,
-            "step_s": time.perf_counter() - t0,
-        }  # fmt: skip
-        if reward.grm is not None:
-            metrics.update(reward.grm.metrics())
-        log_metrics(metrics, step)
-        if on_sample is not None and step in (1, cfg.steps):
-            on_sample(trajs[: cfg.group_size], step)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            engine.sync_weights(model.state_dict(), step)
-            final = evaluate(step)
-    set_dsa_mode(model, mode)
-    return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
+    stage = _GeneralStage(loop, tokenizer, train_prompts, heldout, reward, cfg)
+    return loop.run(stage, log_metrics, on_sample, cfg.group_size)
 
 
 def general_scorer(

@@ -4,7 +4,9 @@ JSON spec and runs
     python -m training.rl.general_job orm --spec <run_dir>/orm_spec.json   # the outcome reward model
     python -m training.rl.general_job rl  --spec <run_dir>/general_spec.json # the General RL loop
 
-Each job writes `<run_dir>/metrics.jsonl` and `<run_dir>/result.json` (metrics, and `orm_dir` or `hf_dir`)."""
+Each job writes `<run_dir>/metrics.jsonl` and `<run_dir>/result.json` (metrics, and `orm_dir` or `hf_dir`). The
+General RL job checkpoints under `<run_dir>/checkpoints/` every `checkpoint_every` steps; rerun with the same
+spec (a killed job), it resumes after the newest checkpoint."""
 
 from __future__ import annotations
 
@@ -182,12 +184,27 @@ def build_reward(
     )
 
 
+def general_job_fingerprint(spec: GeneralRLJobSpec) -> str:
+    """What decides a General RL job's result: its settings and the bytes of its parent and inputs (how it
+    reports, where the judge cache lives and what it compares with do not). A checkpoint of another
+    fingerprint is never resumed."""
+    from training.job import job_key
+    from training.rl.loop import input_digest
+
+    settings = spec.model_dump(
+        mode="json", exclude={"run_dir", "callbacks", "threads", "judge_cache_dir", "compare"}
+    )
+    paths = (spec.init_from, spec.train_prompts, spec.heldout_prompts, spec.facts, spec.orm_dir)
+    return job_key(settings, *[input_digest(p) for p in paths])
+
+
 def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     import torch
 
     from training.checkpoint import export_hf
     from training.model import load_model
     from training.rl.general import evaluate_general, heldout_subset, train_general_rl
+    from training.rl.loop import resume_step
     from training.rollout.engine import LocalRolloutEngine
     from training.tasks.suites import read_tasks
     from training.tokenizer import load_tokenizer
@@ -202,13 +219,16 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     )
     cache = spec.judge_cache_dir or run_dir / "judge_cache"
     reward = build_reward(spec.reward, facts, spec.orm_dir, spec.judge, cache, spec.lid_model)
-    log_metrics = _callbacks(spec, run_dir)
+    checkpoints = run_dir / "checkpoints"
+    resumed = resume_step(checkpoints)
+    log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=resumed)
     heldout = heldout_subset(read_tasks(Path(spec.heldout_prompts)), spec.config.eval_prompts)
     samples: dict[str, Any] = {}
     for name, path in spec.compare.items():  # e.g. the checkpoint before Agentic RL, on the same prompts
         other = LocalRolloutEngine(load_model(path, spec.model), pad_id=tok.pad_token_id)
         scores = evaluate_general(other, tok, heldout, reward, spec.config.max_new_tokens)
-        log_metrics({f"compare/{name}/{k}": v for k, v in scores.items()}, 0)
+        if not resumed:  # a resumed run logged them at step 0 already
+            log_metrics({f"compare/{name}/{k}": v for k, v in scores.items()}, 0)
         samples[f"compare/{name}"] = scores
 
     def on_sample(trajs, step: int) -> None:
@@ -216,7 +236,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
 
     final = train_general_rl(
         model, tok, read_tasks(Path(spec.train_prompts)), heldout, reward, spec.config, log_metrics,
-        on_sample=on_sample,
+        on_sample=on_sample, checkpoint_dir=checkpoints, job=general_job_fingerprint(spec),
     )  # fmt: skip
     (run_dir / "samples.json").write_text(json.dumps(samples))
     extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}

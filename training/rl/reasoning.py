@@ -2,7 +2,8 @@
 batch, the DSA indexer frozen. One step = push weights to the rollout engine, sample a group per prompt,
 verify, normalise rewards per group, one update on Eq. 1.
 
-The loop is plain Python: `train_reasoning_rl(...)` takes a model, a tokenizer, task lists and a
+The step loop, checkpoints and resume are `training.rl.loop`'s (shared with General RL and distillation):
+`train_reasoning_rl(...)` takes a model, a tokenizer, task lists and a
 `log(metrics, step)` callback, and returns the final metrics."""
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,18 +20,10 @@ import torch
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from training.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    load_model_state,
-    save_checkpoint,
-    save_model_state,
-)
-from training.dsa_indexer import current_dsa_mode, set_dsa_mode
-from training.rl.losses import group_advantages, grpo_icepop_loss
-from training.rl.policy import freeze_indexer, response_batch, token_logprobs
+from training.rl.loop import GRPOOut, OnPolicyLoop, StepTimes, grpo_loss, grpo_metrics
+from training.rl.loop import resume_step as resume_step  # re-exported: jobs and tests ask the stage module
 from training.rl.settings import PolicyUpdateConfig
-from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
+from training.rollout.engine import RolloutEngine, SamplingParams
 from training.rollout.multiturn import rollout
 from training.rollout.trajectory import Trajectory
 from training.tasks.base import Task, TaskSuite
@@ -63,9 +55,6 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     )
     filter_prompts_per_domain: int = Field(64, ge=1, description="Train prompts per domain the filter scores")
     seed: int = Field(0, description="Seed of prompt order and sampling")
-    checkpoint_every: int = Field(
-        20, ge=0, description="Save model, optimizer and RNG every N steps; a rerun resumes there (0 = never)"
-    )
 
 
 Log = Callable[[dict[str, float], int], None]
@@ -123,9 +112,7 @@ def mixed_batches(tasks: Sequence[Task], per_step: int, seed: int):
         yield batch
 
 
-def _step_metrics(
-    trajs: list[Trajectory], stats, entropy: torch.Tensor, mask: torch.Tensor
-) -> dict[str, float]:
+def _step_metrics(trajs: list[Trajectory], out: GRPOOut, mask: torch.Tensor) -> dict[str, float]:
     metrics: dict[str, float] = {}
     by_domain: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
@@ -133,10 +120,7 @@ def _step_metrics(
     for d, r in by_domain.items():
         metrics[f"reward/{d}"] = sum(r) / len(r)
     metrics["reward/mean"] = sum(t.reward for t in trajs) / len(trajs)
-    metrics["rho/mean"], metrics["rho/min"], metrics["rho/max"] = stats.rho_mean, stats.rho_min, stats.rho_max
-    metrics["icepop/masked_fraction"] = stats.masked_fraction
-    metrics["clip_fraction"] = stats.clip_fraction
-    metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
+    metrics.update(grpo_metrics(out, mask))
     metrics["response_length"] = sum(sum(t.loss_mask) for t in trajs) / len(trajs)
     metrics["truncated_fraction"] = sum(t.status == "truncated" for t in trajs) / len(trajs)
     return metrics
@@ -186,30 +170,91 @@ def sampled_pass_at_1(rates: dict[str, float], tasks: Sequence[Task]) -> dict[st
     return out
 
 
-class _RLState:
-    """Model and optimizer as `training.checkpoint` saves them (its CheckpointEngine, one process)."""
+class _ReasoningStage:
+    """Reasoning RL's part of the shared loop: mixed-domain batches of the difficulty-filtered train set,
+    verified rollouts with tools, GRPO + IcePop; its per-run state is the filtered set."""
 
-    rank, world_size = 0, 1
+    def __init__(self, loop: OnPolicyLoop, tokenizer: Any, train_tasks: Sequence[Task],
+                 heldout_tasks: Sequence[Task], suites: dict[str, TaskSuite], cfg: ReasoningRLConfig,
+                 log_metrics: Log):  # fmt: skip
+        self.loop, self.engine, self.tokenizer, self.cfg = loop, loop.engine, tokenizer, cfg
+        self.all_train, self.heldout, self.suites, self.log_metrics = (
+            list(train_tasks),
+            heldout_tasks,
+            suites,
+            log_metrics,
+        )
+        self.train: list[Task] = []
+        self._batches = None
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer = model, optimizer
+    def batches(self):
+        if self._batches is None:
+            self._batches = mixed_batches(self.train, self.cfg.prompts_per_step, self.cfg.seed)
+        return self._batches
 
-    def save_state(self, directory: Path) -> None:
-        save_model_state(self.model, directory / "model.safetensors")
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+    def evaluate(self, step: int) -> dict[str, float]:
+        cfg, engine, tok = self.cfg, self.engine, self.tokenizer
+        out = pass_at_1(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
+        if cfg.eval_samples:  # the same seeds at every eval: differences between steps are the policy's
+            rates = sampled_pass_rates(
+                engine,
+                tok,
+                self.heldout,
+                self.suites,
+                cfg,
+                cfg.eval_samples,
+                11,
+                f"held-out eval step {step}",
+            )
+            out.update(sampled_pass_at_1(rates, self.heldout))
+        return out
 
-    def load_state(self, directory: Path) -> None:
-        load_model_state(self.model, directory / "model.safetensors")
-        self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+    def prepare(self) -> None:
+        self.train = _filtered_train(self.engine, self.tokenizer, self.all_train, self.suites, self.cfg,
+                                     self.log_metrics)  # fmt: skip
 
-    def barrier(self) -> None:
-        pass
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_ids": [t.id for t in self.train]}
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        by_id = {t.id: t for t in self.all_train}
+        self.train = [by_id[i] for i in state["train_ids"]]
 
-def resume_step(checkpoint_dir: Path | None) -> int:
-    """The step a run with this checkpoint dir resumes after (0 = from the start)."""
-    found = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    return int(found.name.removeprefix("step_")) if found else 0
+    def skip(self, steps: int) -> None:
+        for _ in range(steps):
+            next(self.batches())
+
+    def sample(self, step: int) -> list[Trajectory]:
+        cfg, suites = self.cfg, self.suites
+        sampling = SamplingParams(
+            cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step
+        )
+        return rollout(
+            self.engine, self.tokenizer, next(self.batches()), cfg.group_size, sampling,
+            lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, f"s{step}-",
+        )  # fmt: skip
+
+    def loss(self, model: nn.Module, trajs: list[Trajectory], batch: dict[str, torch.Tensor]):
+        return grpo_loss(model, trajs, batch, self.cfg.group_size, self.cfg)
+
+    def metrics(
+        self, trajs, batch, out: GRPOOut, loss, grad_norm: float, times: StepTimes
+    ) -> dict[str, float]:
+        metrics = _step_metrics(trajs, out, batch["mask"])
+        gen_s = trajs[0].timings["generate_s"]
+        metrics.update(
+            {
+                "loss": float(loss.detach()),
+                "grad_norm": grad_norm,
+                "time/generate_s": gen_s,
+                "time/verify_s": trajs[0].timings["verify_s"] + trajs[0].timings["environment_s"],
+                "time/train_s": times.train_s,
+                "tokens_per_s": sum(len(t.response_ids) for t in trajs) / max(gen_s, 1e-9),
+                "step_s": times.step_s(),
+                "rollout_s": times.rollout_s,
+            }
+        )
+        return metrics
 
 
 def train_reasoning_rl(
@@ -223,110 +268,16 @@ def train_reasoning_rl(
     engine: RolloutEngine | None = None,
     on_sample: Callable[[list[Trajectory], int], None] | None = None,
     checkpoint_dir: Path | None = None,
+    job: str | None = None,
 ) -> dict[str, float]:
     """Train `model` in place; returns the last held-out evaluation and step metrics. With `checkpoint_dir`,
     state is saved every `cfg.checkpoint_every` steps and a rerun resumes from the newest save, reaching the
-    same weights as an uninterrupted run (per-step sampling seeds, the batch stream replayed to the step)."""
-    torch.manual_seed(cfg.seed)
-    pad_id = tokenizer.pad_token_id
-    model.train()
-    frozen = freeze_indexer(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
-    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
-    state = _RLState(model, optimizer)
-    saved = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    resumed: dict[str, Any] = load_checkpoint(saved, state)[0] if saved else {}
-    engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
-    mode = current_dsa_mode(model)
-    set_dsa_mode(
-        model, "sparse_gather"
-    )  # the trainer's forward: native's values and gradients, faster on CPU
-    start = int(resumed.get("step", 0))
-    engine.sync_weights(model.state_dict(), start)
-    log.info("reasoning RL: %d indexer tensors frozen, %d trainable tensors", frozen, len(params))
-
-    def evaluate(step: int) -> dict[str, float]:
-        out = pass_at_1(engine, tokenizer, heldout_tasks, suites, cfg.max_new_tokens, cfg.max_turns)
-        if cfg.eval_samples:  # the same seeds at every eval: differences between steps are the policy's
-            rates = sampled_pass_rates(
-                engine,
-                tokenizer,
-                heldout_tasks,
-                suites,
-                cfg,
-                cfg.eval_samples,
-                11,
-                f"held-out eval step {step}",
-            )
-            out.update(sampled_pass_at_1(rates, heldout_tasks))
-        log_metrics({f"heldout/{k}": v for k, v in out.items()}, step)
-        return out
-
-    if resumed:
-        log.info("reasoning RL: resumed after step %d from %s", start, saved)
-        final = resumed["heldout"]
-        by_id = {t.id: t for t in train_tasks}
-        train = [by_id[i] for i in resumed["train_ids"]]
-    else:
-        final = evaluate(0)
-        train = _filtered_train(engine, tokenizer, list(train_tasks), suites, cfg, log_metrics)
-    batches = mixed_batches(train, cfg.prompts_per_step, cfg.seed)
-    for _ in range(start):  # the batches the saved steps consumed
-        next(batches)
-    metrics: dict[str, float] = {}
-    for step in range(start + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        engine.sync_weights(model.state_dict(), step - 1)  # fully on-policy: the engine samples θ_old
-        sampling = SamplingParams(
-            cfg.max_new_tokens, cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step
-        )
-        trajs = rollout(
-            engine, tokenizer, next(batches), cfg.group_size, sampling,
-            lambda task, text: suites[task.domain].verify(task, text), call_tool, cfg.max_turns, f"s{step}-",
-        )  # fmt: skip
-        t_rollout = time.perf_counter() - t0
-        rewards = torch.tensor([t.reward for t in trajs]).view(-1, cfg.group_size)
-        adv = group_advantages(rewards).flatten()
-        batch = response_batch(trajs, pad_id)
-        t1 = time.perf_counter()
-        with torch.no_grad():
-            logp_old, _ = token_logprobs(model, batch, cfg.temperature)
-        logp, entropy = token_logprobs(model, batch, cfg.temperature)
-        loss, stats = grpo_icepop_loss(
-            logp, logp_old, batch["logp_infer"], adv, batch["mask"], cfg.beta, cfg.eps_low, cfg.eps_high
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
-        optimizer.step()
-        t_train = time.perf_counter() - t1
-        metrics = _step_metrics(trajs, stats, entropy, batch["mask"])
-        gen_s = trajs[0].timings["generate_s"]
-        metrics.update(
-            {
-                "loss": float(loss.detach()),
-                "grad_norm": grad_norm,
-                "zero_advantage_groups": float((rewards.std(dim=1) == 0).float().mean()),
-                "time/generate_s": gen_s,
-                "time/verify_s": trajs[0].timings["verify_s"] + trajs[0].timings["environment_s"],
-                "time/train_s": t_train,
-                "tokens_per_s": sum(len(t.response_ids) for t in trajs) / max(gen_s, 1e-9),
-                "step_s": time.perf_counter() - t0,
-                "rollout_s": t_rollout,
-            }
-        )
-        log_metrics(metrics, step)
-        if on_sample is not None and step in (1, cfg.steps):
-            on_sample(trajs[: cfg.group_size], step)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            engine.sync_weights(model.state_dict(), step)
-            final = evaluate(step)
-        if checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
-            trainer_state = {"step": step, "heldout": final, "train_ids": [t.id for t in train]}
-            save_checkpoint(checkpoint_dir, step, state, trainer_state, {})
-    set_dsa_mode(model, mode)
-    return {**metrics, **{f"heldout/{k}": v for k, v in final.items()}}
+    same weights as an uninterrupted run (per-step sampling seeds, the batch stream replayed to the step);
+    a checkpoint of another `job` (fingerprint) is refused (training/rl/loop.py)."""
+    loop = OnPolicyLoop(model, tokenizer, cfg, engine, checkpoint_dir, job, "reasoning RL")
+    log.info("reasoning RL: %d indexer tensors frozen, %d trainable tensors", loop.frozen, len(loop.params))
+    stage = _ReasoningStage(loop, tokenizer, train_tasks, heldout_tasks, suites, cfg, log_metrics)
+    return loop.run(stage, log_metrics, on_sample, cfg.group_size)
 
 
 def _filtered_train(

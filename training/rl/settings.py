@@ -1,5 +1,6 @@
 """Settings every on-policy RL loop shares (Reasoning RL, General RL, distillation): the optimizer step, the
-Eq. 1 bands and the rollout engine's precision. Each loop's config extends this one."""
+Eq. 1 bands, the rollout engine's precision and
+the checkpoint period (training/rl/loop.py). Each loop's config extends this one."""
 
 from __future__ import annotations
 
@@ -17,4 +18,10 @@ class PolicyUpdateConfig(BaseModel):
     eps_high: float = Field(0.28, gt=0, description="Upper clip of the policy ratio")
     engine_dtype: Literal["bfloat16", "float32"] = Field(
         "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
+    )
+    checkpoint_every: int = Field(
+        20,
+        ge=0,
+        description="Save model, optimizer, RNG and the run's state every N steps; a rerun of the same job "
+        "resumes there (0 = never)",
     )

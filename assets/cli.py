@@ -46,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from assets.definitions import JOBS, defs
     from assets.partitions import add_partition
+    from assets.run_report import INVOCATION_TAG
 
     instance = dg.DagsterInstance.get()
     for run_id in fail_dead_cli_runs(instance):
@@ -54,6 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
     started = time.time()
     failed_checks: list[str] = []
+    invocation = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    run_ids: list[str] = []
     print(
         f"crucible: profile={profile.name} state={profile.state_path} DAGSTER_HOME={os.environ['DAGSTER_HOME']}"
     )
@@ -66,10 +69,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             add_partition(instance, partition_def, key)
         t0 = time.time()
         print(f"crucible: == {job_name}" + (f" [{partition_def}={key}]" if key else ""), flush=True)
+        tags = {CLI_TAG: "1", INVOCATION_TAG: invocation, **process_tags()}
         result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance, partition_key=key, raise_on_error=False, tags={CLI_TAG: "1", **process_tags()}
+            instance=instance, partition_key=key, raise_on_error=False, tags=tags
         )
+        run_ids.append(result.run_id)
         if not result.success:
+            _print_run_report(instance, run_ids, profile, invocation)
             print(
                 f"crucible: {job_name} FAILED after {time.time() - t0:.0f}s (run {result.run_id}); "
                 f"see `make ui` or the log above",
@@ -79,7 +85,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         failed_checks += _print_summary(result)
         print(f"crucible: {job_name} done in {time.time() - t0:.0f}s", flush=True)
     print(f"crucible: whole graph done in {time.time() - started:.0f}s; `make ui` to browse runs and MLflow")
+    _print_run_report(instance, run_ids, profile, invocation)
     _print_failed_checks(failed_checks)
+    return 0
+
+
+def _print_run_report(instance, run_ids: list[str], profile, name: str) -> None:
+    from assets.run_report import run_report, write_report
+
+    report = run_report(instance, run_ids)
+    path = write_report(report, profile.state_path / "reports", f"run_report-{name}")
+    print(f"\n{report.markdown()}\n(saved as {path})", flush=True)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Print the run report of the newest `crucible run` (or of every run in the instance)."""
+    profile = load_profile()
+    _ensure_dagster_home(profile)
+    import dagster as dg
+
+    from assets.run_report import cli_run_ids, run_report
+
+    instance = dg.DagsterInstance.get()
+    run_ids = cli_run_ids(instance, "all" if args.all else args.invocation)
+    if not run_ids:
+        print(f"crucible report: no matching `crucible run` runs in {os.environ['DAGSTER_HOME']} "
+              "(run `crucible run` first, or pass --all for every run)", file=sys.stderr)  # fmt: skip
+        return 1
+    print(run_report(instance, run_ids).markdown())
     return 0
 
 
@@ -286,6 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         help="write the tree as a self-contained HTML page to PATH (no PATH or '-': stdout)",
     )
     lineage.set_defaults(fn=cmd_lineage)
+    report = sub.add_parser(
+        "report", help="where the time of the newest `crucible run` went: wall time per job and asset step"
+    )
+    which = report.add_mutually_exclusive_group()
+    which.add_argument(
+        "--invocation", help="the run report of this `crucible run` (its crucible/invocation tag)"
+    )
+    which.add_argument("--all", action="store_true", help="every finished run in the instance")
+    report.set_defaults(fn=cmd_report)
     ui = sub.add_parser("ui", help="Dagster UI (webserver + daemon) and MLflow UI on 127.0.0.1")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--dagster-port", type=int, default=3000)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import dagster as dg
+import pytest
 
 from assets.cli import _print_failed_checks, _print_summary
 
@@ -32,3 +36,38 @@ def test_failed_checks_are_collected_and_printed_last(capsys):
     assert "1 asset check(s) FAILED" in err and "evals:short_ppl_within_margin (ERROR)" in err
     _print_failed_checks([])
     assert "every asset check passed" in capsys.readouterr().out
+
+
+@dg.asset
+def slow_stage():
+    time.sleep(0.3)
+
+
+@dg.asset(deps=[slow_stage])
+def quick_stage():
+    pass
+
+
+def test_the_run_report_splits_each_runs_wall_time_over_its_steps(tmp_path):
+    from assets.run_report import INVOCATION_TAG, cli_run_ids, run_report, write_report
+
+    instance = dg.DagsterInstance.ephemeral()
+    runs = [
+        dg.materialize(assets, instance=instance, tags={INVOCATION_TAG: inv}).run_id
+        for assets, inv in (([slow_stage], "old"), ([slow_stage, quick_stage], "new"), ([quick_stage], "new"))
+    ]
+    assert cli_run_ids(instance, None) == runs[1:]  # the newest invocation, oldest run first
+    assert cli_run_ids(instance, "old") == runs[:1] and cli_run_ids(instance, "all") == runs
+    report = run_report(instance, runs[1:])
+    steps = [(r["step"], r["status"]) for r in report.rows]
+    assert steps == [("slow_stage", "ok"), ("quick_stage", "ok"), ("(orchestration)", ""),
+                     ("quick_stage", "ok"), ("(orchestration)", "")]  # fmt: skip
+    seconds = {(i, r["step"]): r["seconds"] for i, r in enumerate(report.rows)}
+    assert seconds[(0, "slow_stage")] >= 0.3 > seconds[(1, "quick_stage")]
+    assert sum(r["seconds"] for r in report.rows) == pytest.approx(report.total_s)
+    assert sum(r["share"] for r in report.rows) == pytest.approx(1.0)
+    path = write_report(report, tmp_path / "reports", "run_report-x")
+    assert "| slow_stage |" in path.read_text() and "2 job run(s)" in path.read_text()
+    assert json.loads((tmp_path / "reports" / "run_report-x.json").read_text())["runs"] == runs[1:]
+    with pytest.raises(ValueError, match="no run nope"):
+        run_report(instance, ["nope"])

@@ -167,11 +167,13 @@ class ContextExtensionConfig(BaseModel):
         le=1,
         description="Share of synthetic rows that repeat a passage (dense long-range copying)",
     )
-    curriculum_replay_share: float = Field(
-        0.0,
+    # Replay is added, not swapped in: replacing 25% or 50% of the curriculum's recall rows with natural ones
+    # kept short-context perplexity in tiny but the model no longer learned retrieval in the same steps.
+    curriculum_replay_rows: int = Field(
+        0,
         ge=0,
-        lt=1,
-        description="Share of recall-curriculum rows replaced by natural corpus rows (replay against forgetting)",
+        description="Natural corpus rows added to every recall-curriculum step's batch (replay of pretraining "
+        "data against forgetting; the step's recall rows stay the phase's batch_size)",
     )
     curriculum_multikey_share: float = Field(
         0.5, ge=0, le=1, description="Share of recall-curriculum rows that are multi-key (the rest passkey)"
@@ -512,12 +514,11 @@ def build_midtrain_shards(
         for i, phase in enumerate(stage.recall_curriculum):
             phase_seed = config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}")
             n_rows = phase.steps * phase.batch_size
-            n_replay = int(round(config.curriculum_replay_share * n_rows))
+            n_replay = phase.steps * config.curriculum_replay_rows
             rng = np.random.default_rng(phase_seed)
             recall = curriculum_rows(
                 synthetic_recall_rows(
-                    encode, filler, n_rows - n_replay, phase.seq_len, eos_id, phase_seed,
-                    config.curriculum_multikey_share,
+                    encode, filler, n_rows, phase.seq_len, eos_id, phase_seed, config.curriculum_multikey_share
                 ),
                 replay_rows(docs_by_source, weights, n_replay, phase.seq_len, rng),
                 rng,
@@ -669,7 +670,7 @@ def midtrain_job_specs(
             f"recall_{p.seq_len}",
             "dense",
             p.steps,
-            rows(recall_shards[p.seq_len], p.seq_len, p.batch_size),
+            rows(recall_shards[p.seq_len], p.seq_len, p.batch_size + config.curriculum_replay_rows),
             None,
             p.learning_rate or stage.learning_rate,
         )

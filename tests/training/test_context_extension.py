@@ -130,6 +130,15 @@ def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_p
     assert expected[2] != expected[3]
     assert specs["ctx_512"][3].data.kwargs["shard_paths"] == ["rows.tokens.npy"]
     assert names["ctx_768"] == [("indexer_warmup", "indexer_warmup"), ("main", "sparse")]
+    assert first.data.kwargs["batch_size"] == stage.recall_curriculum[0].batch_size
+    # replay rows are added to each curriculum step's batch; the main phase keeps its batch
+    replayed = config.model_copy(update={"curriculum_replay_rows": 3})
+    with_replay = midtrain_job_specs(tmp_path, ModelConfig(), TrainerConfig(), replayed, "ctx_512",
+                                     ["rows.tokens.npy"], tmp_path / "r", recall_shards=recall)  # fmt: skip
+    assert [s.data.kwargs["batch_size"] for s in with_replay[:4]] == [
+        *(p.batch_size + 3 for p in stage.recall_curriculum),
+        stage.batch_size,
+    ]
     with pytest.raises(ValueError, match=r"no recall-curriculum rows for seq_len \[160\]"):
         midtrain_job_specs(
             tmp_path,
@@ -391,6 +400,16 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     assert list(recall) == [256] and load_shard(recall[256])[0].shape == (2 * 3 * 256,)
     again = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/s1", tmp_path)
     assert again.outputs["version"] == out.version  # seeded: same rows, same content hash
+    # additive replay: 2 natural rows per curriculum step on top of its 3 recall rows
+    replayed = config.model_copy(update={"curriculum_replay_rows": 2})
+    result = build_midtrain_shards(
+        replayed, "s1", store, "tokens", tok / "tokenizer.json", "rows/r", tmp_path
+    )
+    assert result.metrics["replay_rows/256"] == 4 and result.metrics["recall_rows/256"] == 2 * (3 + 2)
+    replay_tokens = load_shard(midtrain_shard_paths(store, "rows/r")[1][256])[0].reshape(-1, 256)
+    recall_tokens = load_shard(recall[256])[0].reshape(-1, 256)
+    natural = [r for r in replay_tokens.tolist() if r not in recall_tokens.tolist()]
+    assert len(replay_tokens) == 10 and len(natural) == 4  # the recall rows are the same ones as without
 
 
 def test_curriculum_replay_mixes_natural_rows_by_the_mixture():

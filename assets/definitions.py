@@ -18,6 +18,7 @@ from assets import (
 )
 from assets.resources import resources_for
 from assets.sensors import web_snapshot_sensor
+from infra.k8s_run_config import k8s_run_tags
 from infra.settings import Profile, load_profile
 
 PROFILE = load_profile()
@@ -66,7 +67,8 @@ def _job(name: str, assets: list, description: str):
         name,
         selection=dg.AssetSelection.assets(*assets),
         description=description,
-        tags={"crucible/resource": RESOURCES[name]},
+        # the run-queue class, and the pod it gets from the K8sRunLauncher (infra/deploy/run_resources.yaml)
+        tags={"crucible/resource": RESOURCES[name], **k8s_run_tags(RESOURCES[name])},
     )
 
 

@@ -1,10 +1,11 @@
 """Agentic RL: the agentic task sets (terminal, code fixing, multi-hop search; their worked solutions for a share
-of train go into SFT) and the Agentic RL checkpoint trained from Reasoning RL with the asynchronous loop against
+of train go into SFT) and the Agentic RL checkpoint trained from the distilled Reasoning RL checkpoint with the asynchronous loop against
 task services. The checkpoint's lineage names its parent, the task-set version and the task-service versions."""
 
 import json
 from pathlib import Path
 
+from assets.distill import REASONING_RL_DISTILLED
 from assets.factory import Launches, tracked_asset
 from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.post_training import (
@@ -73,7 +74,7 @@ def agentic_tasks_dir(s: ObjectStore) -> Path:
 
 
 def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageResult:
-    parent = _local(s, "checkpoints/reasoning_rl_checkpoint", "checkpoints/reasoning_rl_checkpoint")
+    parent = _local(s, REASONING_RL_DISTILLED, REASONING_RL_DISTILLED)
     tasks_dir = agentic_tasks_dir(s)
     tasks_version = read_committed(s, AGENTIC_TASKS_PREFIX).version
     model_cfg, distributed = _model_cfg(parent)
@@ -93,7 +94,7 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
     rows = [
         {
             "family": d,
-            "reasoning RL (parent)": f"{metrics[f'parent/success/{d}']:.3f} ± {metrics[f'parent/success_se/{d}']:.3f}",
+            "parent (reasoning_rl_distilled)": f"{metrics[f'parent/success/{d}']:.3f} ± {metrics[f'parent/success_se/{d}']:.3f}",
             "agentic RL": f"{metrics[f'heldout/success/{d}']:.3f} ± {metrics[f'heldout/success_se/{d}']:.3f}",
             "n": int(metrics[f"heldout/n/{d}"]),
         }
@@ -106,7 +107,7 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
     return StageResult(
         metrics=metrics,
         outputs={"checkpoint": _publish_checkpoint(s, "agentic_rl_checkpoint", hf_dir)},
-        report_md="## Agentic RL: held-out success (greedy) from the Reasoning RL checkpoint\n\n"
+        report_md="## Agentic RL: held-out success (greedy) from the distilled Reasoning RL checkpoint\n\n"
         + markdown_table(rows)
         + f"\n\ntask services: {services}",
         artifacts={
@@ -121,12 +122,13 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
 
 agentic_rl_checkpoint = tracked_asset(
     "agentic_rl_checkpoint",
-    "Agentic RL (asynchronous, direct double-sided IS) from the Reasoning RL checkpoint against task services.",
+    "Agentic RL (asynchronous, direct double-sided IS) against task services, from the Reasoning RL checkpoint\n"
+    "after its on-policy distillation (reasoning_rl_distilled).",
     config=AgenticRLRunConfig,
     stage=Launches(_agentic_rl),
     code_modules=[async_loop, driver, agentic_job],
     group="post_training",
-    deps=["reasoning_rl_checkpoint", "agentic_tasks"],
+    deps=["reasoning_rl_distilled", "agentic_tasks"],
     register=lambda result: {"crucible-agentic_rl": "checkpoint"},
     tags={"crucible/resource": "gpu"},
 )

@@ -1,8 +1,10 @@
-"""On-policy cross-stage distillation as the final post-training stage: the student starts from the last RL
-checkpoint (General RL when it is committed, else Agentic RL) and the final checkpoints of the earlier stages
-teach it on prompts from their own training sets. The checkpoint's lineage names its parent and every teacher."""
+"""On-policy cross-stage distillation after every RL stage and as the final stage (docs/recipe.md): the
+student starts from an RL stage's checkpoint and the final checkpoints of that stage and of every earlier
+one teach it on prompts from their own training sets. `reasoning_rl_distilled` and `agentic_rl_distilled`
+are what the next RL stage starts from; `distilled_checkpoint` (after General RL) is the chain's last. Each
+checkpoint's lineage names its parent and every teacher."""
 
-from importlib.util import find_spec
+from dataclasses import dataclass
 from pathlib import Path
 
 from assets.factory import Launches, tracked_asset
@@ -30,12 +32,37 @@ from training.tasks.suites import read_tasks, write_tasks
 
 PROFILE = load_profile()
 DistillRunConfig = launchpad_config("distill", DistillConfig, PROFILE)
-# The General RL stage's committed prompt set (train.jsonl, heldout.jsonl): assets/general.py must commit it here
-# for the General RL checkpoint to teach; without it the distillation runs with the other teachers.
+# The General RL stage's committed prompt set (train.jsonl, heldout.jsonl), which assets/general.py commits.
 GENERAL_PROMPTS_PREFIX = "post_training/general_prompts"
 TEACHER_STAGES = ["sft", "reasoning_rl", "agentic_rl", "general_rl"]  # chain order
-# General RL is a dependency once its asset module exists (a teacher and the parent when it is committed).
-DEP_STAGES = [t for t in TEACHER_STAGES if t != "general_rl" or find_spec("assets.general") is not None]
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """One distillation: its asset (the checkpoint is committed under checkpoints/<asset>), the RL stage whose
+    checkpoint the student starts from, and the teachers: that stage and every earlier one."""
+
+    asset: str
+    parent: str
+    registered: str  # MLflow registered model
+
+    @property
+    def teachers(self) -> list[str]:
+        return TEACHER_STAGES[: TEACHER_STAGES.index(self.parent) + 1]
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's name in the results table."""
+        return self.asset.removesuffix("_checkpoint")
+
+
+DISTILLATIONS = [
+    Distillation("reasoning_rl_distilled", "reasoning_rl", "crucible-reasoning_rl_distilled"),
+    Distillation("agentic_rl_distilled", "agentic_rl", "crucible-agentic_rl_distilled"),
+    Distillation("distilled_checkpoint", "general_rl", "crucible-distilled"),
+]
+# What each RL stage after the first starts from: the distilled checkpoint of the stage before it.
+REASONING_RL_DISTILLED, AGENTIC_RL_DISTILLED = (f"checkpoints/{d.asset}" for d in DISTILLATIONS[:2])
 DISTILL_PANELS = {
     "reverse KL per teacher (log pi_student - log pi_teacher, sampled tokens)": r"reverse_kl/(?!mean)\w+",
     "held-out greedy agreement with each teacher": r"heldout/agreement/\w+",
@@ -77,27 +104,29 @@ def _prompt_sets(s: ObjectStore, teachers: list[str], out: Path) -> tuple[dict[s
     return train, heldout
 
 
-def _distill(launch: PipesLaunch, cfg: DistillConfig, s, _, run) -> StageResult:
-    found = {stage: _checkpoint(s, stage) for stage in TEACHER_STAGES}
-    if found["general_rl"] is not None and not is_committed(s, GENERAL_PROMPTS_PREFIX):
-        found["general_rl"] = None  # a teacher needs its own prompt set
-    teachers = {stage: path for stage, path in found.items() if path is not None}
-    parent_stage = "general_rl" if "general_rl" in teachers else "agentic_rl"
-    if parent_stage not in teachers:
-        raise RuntimeError(
-            "distilled_checkpoint: no Agentic RL checkpoint is committed; materialize it first"
-        )
-    parent = teachers[parent_stage]
+def _distill_stage(d: Distillation):
+    def stage(launch: PipesLaunch, cfg: DistillConfig, s, _, run) -> StageResult:
+        return _distill(d, launch, cfg, s, run)
+
+    return stage
+
+
+def _distill(d: Distillation, launch: PipesLaunch, cfg: DistillConfig, s, run) -> StageResult:
+    teachers = {stage: _checkpoint(s, stage) for stage in d.teachers}
+    missing = [f"{stage}_checkpoint" for stage, path in teachers.items() if path is None]
+    if missing:
+        raise RuntimeError(f"{d.asset}: no committed {', '.join(missing)}; materialize it first")
+    parent_stage, parent = d.parent, teachers[d.parent]
     unknown = sorted(set(cfg.proportions) - set(teachers))
     proportions = {k: v for k, v in cfg.proportions.items() if k in teachers}
     cfg = cfg.model_copy(update={"proportions": proportions})
-    train, heldout = _prompt_sets(s, list(teachers), _work("distill") / "prompts")
+    train, heldout = _prompt_sets(s, list(teachers), _work(d.asset) / "prompts")
     tasks_dir = _local(s, TASKS_PREFIX, "task_suites")
     versions = [read_committed(s, p).version for p in (TASKS_PREFIX, AGENTIC_TASKS_PREFIX)]
     model_cfg, distributed = _model_cfg(parent)
     key = job_key(cfg.model_dump(mode="json"), *[tree_digest(p) for p in teachers.values()], *versions)
     spec = distill_job_module.DistillJobSpec(
-        run_dir=str(PROFILE.state_path / "runs" / "distill" / key),
+        run_dir=str(PROFILE.state_path / "runs" / d.asset / key),
         init_from=str(parent),
         model=model_cfg,
         teachers={name: str(path) for name, path in teachers.items()},
@@ -123,19 +152,20 @@ def _distill(launch: PipesLaunch, cfg: DistillConfig, s, _, run) -> StageResult:
     domains = sorted(k.split("/")[-1] for k in metrics if k.startswith("heldout/pass_at_1/"))
     pass_rows = [
         {
-            "domain": d,
-            parent_stage: f"{metrics.get(f'parent/pass_at_1/{d}', 0):.3f} ± {metrics.get(f'parent/pass_at_1_se/{d}', 0):.3f}",
-            "distilled": f"{metrics[f'heldout/pass_at_1/{d}']:.3f} ± {metrics[f'heldout/pass_at_1_se/{d}']:.3f}",
+            "domain": dom,
+            parent_stage: f"{metrics.get(f'parent/pass_at_1/{dom}', 0):.3f} ± {metrics.get(f'parent/pass_at_1_se/{dom}', 0):.3f}",
+            "distilled": f"{metrics[f'heldout/pass_at_1/{dom}']:.3f} ± {metrics[f'heldout/pass_at_1_se/{dom}']:.3f}",
         }
-        for d in domains
+        for dom in domains
     ]
     history = read_metrics(run_dir)
-    plot = plot_history(history, DISTILL_PANELS, run_dir / "distill_curves.png", "On-policy distillation")
+    title = f"On-policy distillation after {parent_stage}"
+    plot = plot_history(history, DISTILL_PANELS, run_dir / "distill_curves.png", title)
     run.set_tags({"crucible.distill_parent": parent_stage, "crucible.distill_teachers": ",".join(teachers)})
     note = f"\n\nproportions ignored (no such teacher): {unknown}" if unknown else ""
     return StageResult(
         metrics=metrics,
-        outputs={"checkpoint": _publish_checkpoint(s, "distilled_checkpoint", hf_dir)},
+        outputs={"checkpoint": _publish_checkpoint(s, d.asset, hf_dir)},
         report_md=f"## On-policy distillation from {parent_stage}, teachers {', '.join(teachers)}\n\n"
         f"{cfg.steps} steps x {cfg.prompts_per_step} prompts (group size 1)\n\n"
         "### Held-out agreement with / exact reverse KL to each teacher (greedy student answers)\n\n"
@@ -153,17 +183,21 @@ def _distill(launch: PipesLaunch, cfg: DistillConfig, s, _, run) -> StageResult:
     )
 
 
-distilled_checkpoint = tracked_asset(
-    "distilled_checkpoint",
-    "On-policy cross-stage distillation (Eq. 2, group size 1) of the last RL checkpoint from the final\n"
-    "checkpoints of SFT, Reasoning RL, Agentic RL and General RL on their own training prompts.",
-    config=DistillRunConfig,
-    stage=Launches(_distill),
-    code_modules=[distill, distill_job_module],
-    group="post_training",
-    deps=[f"{stage}_checkpoint" for stage in DEP_STAGES] + ["task_suites", "agentic_tasks"],
-    register=lambda result: {"crucible-distilled": "checkpoint"},
-    tags={"crucible/resource": "gpu"},
-)
+def _distillation_asset(d: Distillation):
+    teachers = ", ".join(d.teachers)
+    extra = ["general_prompts"] if "general_rl" in d.teachers else []  # that teacher's own prompt set
+    return tracked_asset(
+        d.asset,
+        f"On-policy cross-stage distillation (Eq. 2, group size 1) of the {d.parent} checkpoint from the final\n"
+        f"checkpoints of {teachers} on their own training prompts.",
+        config=DistillRunConfig,
+        stage=Launches(_distill_stage(d)),
+        code_modules=[distill, distill_job_module],
+        group="post_training",
+        deps=[f"{stage}_checkpoint" for stage in d.teachers] + ["task_suites", "agentic_tasks", *extra],
+        register=lambda result, name=d.registered: {name: "checkpoint"},
+        tags={"crucible/resource": "gpu"},
+    )
 
-distill_assets = [distilled_checkpoint]
+
+distill_assets = [_distillation_asset(d) for d in DISTILLATIONS]

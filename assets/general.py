@@ -6,6 +6,7 @@ hybrid reward (rules + ORM + GRM + exemplar anchors), every reward component log
 import json
 from pathlib import Path
 
+from assets.distill import AGENTIC_RL_DISTILLED
 from assets.factory import Launches, tracked_asset
 from assets.pipes_launch import CALLBACK, PipesLaunch
 from assets.post_training import TASKS_PREFIX, _local, _model_cfg, _publish_checkpoint, _work
@@ -132,7 +133,7 @@ outcome_reward_model = tracked_asset(
 
 
 def _general_rl(launch: PipesLaunch, cfg: GeneralRLStageConfig, s, _, run) -> StageResult:
-    parent = _local(s, "checkpoints/agentic_rl_checkpoint", "checkpoints/agentic_rl_checkpoint")
+    parent = _local(s, AGENTIC_RL_DISTILLED, AGENTIC_RL_DISTILLED)
     prompts_dir = _local(s, GENERAL_PROMPTS_PREFIX, "general_prompts")
     orm_dir = _local(s, ORM_PREFIX, "outcome_reward_model")
     tasks_dir = _local(s, TASKS_PREFIX, "task_suites")
@@ -153,7 +154,7 @@ def _general_rl(launch: PipesLaunch, cfg: GeneralRLStageConfig, s, _, run) -> St
         judge_cache_dir=str(PROFILE.state_path / "cache" / "judge_general"),
         lid_model=str(packaged_file(LID_176)),
         threads=distributed.threads_per_process or None,
-        compare={"agentic_rl": str(parent)},
+        compare={"agentic_rl_distilled": str(parent)},
         callbacks=[CALLBACK],
     )
     result = general_job.run_general_rl_job(spec, PROFILE.state_path / "torch_extensions", launch)
@@ -167,12 +168,12 @@ def _general_rl(launch: PipesLaunch, cfg: GeneralRLStageConfig, s, _, run) -> St
     rows = [
         {
             "reward": name,
-            "agentic RL (parent)": cell("compare/agentic_rl/", name),
+            "parent (agentic_rl_distilled)": cell("compare/agentic_rl_distilled/", name),
             "general RL": cell("heldout/", name),
             "n": int(metrics[f"heldout/n/{name}"]),
         }
         for name in names
-        if f"compare/agentic_rl/reward/{name}" in metrics
+        if f"compare/agentic_rl_distilled/reward/{name}" in metrics
     ]
     history = read_metrics(run_dir)
     plot = plot_history(history, GENERAL_PANELS, run_dir / "general_rl_curves.png", "General RL")
@@ -180,7 +181,7 @@ def _general_rl(launch: PipesLaunch, cfg: GeneralRLStageConfig, s, _, run) -> St
     return StageResult(
         metrics=metrics,
         outputs={"checkpoint": _publish_checkpoint(s, "general_rl_checkpoint", hf_dir)},
-        report_md="## General RL: held-out hybrid reward per component (greedy), from the Agentic RL checkpoint\n\n"
+        report_md="## General RL: held-out hybrid reward per component (greedy), from the distilled Agentic RL checkpoint\n\n"
         + markdown_table(rows),
         artifacts={
             "checkpoint": hf_dir,
@@ -194,13 +195,13 @@ def _general_rl(launch: PipesLaunch, cfg: GeneralRLStageConfig, s, _, run) -> St
 
 general_rl_checkpoint = tracked_asset(
     "general_rl_checkpoint",
-    "General RL (GRPO + IcePop) from the Agentic RL checkpoint with the hybrid reward: rules, the outcome\n"
+    "General RL (GRPO + IcePop) from the distilled Agentic RL checkpoint with the hybrid reward: rules, the outcome\n"
     "reward model, the LLM judge with a versioned rubric, exemplar style anchors.",
     config=GeneralRLRunConfig,
     stage=Launches(_general_rl),
     code_modules=[general, general_job, hybrid],
     group="post_training",
-    deps=["agentic_rl_checkpoint", "general_prompts", "outcome_reward_model", "task_suites"],
+    deps=["agentic_rl_distilled", "general_prompts", "outcome_reward_model", "task_suites"],
     register=lambda result: {"crucible-general_rl": "checkpoint"},
     tags={"crucible/resource": "gpu"},
 )

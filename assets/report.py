@@ -1,12 +1,13 @@
 """The post-training results table: every checkpoint from the last midtraining stage to the distilled one,
 scored on the same held-out sets (perplexity, passkey at the longest length, reasoning pass@1, agentic
-success, General RL's hybrid-reward components), each cell with its standard error, as Markdown and one PNG; the distilled checkpoint's parent is in
-the table too, so distillation's effect is shown against the same parent without it."""
+success, General RL's hybrid-reward components), each cell with its standard error, as Markdown and one PNG.
+Each distillation's parent RL checkpoint is in the table too, so its effect is shown against the same parent
+without it."""
 
 import json
 from pathlib import Path
 
-from assets.distill import DEP_STAGES, TEACHER_STAGES
+from assets.distill import DISTILLATIONS, TEACHER_STAGES
 from assets.factory import tracked_asset
 from assets.midtraining import _heldout, local_checkpoint
 from assets.post_training import AGENTIC_TASKS_PREFIX, PARENT, TASKS_PREFIX, _local
@@ -33,13 +34,23 @@ PROFILE = load_profile()
 ReportRunConfig = launchpad_config("post_training_report", ReportConfig, PROFILE)
 
 
+def _chain_prefixes() -> dict[str, str]:
+    """Table name -> checkpoint prefix in chain order: each RL stage, then its distillation."""
+    after = {d.parent: d for d in DISTILLATIONS}
+    out = {}
+    for stage in TEACHER_STAGES:
+        out[stage] = f"checkpoints/{stage}_checkpoint"
+        if stage in after:
+            out[after[stage].name] = f"checkpoints/{after[stage].asset}"
+    return out
+
+
 def _chain(s: ObjectStore) -> dict[str, Path]:
     """name -> local HF dir in chain order: the midtrained parent of SFT, each committed post-training stage."""
     out = {PARENT: local_checkpoint(s, PARENT)}
-    for stage in [*TEACHER_STAGES, "distilled"]:
-        prefix = f"checkpoints/{stage}_checkpoint"
+    for name, prefix in _chain_prefixes().items():
         if is_committed(s, prefix):
-            out[stage] = _local(s, prefix, prefix)
+            out[name] = _local(s, prefix, prefix)
     return out
 
 
@@ -78,14 +89,21 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
     out = plot_dir("post-training-report-")
     general = _general_scorer(s, cfg, facts)
     result = post_training_report(checkpoints, sets, cfg, out, score_general=general, tokenizer=tok)
-    parent = "general_rl" if "general_rl" in checkpoints else "agentic_rl"
     md = (
         "## Post-training checkpoints on the same held-out sets (value ± standard error)\n\n"
         + result.markdown
     )
-    if "distilled" in checkpoints and parent in checkpoints:
-        md += f"\n\n### Distillation against the same parent without it ({parent})\n\n" + markdown_table(
-            recovery_rows(result.scores, parent, "distilled")
+    recovery = [
+        row
+        for d in DISTILLATIONS
+        if d.name in checkpoints and d.parent in checkpoints
+        for row in recovery_rows(result.scores, d.parent, d.name, [t for t in d.teachers if t != d.parent])
+    ]
+    if recovery:
+        md += (
+            "\n\n### Each distillation against the same RL checkpoint without it (drop = the best earlier "
+            "teacher minus the RL checkpoint; recovered = distilled minus the RL checkpoint)\n\n"
+            + markdown_table(recovery)
         )
     counts = {
         "texts": sum(len(r) for r in sets.text_rows.values()), "passkey": len(sets.passkey),
@@ -114,9 +132,10 @@ post_training_report_asset = tracked_asset(
     group="post_training",
     deps=[
         PARENT,
-        *[f"{stage}_checkpoint" for stage in DEP_STAGES],
-        "distilled_checkpoint",
-        *(["general_prompts", "outcome_reward_model"] if "general_rl" in DEP_STAGES else []),
+        *[f"{stage}_checkpoint" for stage in TEACHER_STAGES],
+        *[d.asset for d in DISTILLATIONS],
+        "general_prompts",
+        "outcome_reward_model",
         "task_suites",
         "agentic_tasks",
         "token_shards",

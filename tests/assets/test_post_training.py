@@ -1,5 +1,5 @@
 """The post-training chain as Dagster assets on the micro profile: task suites + agentic tasks -> SFT data -> SFT
--> Reasoning RL -> Agentic RL from a (micro) midtrained checkpoint, each checkpoint registered in MLflow with
+-> Reasoning RL -> its distillation -> Agentic RL from a (micro) midtrained checkpoint, each checkpoint registered in MLflow with
 lineage to its parent and to the task versions, held-out scores per domain for every model."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
     from assets.agentic import agentic_assets
+    from assets.distill import distill_assets
     from assets.post_training import post_training_assets
     from assets.resources import resources_for
 
@@ -23,7 +24,9 @@ def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
     instance = dg.DagsterInstance.get()
     # resources of this test's state dir (assets.definitions.defs keeps the one of the process's first import)
     resources = {**resources_for(load_profile()), "pipes": dg.PipesSubprocessClient()}
-    result = dg.materialize(post_training_assets + agentic_assets, instance=instance, resources=resources)
+    reasoning_distilled = [a for a in distill_assets if a.key == dg.AssetKey("reasoning_rl_distilled")]
+    chain = post_training_assets + reasoning_distilled + agentic_assets
+    result = dg.materialize(chain, instance=instance, resources=resources)
     assert result.success
     tracker = Tracker.from_profile(load_profile())
     sft_run = tracker.get_run(tracker.model_version_run_id("crucible-sft", "1"))
@@ -54,10 +57,12 @@ def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
     rl_event = instance.get_latest_materialization_event(dg.AssetKey("reasoning_rl_checkpoint"))
     assert "plot/reasoning_rl_curves" in rl_event.asset_materialization.metadata
     assert tracker.get_run(rl_run.info.run_id).data.params["max_new_tokens"] == "8"  # not redacted
-    # Agentic RL: trained from the Reasoning RL checkpoint against task services (real subprocesses) through
-    # the async loop; lineage to its parent and the agentic task set, the services' versions as tags
+    # Agentic RL: trained from the distilled Reasoning RL checkpoint against task services (real subprocesses)
+    # through the async loop; lineage to its parent and the agentic task set, the services' versions as tags
     agentic_run = tracker.get_run(tracker.model_version_run_id("crucible-agentic_rl", "1"))
-    assert rl_run.info.run_id in agentic_run.data.tags[UPSTREAM_RUNS_TAG]
+    distilled_run = tracker.get_run(tracker.model_version_run_id("crucible-reasoning_rl_distilled", "1"))
+    assert rl_run.info.run_id in distilled_run.data.tags[UPSTREAM_RUNS_TAG]
+    assert distilled_run.info.run_id in agentic_run.data.tags[UPSTREAM_RUNS_TAG]
     tasks_meta = read_committed(store, "post_training/agentic_tasks").meta
     assert (
         agentic_run.data.tags["crucible.agentic_tasks"]

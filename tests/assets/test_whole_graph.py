@@ -161,7 +161,8 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
         -2000:
     ]
     assert {
-        "general_rl_checkpoint", "agentic_rl_checkpoint", "reasoning_rl_checkpoint", "sft_checkpoint",
+        "general_rl_checkpoint", "agentic_rl_distilled", "agentic_rl_checkpoint", "reasoning_rl_distilled",
+        "reasoning_rl_checkpoint", "sft_checkpoint",
         "agentic_tasks", "task_suites", "sft_data_set", "midtrain_stage3", "base_checkpoint", "token_shards",
         "web_warc", "code_raw_files",
     } <= chain  # fmt: skip

@@ -19,7 +19,7 @@ DEPLOY = REPO_ROOT / "infra" / "deploy" / "dagster.yaml"
 
 
 def _home(tmp_path, name: str, postgres, db: str, s3_bucket: tuple[str, str]):
-    """A DAGSTER_HOME holding the production instance config with only the Postgres address changed."""
+    """A DAGSTER_HOME holding the production instance config, pointed at the test Postgres and S3 bucket."""
     config = yaml.safe_load(DEPLOY.read_text())
     del config["run_launcher"]  # K8sRunLauncher: no cluster here
     endpoint, bucket = s3_bucket

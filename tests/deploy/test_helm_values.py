@@ -158,6 +158,12 @@ def test_run_pods_request_the_resources_of_their_tag(launcher):
             assert {v.name: v.empty_dir.medium for v in pod.volumes if v.empty_dir} == {"dshm": "Memory"}
         else:
             assert pod.node_selector is None
+        env = {e.name: e for e in container.env}
+        if resource == "spark":  # the driver finds the Spark master and is reachable from the executors
+            assert env["MASTER"].value == "spark://spark-master.crucible:7077"
+            assert env["SPARK_LOCAL_IP"].value_from.field_ref.field_path == "status.podIP"
+        else:
+            assert "MASTER" not in env
 
 
 def test_unknown_resource_class_names_the_known_ones():

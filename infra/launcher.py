@@ -63,11 +63,26 @@ def build_launch_command(
     threads_per_process: int = 0,
     extra_env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
 ) -> LaunchCommand:
-    """argv + env to run `python -m module *args` on `nproc` local processes via `launcher`."""
+    """argv + env to run `python -m module *args` on `nproc` processes per node via `launcher`.
+
+    Multi-node (`nnodes` > 1, torchrun only): run this command once per node (e.g. one pod per node) with that
+    node's `node_rank`, the same `master_addr` (node 0's address) and the same fixed `master_port`; node 0
+    hosts the rendezvous. The deepspeed CLI reaches other nodes through a hostfile and ssh/pdsh instead."""
+    if nnodes > 1 and launcher != "torchrun":
+        raise ValueError(
+            f"launcher {launcher!r} starts one node; use torchrun (one command per node) for nnodes > 1"
+        )
+    if not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank {node_rank} is not in [0, nnodes={nnodes})")
+    if nnodes > 1 and master_port is None:
+        raise ValueError("nnodes > 1 needs a fixed master_port that every node is given")
     port = master_port or free_port()
     env = dict(os.environ)
-    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"})
+    env.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"})
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     if torch_extensions_dir is not None:
@@ -83,8 +98,8 @@ def build_launch_command(
     elif launcher == "torchrun":
         argv = [
             python, "-m", "torch.distributed.run",
-            f"--nproc_per_node={nproc}", "--nnodes=1",
-            "--master_addr=127.0.0.1", f"--master_port={port}",
+            f"--nproc_per_node={nproc}", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
+            f"--master_addr={master_addr}", f"--master_port={port}",
             "-m", module, *args,
         ]  # fmt: skip
     elif launcher == "deepspeed":

@@ -24,7 +24,7 @@ MLFLOW_PORT ?= 5000
 # an unreachable index.
 TORCH_INDEX ?=
 
-.PHONY: setup run test lint ui system-deps browser-deps clean
+.PHONY: setup run test lint ui system-deps browser-deps postgres-deps clean
 
 setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -56,10 +56,19 @@ browser-deps: system-deps
 	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
 	  || echo "apt-get install chromium failed (root needed): tests/browser will skip"
 
+# Debian's PostgreSQL server binaries (initdb, postgres) for the deployment tests (tests/deploy: Dagster and
+# MLflow on a throwaway Postgres). Best effort like browser-deps: without them those tests skip.
+postgres-deps: system-deps
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && exit 0; \
+	command -v apt-get >/dev/null || { echo "apt-get not found: install PostgreSQL to run the Postgres tests in tests/deploy"; exit 0; }; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null \
+	  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; } \
+	  || echo "apt-get install postgresql failed (root needed): the Postgres tests in tests/deploy will skip"
+
 run: setup system-deps
 	$(BIN)/crucible run
 
-test: setup system-deps browser-deps lint
+test: setup system-deps browser-deps postgres-deps lint
 	CRUCIBLE_PROFILE=micro $(BIN)/pytest
 
 lint: setup

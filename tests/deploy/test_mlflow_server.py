@@ -57,11 +57,11 @@ def mlflow_server(postgres, postgres_db, s3_bucket, port, tmp_path):
             try:
                 if requests.get(f"{url}/health", timeout=2).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or slow under load
                 pass
             assert time.monotonic() < deadline, f"no /health in 60 s:\n{log_path.read_text()[-3000:]}"
             time.sleep(0.3)
-        yield url, argv, bucket, endpoint
+        yield url, argv, bucket, endpoint, log_path
     finally:
         _stop_group(proc)
 
@@ -80,7 +80,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def test_server_keeps_runs_in_postgres_and_artifacts_in_s3(mlflow_server, postgres, postgres_db, tmp_path):
-    url, argv, bucket, endpoint = mlflow_server
+    url, argv, bucket, endpoint, log_path = mlflow_server
     assert postgres.password not in " ".join(argv)  # the backend URI travels in the environment only
 
     tracker = Tracker(url, experiment_prefix="crucible")
@@ -127,6 +127,7 @@ def test_server_keeps_runs_in_postgres_and_artifacts_in_s3(mlflow_server, postgr
         assert cur.fetchone() == (5, pytest.approx(0.8))
         cur.execute("SELECT version, run_id FROM model_versions WHERE name = 'crucible-smoke'")
         assert cur.fetchall() == [(1, run.run_id)]
+    assert postgres.password not in log_path.read_text()  # the server never logs its backend credentials
 
 
 def test_deployed_manifest_runs_the_tested_command_line():

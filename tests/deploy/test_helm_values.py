@@ -10,12 +10,14 @@ import importlib
 import json
 import re
 
+import kubernetes.client
 import pytest
 import yaml
 from dagster import DagsterRun
 from dagster_k8s import K8sRunLauncher
 from dagster_k8s.container_context import K8sContainerContext
 from dagster_k8s.job import USER_DEFINED_K8S_CONFIG_KEY, construct_dagster_k8s_job
+from k8s_schema import k8s_object  # tests/deploy is on sys.path
 
 from infra import mlflow_server
 from infra.k8s_run_config import K8S_CONFIG_TAG, k8s_run_tags, run_resources
@@ -68,6 +70,25 @@ def test_values_say_what_the_instance_config_says():
     assert logs["type"] == INSTANCE["compute_logs"]["class"]
     assert snake(logs["config"]["s3ComputeLogManager"]) == INSTANCE["compute_logs"]["config"]
     assert VALUES["telemetry"] == INSTANCE["telemetry"] == {"enabled": False}
+
+
+def test_kubernetes_fields_in_the_values_follow_the_api_schema():
+    """The chart passes these through to pod specs verbatim: unknown keys would fail at install time."""
+    (deployment,) = VALUES["dagster-user-deployments"]["deployments"]
+    k8s = VALUES["runLauncher"]["config"]["k8sRunLauncher"]
+    requirements = [
+        VALUES["dagsterWebserver"]["resources"],
+        deployment["resources"],
+        k8s["runK8sConfig"]["containerConfig"]["resources"],
+    ]
+    for resources in requirements:
+        assert k8s_object(kubernetes.client.V1ResourceRequirements, resources).requests
+    for env in deployment["env"]:
+        k8s_object(kubernetes.client.V1EnvVar, env)
+    for source in deployment["envSecrets"] + k8s["envSecrets"]:
+        k8s_object(kubernetes.client.V1SecretEnvSource, source)
+    with pytest.raises(Exception, match="request"):  # singular: a typo
+        k8s_object(kubernetes.client.V1ResourceRequirements, {"request": {"cpu": "1"}})
 
 
 def test_code_location_exists_and_jobs_carry_their_pod_settings():

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import boto3
+import kubernetes.client
 import pytest
 import requests
 import yaml
+from k8s_schema import k8s_object  # tests/deploy is on sys.path
 
 from infra.mlflow_server import (
     PRODUCTION,
@@ -144,6 +146,15 @@ def test_deployed_manifest_runs_the_tested_command_line():
         "key": "mlflow-backend-store-uri",
     }
     assert service["spec"]["ports"][0]["port"] == PRODUCTION.port
+    # Kubernetes' schema (the python client's models, strictly: unknown keys and missing required fields fail)
+    assert (
+        k8s_object(kubernetes.client.V1Deployment, deployment).spec.template.spec.containers[0].name
+        == "mlflow"
+    )
+    assert k8s_object(kubernetes.client.V1Service, service).spec.ports[0].target_port == "http"
+    container["ports"][0]["containerPorts"] = 5000  # a typo is caught
+    with pytest.raises(Exception, match="containerPorts"):
+        k8s_object(kubernetes.client.V1Deployment, deployment)
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     # the Service's name is an allowed Host header (mlflow rejects other hosts: DNS-rebinding guard)
     assert f"mlflow.{deployment['metadata']['namespace']}:{PRODUCTION.port}" in PRODUCTION.allowed_hosts

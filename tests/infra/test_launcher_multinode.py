@@ -7,9 +7,8 @@ import json
 import threading
 
 import pytest
-from conftest import free_port
 
-from infra.launcher import build_launch_command, run_command
+from infra.launcher import build_launch_command, free_port, run_command
 
 PROBE = """
 import json, os, sys

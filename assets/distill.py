@@ -122,7 +122,13 @@ def _distill(d: Distillation, launch: PipesLaunch, cfg: DistillConfig, s, run) -
     cfg = cfg.model_copy(update={"proportions": proportions})
     train, heldout = _prompt_sets(s, list(teachers), _work(d.asset) / "prompts")
     tasks_dir = _local(s, TASKS_PREFIX, "task_suites")
-    versions = [read_committed(s, p).version for p in (TASKS_PREFIX, AGENTIC_TASKS_PREFIX)]
+    # every prompt set the job reads (General RL's when it teaches) decides the run dir with the checkpoints
+    prompt_sets = [
+        TASKS_PREFIX,
+        AGENTIC_TASKS_PREFIX,
+        *([GENERAL_PROMPTS_PREFIX] if "general_rl" in teachers else []),
+    ]
+    versions = [read_committed(s, p).version for p in prompt_sets]
     model_cfg, distributed = _model_cfg(parent)
     key = job_key(cfg.model_dump(mode="json"), *[tree_digest(p) for p in teachers.values()], *versions)
     spec = distill_job_module.DistillJobSpec(

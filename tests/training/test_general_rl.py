@@ -39,6 +39,27 @@ def test_general_prompts_split_by_fact_and_carry_their_constraints():
     assert [t.id for t in again["train"]] == [t.id for t in train]
 
 
+def test_suite_prompts_cover_every_domain_and_level_in_a_math_first_suite_file():
+    from collections import Counter
+
+    # task_suites writes math first, every math level before any knowledge task
+    suite = [
+        Task(f"m{lv}-{i}", "math", f"sum {lv} {i}", "1", lv, "train") for lv in (1, 2, 3) for i in range(40)
+    ]
+    suite += [
+        Task(f"k{lv}-{i}", "knowledge", f"what is {i}", "x", lv, "train") for lv in (1, 2) for i in range(40)
+    ]
+    prompts = general_prompts(FACTS, GeneralPromptsConfig(per_category=5, max_suite_tasks=12), suite)
+    picked = Counter((t.domain, t.difficulty) for t in prompts["train"] if t.domain in ("math", "knowledge"))
+    assert picked == {
+        ("math", 1): 2,
+        ("math", 2): 2,
+        ("math", 3): 2,
+        ("knowledge", 1): 3,
+        ("knowledge", 2): 3,
+    }
+
+
 def test_general_rl_raises_the_hybrid_reward(tok):
     cfg = ModelConfig.for_size(
         "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training.rewards.rules import Constraints
 from training.tasks.base import Split, Task, task_id
+from training.tasks.suites import eval_subset
 
 VERSION = "general_prompts_v1"
 CATEGORIES = ("chat", "instruction", "writing")
@@ -93,6 +94,9 @@ def _writing(term: str, definition: str, rng: random.Random) -> tuple[str, Const
 BUILDERS = {"chat": _chat, "instruction": _instruction, "writing": _writing}
 
 
+SUITE_DOMAINS = ("knowledge", "math")
+
+
 def general_prompts(
     facts: Sequence[tuple[str, str]], config: GeneralPromptsConfig, suite_tasks: Sequence[Task] = ()
 ) -> dict[Split, list[Task]]:
@@ -131,8 +135,10 @@ def general_prompts(
                 out[split].append(
                     Task(task_id(category, prompt), category, prompt, definition, 1, split, meta)
                 )
-        picked = [t for t in suite_tasks if t.split == split and t.domain in ("knowledge", "math")]
-        for t in picked[: config.max_suite_tasks]:
+        candidates = [t for t in suite_tasks if t.split == split and t.domain in SUITE_DOMAINS]
+        # every domain and difficulty level, not the first ones in file order (the suite file is math first)
+        per_domain = -(-config.max_suite_tasks // len(SUITE_DOMAINS))
+        for t in eval_subset(candidates, per_domain)[: config.max_suite_tasks]:
             meta = {**t.meta, "category": t.domain, "constraints": Constraints(length=(1, 60)).model_dump()}
             out[split].append(Task(t.id, t.domain, t.prompt, t.answer, t.difficulty, t.split, meta))
     for split in out:  # the same prompt twice (a fact drawn twice with one template) trains once

@@ -224,7 +224,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=resumed)
     heldout = heldout_subset(read_tasks(Path(spec.heldout_prompts)), spec.config.eval_prompts)
     samples: dict[str, Any] = {}
-    for name, path in spec.compare.items():  # e.g. the checkpoint before Agentic RL, on the same prompts
+    for name, path in spec.compare.items():  # e.g. the parent (agentic_rl_distilled), on the same prompts
         other = LocalRolloutEngine(load_model(path, spec.model), pad_id=tok.pad_token_id)
         scores = evaluate_general(other, tok, heldout, reward, spec.config.max_new_tokens)
         if not resumed:  # a resumed run logged them at step 0 already

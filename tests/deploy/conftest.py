@@ -13,9 +13,10 @@ from postgres_server import (  # tests/deploy is on sys.path (prepend import mod
 )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def postgres() -> Postgres:
-    """One PostgreSQL server for the session (skips, naming the Debian package, when it is not installed)."""
+    """One PostgreSQL server for tests/deploy, stopped when they are done (skips, naming the Debian package,
+    when it is not installed)."""
     if postgres_bin_dir() is None:
         pytest.skip(f"PostgreSQL server binaries not found: {INSTALL_HINT}")
     with postgres_server() as server:

@@ -1,7 +1,7 @@
 """A real, throwaway PostgreSQL server (Debian's binaries) on 127.0.0.1 for the deployment tests.
 
-initdb refuses to run as root, so under root the cluster belongs to `nobody` and lives in a directory of its
-own under /tmp (pytest's root-owned temp dirs are closed to other users). Password auth over TCP, like a
+initdb refuses to run as root, so under root the cluster belongs to Debian's `postgres` user (or `nobody`
+where the package did not create it) and lives in a directory of its own under /tmp (pytest's root-owned temp dirs are closed to other users). Password auth over TCP, like a
 managed Postgres; fsync off, since the data is thrown away.
 """
 
@@ -88,6 +88,15 @@ def _wait_ready(server: Postgres, proc: subprocess.Popen, log: Path, timeout_s: 
             time.sleep(0.2)
 
 
+def _server_user() -> pwd.struct_passwd:
+    """Not `nobody` when there is a choice: the sandbox runs untrusted code as nobody and its tests count
+    nobody's processes."""
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        return pwd.getpwnam("nobody")
+
+
 @contextmanager
 def postgres_server(timeout_s: float = 30.0) -> Iterator[Postgres]:
     """initdb + postgres on a free 127.0.0.1 port; yields the connection facts; fast shutdown at the end.
@@ -96,7 +105,7 @@ def postgres_server(timeout_s: float = 30.0) -> Iterator[Postgres]:
     if bin_dir is None:
         raise FileNotFoundError(f"PostgreSQL server binaries not found: {INSTALL_HINT}")
     as_root = os.geteuid() == 0
-    owner = pwd.getpwnam("nobody") if as_root else None
+    owner = _server_user() if as_root else None
     run_as = {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []} if owner else {}
     work = Path(tempfile.mkdtemp(prefix="crucible-pg-"))
     password = secrets.token_hex(12)

@@ -10,7 +10,9 @@ the first run of 2024-05 against it (a new sequence number); on the local store 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -149,8 +151,9 @@ class Runner:
         script = tmp_path / "runner.py"
         script.write_text(_RUNNER)
         self.proc = subprocess.Popen(
-            [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+            [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
         assert self.proc.stdout.readline().strip() == "ready", "the runner failed to start"
 
     def run(self, store, endpoint: str, snapshot: str, scratch: Path, kill_at: int = 0) -> dict:
@@ -165,6 +168,9 @@ class Runner:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+        # a killed child's own children (the stage's workers) outlive it, orphaned; they keep the group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+from post_training_checks import check_sft_reasoning_and_agentic_rl  # tests/assets is on sys.path
 
 from infra.committed import read_committed
 from infra.settings import load_profile
@@ -32,6 +33,7 @@ def test_distilled_checkpoint_and_report(midtrained):
     )  # fmt: skip
     assert result.success
     tracker = Tracker.from_profile(load_profile())
+    check_sft_reasoning_and_agentic_rl(instance, midtrained)
     _check_general_rl(instance, tracker, midtrained)
     run = tracker.get_run(tracker.model_version_run_id("crucible-distilled", "1"))
     upstream = run.data.tags[UPSTREAM_RUNS_TAG]

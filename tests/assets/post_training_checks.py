@@ -1,33 +1,19 @@
-"""The post-training chain as Dagster assets on the micro profile: task suites + agentic tasks -> SFT data -> SFT
--> Reasoning RL -> its distillation -> Agentic RL from a (micro) midtrained checkpoint, each checkpoint registered in MLflow with
-lineage to its parent and to the task versions, held-out scores per domain for every model."""
+"""Checks of the first half of the post-training chain (task suites + agentic tasks -> SFT data -> SFT ->
+Reasoning RL -> its distillation -> Agentic RL from a micro midtrained checkpoint): each checkpoint registered in
+MLflow with lineage to its parent and to the task versions, held-out scores per domain for every model. Run by
+tests/assets/test_distill_report.py on its one materialization of the whole chain."""
 
 from __future__ import annotations
 
 import dagster as dg
-import pytest
 
 from infra.committed import read_committed
 from infra.settings import load_profile
 from infra.tracking import UPSTREAM_RUNS_TAG, Tracker
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-
-def test_post_training_chain_registers_checkpoints_with_lineage(midtrained):
-    from assets.agentic import agentic_assets
-    from assets.distill import distill_assets
-    from assets.post_training import post_training_assets
-    from assets.resources import resources_for
-
-    store = midtrained
-    instance = dg.DagsterInstance.get()
-    # resources of this test's state dir (assets.definitions.defs keeps the one of the process's first import)
-    resources = {**resources_for(load_profile()), "pipes": dg.PipesSubprocessClient()}
-    reasoning_distilled = [a for a in distill_assets if a.key == dg.AssetKey("reasoning_rl_distilled")]
-    chain = post_training_assets + reasoning_distilled + agentic_assets
-    result = dg.materialize(chain, instance=instance, resources=resources)
-    assert result.success
+def check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, store) -> None:
+    """Run by tests/assets/test_distill_report.py after its one materialization of the whole chain."""
     tracker = Tracker.from_profile(load_profile())
     sft_run = tracker.get_run(tracker.model_version_run_id("crucible-sft", "1"))
     rl_run = tracker.get_run(tracker.model_version_run_id("crucible-reasoning_rl", "1"))

@@ -96,3 +96,17 @@ def dagster_dev(
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+def stop_process_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group of a server started with start_new_session=True, then SIGKILL it."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -5,7 +5,6 @@ venv's Python (PYSPARK_PYTHON), so they import the project like the driver does.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import requests
+from local_servers import stop_process_group  # tests/ is on sys.path
 
 
 def _free_port() -> int:
@@ -34,19 +34,6 @@ def _start(argv: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> s
         return subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
         )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 @contextmanager
@@ -125,4 +112,4 @@ def spark_standalone(
         yield url
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process_group(proc)

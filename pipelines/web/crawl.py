@@ -353,19 +353,25 @@ class Frontier:
                         if host.next_time > now:
                             soonest = min(soonest or host.next_time, host.next_time)
                             continue
-                        self._reserve_locked(host, now)
-                        host.active += 1
-                        self.in_flight += 1
-                        self.rate_limited_waits += waited_for_rate
-                        if host.state == "new":
-                            host.state = "preparing"
-                            return "prepare", host, None
-                        self.queued -= 1
-                        return "fetch", host, host.queue.popleft()
+                        return self._hand_out(host, now, waited_for_rate, host.queue)
                 if self.in_flight == 0 and (self.queued == 0 or soonest is None):
                     return None
                 waited_for_rate = waited_for_rate or soonest is not None
                 self._cond.wait(timeout=max(0.001, soonest - now) if soonest is not None else 1.0)
+
+    def _hand_out(
+        self, host: HostState, now: float, waited_for_rate: bool, queue: deque
+    ) -> tuple[str, HostState, CrawlItem | None]:
+        """Reserve the origin's request slot; a new origin is prepared first, otherwise `queue`'s next item."""
+        self._reserve_locked(host, now)
+        host.active += 1
+        self.in_flight += 1
+        self.rate_limited_waits += waited_for_rate
+        if host.state == "new":
+            host.state = "preparing"
+            return "prepare", host, None
+        self.queued -= 1
+        return "fetch", host, queue.popleft()
 
     def _start_next_wave(self) -> None:
         if self.on_wave is not None:
@@ -392,15 +398,7 @@ class Frontier:
                     if host.state == "new" or (
                         host.state == "ready" and host.active < self.concurrency and host.next_time <= now
                     ):
-                        self._reserve_locked(host, now)
-                        host.active += 1
-                        self.in_flight += 1
-                        self.rate_limited_waits += waited_for_rate
-                        if host.state == "new":
-                            host.state = "preparing"
-                            return "prepare", host, None
-                        self.queued -= 1
-                        return "fetch", host, self.wave.popleft()
+                        return self._hand_out(host, now, waited_for_rate, self.wave)
                     if host.state == "ready" and host.active < self.concurrency:
                         waited_for_rate, timeout = True, max(0.001, host.next_time - now)
                 self._cond.wait(timeout=timeout)

@@ -5,7 +5,6 @@ over HTTP; the rows must land in Postgres and the artifact bytes in the bucket."
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 import requests
 import yaml
 from k8s_schema import k8s_object  # tests/deploy is on sys.path
+from local_servers import stop_process_group
 
 from infra.mlflow_server import (
     PRODUCTION,
@@ -65,20 +65,7 @@ def mlflow_server(postgres, postgres_db, s3_bucket, port, tmp_path):
             time.sleep(0.3)
         yield url, argv, bucket, endpoint, log_path
     finally:
-        _stop_group(proc)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        stop_process_group(proc)
 
 
 def test_server_keeps_runs_in_postgres_and_artifacts_in_s3(mlflow_server, postgres, postgres_db, tmp_path):

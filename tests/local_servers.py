@@ -90,17 +90,14 @@ def dagster_dev(
             time.sleep(1)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        # a throwaway instance: a short grace, then SIGKILL (its daemon can take 30 s to stop on SIGTERM)
+        stop_process_group(proc, grace_s=5)
         log.close()
 
 
-def stop_process_group(proc: subprocess.Popen) -> None:
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 15) -> None:
     """SIGTERM the process group of a server started with start_new_session=True, then SIGKILL it."""
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

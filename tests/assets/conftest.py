@@ -27,39 +27,6 @@ def dagster_webserver(dagster_home, port):
         yield url
 
 
-POST_TRAINING_CORPUS = [
-    "What is 3 + 4? Answer: 7. Use the calculator to compute 12 * 34. def f(x): return x + 1",
-    "Which term is defined as: a computer program? Answer: software",
-] * 40
-
-
-@pytest.fixture
-def midtrained(tmp_path, dagster_home):
-    """A committed tokenizer and a micro `midtrain_stage3` checkpoint, as the training job would leave them:
-    where the post-training chain tests start. Returns the store."""
-    from assets.midtraining import checkpoint_prefix
-    from assets.post_training import _model_cfg
-    from assets.pretraining import TOKENIZER_PREFIX
-    from infra.committed import Producer, commit
-    from infra.settings import load_profile
-    from infra.store import LocalStore
-    from training.checkpoint import export_hf
-    from training.model import build_model
-    from training.tokenizer import TokenizerConfig, train_tokenizer
-
-    profile = load_profile()
-    store = LocalStore(profile.state_path / profile.store.url)
-    tok_dir = train_tokenizer(POST_TRAINING_CORPUS, TokenizerConfig(vocab_size=512), tmp_path / "tok")
-    files = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
-    store.begin_stage(Producer(asset="corpus_tokenizer"))
-    commit(store, TOKENIZER_PREFIX, files)
-    cfg, _ = _model_cfg(tok_dir)
-    hf = export_hf(build_model(cfg, seed=0), tmp_path / "hf", files)
-    store.begin_stage(Producer(asset="midtrain_stage3", mlflow_run_id="parent-run"))
-    commit(store, checkpoint_prefix("midtrain_stage3"), hf)
-    return store
-
-
 def _is_prose(paragraph: str) -> bool:
     words = paragraph.split()
     return len(words) >= 8 and sum(w.strip(".,;:()'\"").isalpha() for w in words) >= 0.9 * len(words)

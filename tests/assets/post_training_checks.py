@@ -1,7 +1,8 @@
-"""Checks of the first half of the post-training chain (task suites + agentic tasks -> SFT data -> SFT ->
-Reasoning RL -> its distillation -> Agentic RL from a micro midtrained checkpoint): each checkpoint registered in
-MLflow with lineage to its parent and to the task versions, held-out scores per domain for every model. Run by
-tests/assets/test_distill_report.py on its one materialization of the whole chain."""
+"""Checks of the post-training chain as `crucible run` leaves it on the micro profile (task suites + agentic
+tasks -> SFT data -> SFT -> Reasoning RL -> its distillation -> Agentic RL -> its distillation -> General RL ->
+`distilled_checkpoint` -> `post_training_report`): each checkpoint registered in MLflow with lineage to its
+parent, its teachers and the task versions, held-out scores per domain for every model, the report's table.
+Run by tests/assets/test_whole_graph.py on its one run of the whole graph, so the suite trains the chain once."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from infra.settings import load_profile
 from infra.tracking import UPSTREAM_RUNS_TAG, Tracker
 
 
-def check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, store) -> None:
-    """Run by tests/assets/test_distill_report.py after its one materialization of the whole chain."""
+def check_post_training_chain(instance: dg.DagsterInstance, store) -> None:
+    """Every post-training check, on the state of a finished `crucible run`."""
     tracker = Tracker.from_profile(load_profile())
+    _check_sft_reasoning_and_agentic_rl(instance, tracker, store)
+    _check_general_rl(instance, tracker, store)
+    _check_distillation_and_report(instance, tracker)
+
+
+def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: Tracker, store) -> None:
     sft_run = tracker.get_run(tracker.model_version_run_id("crucible-sft", "1"))
     rl_run = tracker.get_run(tracker.model_version_run_id("crucible-reasoning_rl", "1"))
     # lineage: RL read the SFT checkpoint and the task suites; SFT read the SFT data and the midtrained parent
@@ -23,7 +30,9 @@ def check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, store) -> N
     assert (
         suites_version and read_committed(store, "post_training/task_suites").producer.asset == "task_suites"
     )
-    assert "parent-run" in sft_run.data.tags[UPSTREAM_RUNS_TAG]
+    assert (
+        tracker.model_version_run_id("crucible-midtrain_stage3", "1") in sft_run.data.tags[UPSTREAM_RUNS_TAG]
+    )
     metrics = rl_run.data.metrics
     for domain in ("math", "code", "tool", "knowledge"):
         for who in ("heldout/pass_at_1/", "compare/midtrain_stage3/pass_at_1/"):
@@ -71,3 +80,74 @@ def check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, store) -> N
     }
     agentic_event = instance.get_latest_materialization_event(dg.AssetKey("agentic_rl_checkpoint"))
     assert "plot/agentic_rl_curves" in agentic_event.asset_materialization.metadata
+
+
+def _check_distillation_and_report(instance: dg.DagsterInstance, tracker: Tracker) -> None:
+    """Distillation after every RL stage (parent, teachers, the next stage starts from it) and the report."""
+    run = tracker.get_run(tracker.model_version_run_id("crucible-distilled", "1"))
+    upstream = run.data.tags[UPSTREAM_RUNS_TAG]
+    for teacher in ("crucible-sft", "crucible-reasoning_rl", "crucible-agentic_rl", "crucible-general_rl"):
+        assert tracker.model_version_run_id(teacher, "1") in upstream, teacher
+    assert run.data.tags["crucible.distill_parent"] == "general_rl"
+    m = run.data.metrics
+    for teacher in ("sft", "reasoning_rl", "agentic_rl", "general_rl"):
+        assert f"reverse_kl/{teacher}" in m and 0.0 <= m[f"heldout/agreement/{teacher}"] <= 1.0
+        assert m[f"prompts/{teacher}"] >= 1
+    assert m["parent/reverse_kl_exact/general_rl"] < 1e-3  # the student starts as that teacher
+    assert {s.step for s in tracker.client.get_metric_history(run.info.run_id, "reverse_kl/mean")} == {1, 2}
+    # after each earlier RL stage: its distillation, taught by that stage and the ones before it
+    for asset, parent, teachers in (
+        ("reasoning_rl_distilled", "reasoning_rl", ["sft", "reasoning_rl"]),
+        ("agentic_rl_distilled", "agentic_rl", ["sft", "reasoning_rl", "agentic_rl"]),
+    ):
+        mid = tracker.get_run(tracker.model_version_run_id(f"crucible-{asset}", "1"))
+        assert mid.data.tags["crucible.distill_parent"] == parent
+        assert mid.data.tags["crucible.distill_teachers"].split(",") == teachers
+        assert mid.data.metrics[f"parent/reverse_kl_exact/{parent}"] < 1e-3
+        assert all(f"reverse_kl/{t}" in mid.data.metrics for t in teachers)
+    # the next RL stage starts from the distilled checkpoint: it is that run's upstream
+    agentic = tracker.get_run(tracker.model_version_run_id("crucible-agentic_rl", "1"))
+    distilled_rl = tracker.model_version_run_id("crucible-reasoning_rl_distilled", "1")
+    assert distilled_rl in agentic.data.tags[UPSTREAM_RUNS_TAG]
+    general = tracker.get_run(tracker.model_version_run_id("crucible-general_rl", "1"))
+    assert (
+        tracker.model_version_run_id("crucible-agentic_rl_distilled", "1")
+        in general.data.tags[UPSTREAM_RUNS_TAG]
+    )
+    event = instance.get_latest_materialization_event(dg.AssetKey("post_training_report"))
+    md = event.asset_materialization.metadata["report"].value
+    table = md.split("\n\n")[1].splitlines()
+    names = [row.split("|")[1].strip() for row in table[2:]]
+    assert names == ["midtrain_stage3", "sft", "reasoning_rl", "reasoning_rl_distilled", "agentic_rl",
+                     "agentic_rl_distilled", "general_rl", "distilled"]  # fmt: skip
+    assert all(k in table[0] for k in ("pass@1/math", "success/terminal", "general/total")), table[0]
+    assert all(" ± " in cell for row in table[2:] for cell in row.strip("|").split("|")[1:])
+    recovery = md.split("### Each distillation against the same RL checkpoint without it")[1]
+    table_rows = [row for row in recovery.splitlines() if row.startswith("| ")][1:]  # without the header
+    distilled_rows = {row.split("|")[1].strip() for row in table_rows}
+    assert distilled_rows == {"reasoning_rl_distilled", "agentic_rl_distilled", "distilled"}, recovery
+    assert "plot/post_training_report" in event.asset_materialization.metadata
+
+
+def _check_general_rl(instance, tracker, store) -> None:
+    """General RL: its prompt set is committed where distillation reads it, the outcome reward model is
+    registered with its held-out pair accuracy, and `general_rl_checkpoint` with lineage to its parent (the
+    distilled Agentic RL checkpoint), its prompts and the ORM, every reward component in MLflow for the parent
+    and the trained model."""
+    from assets.general import GENERAL_PROMPTS_PREFIX
+
+    assert read_committed(store, GENERAL_PROMPTS_PREFIX).producer.asset == "general_prompts"
+    orm_run = tracker.get_run(tracker.model_version_run_id("crucible-outcome_reward_model", "1"))
+    assert 0.0 <= orm_run.data.metrics["heldout/pair_accuracy"] <= 1.0
+    assert orm_run.data.metrics["heldout/pairs"] >= 4
+    run = tracker.get_run(tracker.model_version_run_id("crucible-general_rl", "1"))
+    upstream = run.data.tags[UPSTREAM_RUNS_TAG]
+    assert tracker.model_version_run_id("crucible-agentic_rl_distilled", "1") in upstream
+    assert orm_run.info.run_id in upstream
+    m = run.data.metrics
+    for c in ("total", "orm", "language", "constraints", "format", "exemplar"):
+        for who in ("heldout/", "compare/agentic_rl_distilled/"):
+            assert 0.0 <= m[f"{who}reward/{c}"] <= 1.0, (who, c)
+    assert {s.step for s in tracker.client.get_metric_history(run.info.run_id, "reward/orm")} == {1, 2}
+    event = instance.get_latest_materialization_event(dg.AssetKey("general_rl_checkpoint"))
+    assert "plot/general_rl_curves" in event.asset_materialization.metadata

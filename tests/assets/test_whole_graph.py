@@ -1,6 +1,8 @@
 """`crucible run` on the micro profile, every job of `assets.definitions.JOBS` (web -> code -> knowledge ->
 rescue -> tokenizer -> pretraining -> midtraining -> evals -> post-training), with every checkpoint registered
-in MLflow, its lineage walked back to the crawl snapshots and the eval numbers in a trained model's ranges."""
+in MLflow, its lineage walked back to the crawl snapshots and the eval numbers in a trained model's ranges.
+The post-training chain's own checks (tests/assets/post_training_checks.py) run on the same state, so the
+suite trains that chain once."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import dagster as dg
 import pytest
+from post_training_checks import check_post_training_chain  # tests/assets is on sys.path
 
 from infra.llm_server import llm_server_process
 from infra.settings import REPO_ROOT, load_profile
+from infra.store import open_store
 from infra.tracking import Tracker
 
 BIN = Path(sys.executable).parent
@@ -166,3 +171,6 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
         "agentic_tasks", "task_suites", "sft_data_set", "midtrain_stage3", "base_checkpoint", "token_shards",
         "web_warc", "code_raw_files",
     } <= chain  # fmt: skip
+    # SFT -> Reasoning RL -> Agentic RL -> General RL, the distillation after each and the results table
+    profile = load_profile()
+    check_post_training_chain(dg.DagsterInstance.get(), open_store(profile.store, profile.state_path))

@@ -14,6 +14,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# One intra-op thread for torch (and BLAS) in the tests and every process they start, before torch is
+# imported: the models here are micro-sized, and on a 2-core box two threads that spin against another busy
+# process run ~10x slower than one (measured: the micro post_training_report took 162 s with two threads next
+# to a training run, 16 s with one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Each test gets its own state dir; the packaged model files are shared so they are fetched once per machine.
 _REPO_STATE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".crucible")
 os.environ.setdefault(

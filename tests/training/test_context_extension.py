@@ -277,16 +277,7 @@ def test_synthetic_recall_rows_answer_from_context():
     assert 10 <= kinds["passkey"] <= 30 and 10 <= kinds["multikey"] <= 30
 
 
-@pytest.fixture
-def one_torch_thread():
-    # On a shared 2-core box, 2 intra-op threads spin against other processes and run ~10x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_midtrain_stage_trains_from_parent_with_extended_rope(tmp_path, one_torch_thread):
+def test_midtrain_stage_trains_from_parent_with_extended_rope(tmp_path):
     from transformers import AutoConfig
 
     from training.model import ModelConfig, build_model, load_model

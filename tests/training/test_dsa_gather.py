@@ -17,14 +17,6 @@ TOL = 5e-6
 SEQ = 96  # > index_topk = 16 of micro: most queries keep 16 of up to 96 keys
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the box is shared: one thread is faster than two contended ones
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture()
 def micro_model() -> GlmMoeDsaForCausalLM:
     return build_model(ModelConfig.for_size("micro"), seed=0).eval()

@@ -22,15 +22,6 @@ from training.tokenizer import TokenizerConfig, train_tokenizer
 WORDS = "the a river stone light paper walks under over green quiet city old new market bridge".split()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # On a shared 2-core box, 2 intra-op threads spin against other processes and run ~10x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class UniformModel(torch.nn.Module):
     def __init__(self, vocab_size):
         super().__init__()

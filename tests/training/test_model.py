@@ -22,14 +22,6 @@ from training.moe_balance import RouterTaps, sequence_balance_loss, update_route
 from training.pretrain import PretrainConfig
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI box is shared: one thread is faster than two contended ones
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture()
 def micro_model() -> GlmMoeDsaForCausalLM:
     return build_model(ModelConfig.for_size("micro"), seed=0)

@@ -21,14 +21,6 @@ from training.tokenizer import END_OF_TURN, TokenizerConfig, load_tokenizer, tra
 WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class SaysBlue:
     domain, version = "color", "t1"
 

@@ -17,14 +17,6 @@ from training.trainer import JsonlMetricsWriter, Trainer, TrainerConfig, count_t
 MICRO = ModelConfig.for_size("micro")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the CI box is shared: one thread is faster than two contended ones
-    yield
-    torch.set_num_threads(threads)
-
-
 def quiet(**overrides) -> TrainerConfig:
     return TrainerConfig.model_validate(
         {"progress": False, "eval_every": 0, "checkpoint_every": 0, **overrides}

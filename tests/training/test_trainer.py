@@ -12,7 +12,7 @@ from training.batch_source import SyntheticBatches
 from training.dsa_indexer import is_indexer_parameter
 from training.model import ModelConfig, build_model
 from training.optim import OptimConfig, lr_multiplier, param_groups
-from training.trainer import JsonlMetricsWriter, Trainer, TrainerConfig, count_targets
+from training.trainer import JsonlMetricsWriter, Trainer, TrainerConfig, count_targets, resolve_precision
 
 MICRO = ModelConfig.for_size("micro")
 
@@ -51,6 +51,26 @@ def test_muon_takes_hidden_matrices_and_adamw_the_rest():
     adamw_only = param_groups(model, OptimConfig(optimizer="adamw"))
     assert not adamw_only["muon"]
     assert sum(len(v) for v in adamw_only.values()) == len(list(model.parameters()))
+
+
+def _native_cpu_bf16() -> bool:
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def test_auto_precision_is_fp32_on_a_cpu_without_bf16_arithmetic_and_explicit_bf16_is_kept(tmp_path):
+    """`auto` computes what `fp32` computes where bf16 would be emulated (and bf16 where it is native); an
+    explicit `bf16` is kept: its logits differ from fp32's."""
+    cpu = torch.device("cpu")
+    assert resolve_precision("bf16", cpu) == "bf16" and resolve_precision("fp32", cpu) == "fp32"
+    batch = next(SyntheticBatches(MICRO.vocab_size, 2, 32))
+    logits = {}
+    for precision in ("auto", "fp32", "bf16"):
+        trainer = Trainer(build_model(MICRO, seed=0), quiet(steps=1, precision=precision), iter(()), tmp_path)
+        with torch.no_grad(), trainer.autocast():
+            logits[precision] = trainer.model(input_ids=batch["input_ids"]).logits.float()
+    assert not torch.equal(logits["bf16"], logits["fp32"])
+    same_as = "bf16" if _native_cpu_bf16() else "fp32"
+    assert torch.equal(logits["auto"], logits[same_as])
 
 
 def test_loss_mask_ignores_prompt_positions(tmp_path):

@@ -3,6 +3,12 @@ crashed, OOM-killed or timed-out process fails the asset with the reason and its
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +33,51 @@ class PipesLaunch:
 
     def __call__(self, cmd: LaunchCommand, log_path: Path, timeout_s: float | None) -> None:
         self.context.log.info("launching %s (timeout %s s)", " ".join(cmd.argv[:6]), timeout_s)
-        with dg.open_pipes_session(
-            context=self.context,
-            context_injector=self.client.context_injector,
-            message_reader=self.client.message_reader,
-            extras={"log_path": str(log_path)},
-        ) as session:
+        with (
+            tempfile.TemporaryDirectory(prefix="crucible-pipes-") as tmp,
+            dg.open_pipes_session(
+                context=self.context,
+                context_injector=self.client.context_injector,
+                message_reader=WholeLineMessageReader(os.path.join(tmp, "messages")),
+                extras={"log_path": str(log_path)},
+            ) as session,
+        ):
             env = {**cmd.env, **session.get_bootstrap_env_vars()}
             run_command(
                 LaunchCommand(cmd.argv, env, cmd.cwd), log_path=log_path, timeout_s=timeout_s, echo=True
             )
         self.messages.extend(session.get_custom_messages())  # complete once the session has closed
+
+
+def whole_lines(path: str, should_stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[str]:
+    """Tail `path`, yielding only complete lines. dagster's `tail_file` yields whatever `readline()` returns,
+    which can be a line the writer has not finished: its reader thread then dies on the JSON (seen in a tiny
+    run at char 100 of a message), and the stage's logs stop streaming."""
+    pending = ""
+    with open(path, encoding="utf-8") as stream:
+        while True:
+            stopping = should_stop()  # before the read: a stop seen here means the read gets every last byte
+            chunk = stream.readline()
+            if chunk:
+                pending += chunk
+                if pending.endswith("\n"):
+                    yield pending
+                    pending = ""
+            elif stopping:
+                if pending.strip():
+                    yield pending  # the writer ended mid-line: let the parser report it
+                return
+            else:
+                time.sleep(poll_s)
+
+
+class WholeLineMessageReader(dg.PipesFileMessageReader):
+    """`PipesFileMessageReader` that parses only complete lines (see `whole_lines`)."""
+
+    def _reader_thread(self, handler, is_resource_complete) -> None:
+        try:
+            for line in whole_lines(self._path, is_resource_complete.is_set):
+                handler.handle_message(json.loads(line))
+        except Exception:
+            handler.report_pipes_framework_exception(f"{type(self).__name__} reader thread", sys.exc_info())
+            raise

@@ -141,3 +141,37 @@ def test_timeout_kills_the_process_group_and_fails_the_asset(tmp_path, tracking)
     while not _gone(rank_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(rank_pid), "a rank of the timed-out job is still running"
+
+
+def _write_in_two_parts(path: Path, stop) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"method": "log", "params": {"message": "step 1')
+        f.flush()
+        time.sleep(0.3)  # the reader polls every 10 ms: it sees the half line many times
+        f.write(': loss 2.5"}}\n{"last": true}\n')
+    stop.set()
+
+
+def test_the_message_reader_parses_only_whole_lines_and_reads_the_last_one(tmp_path):
+    """A message the child has half written is not handed to the JSON parser (dagster's own tail does, and
+    its reader thread dies), and a message written just before the session closes is still read."""
+    import json
+    import threading
+
+    from dagster._utils import tail_file
+
+    from assets.pipes_launch import whole_lines
+
+    lines = {}
+    for name, tail in (("ours", whole_lines), ("dagster", tail_file)):
+        path, stop = tmp_path / f"{name}.jsonl", threading.Event()
+        path.touch()
+        writer = threading.Thread(target=_write_in_two_parts, args=(path, stop))
+        writer.start()
+        lines[name] = list(tail(str(path), stop.is_set))
+        writer.join()
+    assert [json.loads(line) for line in lines["ours"]] == [
+        {"method": "log", "params": {"message": "step 1: loss 2.5"}},
+        {"last": True},
+    ]
+    assert not lines["dagster"][0].endswith("\n")  # why the project has its own reader

@@ -4,17 +4,13 @@ crashed, OOM-killed or timed-out process fails the asset with the reason and its
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from infra.launcher import LaunchCommand, run_command
+from infra.launcher import LaunchCommand, message_file, run_command, whole_lines
 
 CALLBACK = "assets.pipes_reporter:pipes_metrics"
 
@@ -34,11 +30,11 @@ class PipesLaunch:
     def __call__(self, cmd: LaunchCommand, log_path: Path, timeout_s: float | None) -> None:
         self.context.log.info("launching %s (timeout %s s)", " ".join(cmd.argv[:6]), timeout_s)
         with (
-            tempfile.TemporaryDirectory(prefix="crucible-pipes-") as tmp,
+            message_file() as messages,
             dg.open_pipes_session(
                 context=self.context,
                 context_injector=self.client.context_injector,
-                message_reader=WholeLineMessageReader(os.path.join(tmp, "messages")),
+                message_reader=WholeLineMessageReader(messages),
                 extras={"log_path": str(log_path)},
             ) as session,
         ):
@@ -47,28 +43,6 @@ class PipesLaunch:
                 LaunchCommand(cmd.argv, env, cmd.cwd), log_path=log_path, timeout_s=timeout_s, echo=True
             )
         self.messages.extend(session.get_custom_messages())  # complete once the session has closed
-
-
-def whole_lines(path: str, should_stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[str]:
-    """Tail `path`, yielding only complete lines. dagster's `tail_file` yields whatever `readline()` returns,
-    which can be a line the writer has not finished: its reader thread then dies on the JSON (seen in a tiny
-    run at char 100 of a message), and the stage's logs stop streaming."""
-    pending = ""
-    with open(path, encoding="utf-8") as stream:
-        while True:
-            stopping = should_stop()  # before the read: a stop seen here means the read gets every last byte
-            chunk = stream.readline()
-            if chunk:
-                pending += chunk
-                if pending.endswith("\n"):
-                    yield pending
-                    pending = ""
-            elif stopping:
-                if pending.strip():
-                    yield pending  # the writer ended mid-line: let the parser report it
-                return
-            else:
-                time.sleep(poll_s)
 
 
 class WholeLineMessageReader(dg.PipesFileMessageReader):

@@ -15,8 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -186,3 +190,32 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+@contextmanager
+def message_file() -> Iterator[str]:
+    """A fresh path in a throwaway directory, for a child's message stream (removed with the directory)."""
+    with tempfile.TemporaryDirectory(prefix="crucible-pipes-") as tmp:
+        yield os.path.join(tmp, "messages")
+
+
+def whole_lines(path: str, should_stop: Callable[[], bool], poll_s: float = 0.01) -> Iterator[str]:
+    """Tail `path`, yielding only complete lines. dagster's `tail_file` yields whatever `readline()` returns,
+    which can be a line the writer has not finished: Dagster's reader thread then dies on the JSON (seen in a tiny
+    run at char 100 of a message), and the stage's logs stop streaming."""
+    pending = ""
+    with open(path, encoding="utf-8") as stream:
+        while True:
+            stopping = should_stop()  # before the read: a stop seen here means the read gets every last byte
+            chunk = stream.readline()
+            if chunk:
+                pending += chunk
+                if pending.endswith("\n"):
+                    yield pending
+                    pending = ""
+            elif stopping:
+                if pending.strip():
+                    yield pending  # the writer ended mid-line: let the parser report it
+                return
+            else:
+                time.sleep(poll_s)

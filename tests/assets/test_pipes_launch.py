@@ -160,7 +160,7 @@ def test_the_message_reader_parses_only_whole_lines_and_reads_the_last_one(tmp_p
 
     from dagster._utils import tail_file
 
-    from assets.pipes_launch import whole_lines
+    from infra.launcher import whole_lines
 
     lines = {}
     for name, tail in (("ours", whole_lines), ("dagster", tail_file)):

@@ -45,7 +45,7 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     rows: list[tuple[int, dict]] = []
     config = ReasoningRLConfig(
         steps=30, prompts_per_step=4, group_size=8, max_new_tokens=4, max_turns=1,
-        learning_rate=3e-3, eval_every=30, eval_tasks_per_domain=8, filter_samples=0,
+        learning_rate=3e-3, eval_every=30, eval_tasks_per_domain=8, filter_samples=0, engine_dtype="bfloat16",
     )  # fmt: skip
     final = train_reasoning_rl(
         model, tok, tasks, tasks, {"color": SayBlue()}, config, lambda m, s: rows.append((s, dict(m)))
@@ -65,7 +65,7 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     assert not torch.equal(model.get_input_embeddings().weight, emb_before)
     assert other_before is None or not torch.equal(model.lm_head.weight, other_before)
     step_rows = [m for s, m in rows if "rho/mean" in m]
-    assert any(m["rho/min"] != m["rho/max"] for m in step_rows)  # bf16 engine vs fp32 trainer
+    assert any(m["rho/min"] != m["rho/max"] for m in step_rows)  # bf16 engine (set above) vs fp32 trainer
     assert all(0 <= m["icepop/masked_fraction"] <= 1 for m in step_rows)
     assert all(k in step_rows[0] for k in ("entropy", "time/generate_s", "time/train_s", "tokens_per_s"))
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from training.model import ModelConfig, build_model
-from training.rollout.engine import LocalRolloutEngine, SamplingParams, sequence_logprobs
+from training.rollout.engine import LocalRolloutEngine, SamplingParams, engine_dtype, sequence_logprobs
+from training.trainer import resolve_precision
 
 EOS = 0
 PROMPTS = [[5 + i, 6, 7, 8, 9][: 3 + i % 3] for i in range(6)]
@@ -82,3 +83,11 @@ def test_weight_sync_copies_casts_and_versions(model):
     with pytest.raises(ValueError, match="another shape"):  # copy_ would broadcast it silently
         engine.sync_weights(reshaped, version=5)
     assert engine.policy_version == 3
+
+
+def test_auto_engine_dtype_follows_the_hardware_and_explicit_names_are_kept():
+    native_bf16 = resolve_precision("auto", torch.device("cpu")) == "bf16"
+    assert engine_dtype("auto") == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert engine_dtype("bfloat16") == torch.bfloat16 and engine_dtype("float32") == torch.float32
+    with pytest.raises(ValueError, match="engine_dtype 'fp16'"):
+        engine_dtype("fp16")

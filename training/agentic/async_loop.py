@@ -38,7 +38,7 @@ from training.agentic.protocol import Environment
 from training.dsa_indexer import set_dsa_mode
 from training.rl.losses import double_sided_is_loss, group_advantages
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
-from training.rollout.engine import LocalRolloutEngine, SamplingParams
+from training.rollout.engine import LocalRolloutEngine, SamplingParams, engine_dtype
 from training.rollout.prefix_cache import PrefixCachingEngine
 from training.rollout.trajectory import Trajectory
 from training.tasks.base import Task
@@ -75,7 +75,9 @@ class AgenticRLConfig(BaseModel):
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip")
     eps_low: float = Field(0.2, gt=0, lt=1, description="Double-sided IS band: lower edge 1 - eps_low")
     eps_high: float = Field(0.28, gt=0, description="Double-sided IS band: upper edge 1 + eps_high")
-    engine_dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="Rollout engine precision")
+    engine_dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="Rollout engine precision (auto = bf16 where the hardware has bf16 arithmetic)"
+    )
     env_threads: int = Field(32, ge=1, description="Environment calls in flight in the worker")
     rollout_replicas: int = Field(2, ge=1, description="Inference replicas behind the TITO gateway")
     batch_wait_s: float = Field(
@@ -167,7 +169,7 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
     torch.set_num_threads(spec.threads)
     cfg = spec.config
     tokenizer = load_tokenizer(spec.hf_dir)
-    dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
+    dtype = engine_dtype(cfg.engine_dtype)
     model = load_model(spec.hf_dir)
     set_dsa_mode(model, "sparse_gather")
     gateway = rollout_gateway(model, cfg, dtype, spec.pad_id)

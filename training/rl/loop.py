@@ -39,7 +39,7 @@ from training.checkpoint import (
 from training.dsa_indexer import current_dsa_mode, set_dsa_mode
 from training.rl.losses import group_advantages, grpo_icepop_loss
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
-from training.rollout.engine import LocalRolloutEngine, RolloutEngine
+from training.rollout.engine import LocalRolloutEngine, RolloutEngine, engine_dtype
 from training.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class OnPolicyLoop:
         if self.saved:
             check_same_job(json.loads((self.saved / "trainer_state.json").read_text()), job, self.saved)
             self.resumed = load_checkpoint(self.saved, self.state)[0]  # model, optimizer and RNG states
-        dtype = torch.bfloat16 if cfg.engine_dtype == "bfloat16" else torch.float32
+        dtype = engine_dtype(cfg.engine_dtype)
         self.engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=self.pad_id)
         self.mode = current_dsa_mode(model)
         set_dsa_mode(

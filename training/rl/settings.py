@@ -16,8 +16,10 @@ class PolicyUpdateConfig(BaseModel):
     beta: float = Field(2.0, gt=1, description="IcePop band [1/beta, beta] on rho")
     eps_low: float = Field(0.2, gt=0, lt=1, description="Lower clip of the policy ratio")
     eps_high: float = Field(0.28, gt=0, description="Upper clip of the policy ratio")
-    engine_dtype: Literal["bfloat16", "float32"] = Field(
-        "bfloat16", description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch)"
+    engine_dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="Precision of the rollout engine (the trainer is fp32: IcePop's mismatch); auto = bf16 "
+        "where the hardware has bf16 arithmetic, else fp32",
     )
     checkpoint_every: int = Field(
         20,

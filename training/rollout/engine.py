@@ -2,8 +2,10 @@
 per-token log-probs, and `sync_weights` so the trainer can push new weights (the policy version is stamped
 on every generation).
 
-The local engine keeps its own copy of the policy in another precision than the trainer (bf16 vs fp32), so
-the train / inference mismatch that IcePop corrects (docs/recipe.md, Eq. 1) is real here too."""
+The local engine keeps its own copy of the policy, by default in bf16 where the hardware computes in bf16:
+another precision than the fp32 trainer, so the train / inference mismatch that IcePop corrects
+(docs/recipe.md, Eq. 1) is real here too. On a CPU that only emulates bf16 (2.6x slower generation, measured
+on AVX2) `auto` keeps fp32; the mismatch is then the KV-cached decode vs the trainer's full forward."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Protocol
 
 import torch
 from torch import nn
+
+from training.trainer import resolve_precision
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,16 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix reaching top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def engine_dtype(name: str) -> torch.dtype:
+    """`bfloat16` / `float32` as named; `auto` = bf16 where bf16 arithmetic is native, as the trainer's."""
+    if name == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "bfloat16" if resolve_precision("auto", device) == "bf16" else "float32"
+    if name not in ("bfloat16", "float32"):
+        raise ValueError(f"engine_dtype {name!r}: use auto, bfloat16 or float32")
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
 
 
 class LocalRolloutEngine:

@@ -130,7 +130,8 @@ def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_p
     assert expected[2] != expected[3]
     assert specs["ctx_512"][3].data.kwargs["shard_paths"] == ["rows.tokens.npy"]
     assert names["ctx_768"] == [("indexer_warmup", "indexer_warmup"), ("main", "sparse")]
-    assert first.data.kwargs["batch_size"] == stage.recall_curriculum[0].batch_size
+    replay = config.curriculum_replay_rows
+    assert first.data.kwargs["batch_size"] == stage.recall_curriculum[0].batch_size + replay
     # replay rows are added to each curriculum step's batch; the main phase keeps its batch
     replayed = config.model_copy(update={"curriculum_replay_rows": 3})
     with_replay = midtrain_job_specs(tmp_path, ModelConfig(), TrainerConfig(), replayed, "ctx_512",
@@ -377,7 +378,9 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     stage = ContextStage(
         name="s1", seq_len=512, recall_curriculum=[RecallPhase(seq_len=256, steps=2, batch_size=3)]
     )  # the passkey template alone is ~190 tokens of this 300-token vocabulary
-    config = ContextExtensionConfig(base_seq_len=128, rows_per_stage=10, synthetic_share=0.2, stages=[stage])
+    config = ContextExtensionConfig(
+        base_seq_len=128, rows_per_stage=10, synthetic_share=0.2, stages=[stage], curriculum_replay_rows=0
+    )  # replay comes in below
     result = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/s1", tmp_path)
     out = read_committed(store, "rows/s1")
     assert out.version == result.outputs["version"] and out.meta["data_version"] == result.data_version

@@ -19,9 +19,10 @@ import pytest
 from post_training_checks import check_post_training_chain  # tests/assets is on sys.path
 
 from infra.llm_server import llm_server_process
-from infra.settings import REPO_ROOT, load_profile
+from infra.settings import REPO_ROOT, load_profile, validate_stage
 from infra.store import open_store
 from infra.tracking import Tracker
+from training.context_extension import ContextExtensionConfig
 
 BIN = Path(sys.executable).parent
 
@@ -128,8 +129,12 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
     assert model(ids).logits.shape[-1] == config.vocab_size
 
     stage1 = last_run("training", "midtrain_stage1")
-    # The micro stage 1 opens with a recall-curriculum phase (2 steps x 2 rows of synthetic recall).
-    assert stage1.data.metrics["rows/recall_rows/128"] == 4
+    # The micro stage 1 opens with a recall-curriculum phase: 2 steps x (2 recall rows + the replay rows).
+    replay = validate_stage(
+        load_profile("micro"), "context_extension", ContextExtensionConfig
+    ).curriculum_replay_rows
+    assert replay > 0 and stage1.data.metrics["rows/replay_rows/128"] == 2 * replay
+    assert stage1.data.metrics["rows/recall_rows/128"] == 2 * (2 + replay)
     assert stage1.data.metrics["recall_curriculum/128/loss"] > 0
 
     lineage = subprocess.run(

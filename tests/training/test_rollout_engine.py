@@ -86,8 +86,9 @@ def test_weight_sync_copies_casts_and_versions(model):
 
 
 def test_auto_engine_dtype_follows_the_hardware_and_explicit_names_are_kept():
-    native_bf16 = resolve_precision("auto", torch.device("cpu")) == "bf16"
-    assert engine_dtype("auto") == (torch.bfloat16 if native_bf16 else torch.float32)
-    assert engine_dtype("bfloat16") == torch.bfloat16 and engine_dtype("float32") == torch.float32
+    cpu = torch.device("cpu")
+    native_bf16 = resolve_precision("auto", cpu) == "bf16"
+    assert engine_dtype("auto", cpu) == (torch.bfloat16 if native_bf16 else torch.float32)
+    assert engine_dtype("bfloat16", cpu) == torch.bfloat16 and engine_dtype("float32", cpu) == torch.float32
     with pytest.raises(ValueError, match="engine_dtype 'fp16'"):
-        engine_dtype("fp16")
+        engine_dtype("fp16", cpu)

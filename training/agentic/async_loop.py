@@ -169,8 +169,8 @@ def _worker_loop(spec: WorkerSpec, out_q: Any, ctl_q: Any) -> None:
     torch.set_num_threads(spec.threads)
     cfg = spec.config
     tokenizer = load_tokenizer(spec.hf_dir)
-    dtype = engine_dtype(cfg.engine_dtype)
     model = load_model(spec.hf_dir)
+    dtype = engine_dtype(cfg.engine_dtype, next(model.parameters()).device)
     set_dsa_mode(model, "sparse_gather")
     gateway = rollout_gateway(model, cfg, dtype, spec.pad_id)
     del model

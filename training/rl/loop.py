@@ -181,7 +181,7 @@ class OnPolicyLoop:
         if self.saved:
             check_same_job(json.loads((self.saved / "trainer_state.json").read_text()), job, self.saved)
             self.resumed = load_checkpoint(self.saved, self.state)[0]  # model, optimizer and RNG states
-        dtype = engine_dtype(cfg.engine_dtype)
+        dtype = engine_dtype(cfg.engine_dtype, next(model.parameters()).device)
         self.engine = engine or LocalRolloutEngine(model, dtype=dtype, pad_id=self.pad_id)
         self.mode = current_dsa_mode(model)
         set_dsa_mode(

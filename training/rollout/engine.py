@@ -56,10 +56,10 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def engine_dtype(name: str) -> torch.dtype:
-    """`bfloat16` / `float32` as named; `auto` = bf16 where bf16 arithmetic is native, as the trainer's."""
+def engine_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`bfloat16` / `float32` as named; `auto` = bf16 where `device` has native bf16 arithmetic, as the
+    trainer's `precision: auto`."""
     if name == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         name = "bfloat16" if resolve_precision("auto", device) == "bf16" else "float32"
     if name not in ("bfloat16", "float32"):
         raise ValueError(f"engine_dtype {name!r}: use auto, bfloat16 or float32")

@@ -6,7 +6,9 @@ How it holds (Linux, util-linux `unshare`/`setpriv`):
 - files: a private mount namespace where the project, the state dir, /tmp, /root and /home are covered by
   empty tmpfs mounts, the throwaway directory is bound at /mnt/work (the working directory) and the Python
   installation is mounted back read-only;
-- privileges: as root, the code runs as `nobody` with no capabilities and no_new_privs (os.setuid fails);
+- privileges: as root, the code runs as a uid of its own (drawn from `SANDBOX_UIDS`, no passwd entry, so
+  concurrent sandboxes never share RLIMIT_NPROC's count) with no capabilities and no_new_privs (os.setuid
+  fails);
   without root, inside a user namespace where "root" owns nothing outside it;
 - processes: a new pid namespace whose init is the code itself: when it exits or is killed, every process
   it started dies with it; RLIMIT_NPROC stops fork bombs;
@@ -16,8 +18,10 @@ Every run returns a `SandboxResult` whose `status` says why it ended; nothing he
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
@@ -30,13 +34,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-NOBODY = 65534
+# Unprivileged uids for sandboxed code, one drawn per run: far above login users and the usual
+# /etc/subuid ranges (100000 + 65536 per user). Sharing one uid (e.g. nobody) would let a fork bomb in one
+# sandbox exhaust RLIMIT_NPROC for every sandbox running beside it.
+SANDBOX_UIDS = range(2_000_000_000, 2_001_000_000)
 WORKDIR = "/mnt/work"
 
 # Runs inside the new namespaces; data arrives only as positional arguments ("$@"), never interpolated.
 _INNER = r"""
 set -e
-workdir="$1"; python="$2"; prefix="$3"; drop="$4"; shift 4
+workdir="$1"; python="$2"; prefix="$3"; uid="$4"; shift 4
 mount --make-rprivate /
 mount -t tmpfs -o size=1m,mode=0755 tmpfs /mnt
 mkdir /mnt/work /mnt/python
@@ -48,8 +55,8 @@ for hidden in "$@"; do
 done
 if [ ! -x "$python" ]; then mkdir -p "$prefix" && mount --bind /mnt/python "$prefix"; fi
 cd /mnt/work
-if [ "$drop" = 1 ]; then
-  exec setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs --inh-caps=-all -- "$python" -I -B main.py
+if [ "$uid" != - ]; then
+  exec setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all -- "$python" -I -B main.py
 fi
 exec "$python" -I -B main.py
 """
@@ -81,6 +88,7 @@ class SandboxResult:
     reason: str
     wall_s: float
     files: dict[str, bytes] = field(default_factory=dict)
+    uid: int | None = None  # the uid the code ran as (None: the caller's, inside a user namespace)
 
     @property
     def ok(self) -> bool:
@@ -177,10 +185,10 @@ def run_python(
                 )
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content.encode() if isinstance(content, str) else content)
-        as_root = os.geteuid() == 0
-        if as_root:
+        uid = SANDBOX_UIDS[secrets.randbelow(len(SANDBOX_UIDS))] if os.geteuid() == 0 else None
+        if uid is not None:
             for path in [workdir, *workdir.rglob("*")]:
-                os.chown(path, NOBODY, NOBODY)
+                os.chown(path, uid, uid)
         argv = [
             "unshare",
             "--mount",
@@ -192,12 +200,22 @@ def run_python(
             "--ipc",
             "--uts",
         ]
-        if not as_root:
+        if uid is None:
             argv.append("--map-root-user")
         python, prefix = _python()
-        argv += ["--", "sh", "-c", _INNER, "sandbox", str(workdir), python, prefix, "1" if as_root else "0"]
+        argv += [
+            "--",
+            "sh",
+            "-c",
+            _INNER,
+            "sandbox",
+            str(workdir),
+            python,
+            prefix,
+            str(uid) if uid is not None else "-",
+        ]
         argv += _hidden_paths(hide or [])
-        return _supervise(argv, limits, stdin, workdir, collect or [])
+        return dataclasses.replace(_supervise(argv, limits, stdin, workdir, collect or []), uid=uid)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

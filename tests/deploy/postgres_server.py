@@ -89,8 +89,7 @@ def _wait_ready(server: Postgres, proc: subprocess.Popen, log: Path, timeout_s: 
 
 
 def _server_user() -> pwd.struct_passwd:
-    """Not `nobody` when there is a choice: the sandbox runs untrusted code as nobody and its tests count
-    nobody's processes."""
+    """Debian's `postgres` user, else `nobody` (initdb refuses root)."""
     try:
         return pwd.getpwnam("postgres")
     except KeyError:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from infra.sandbox import SandboxLimits, run_python, sandbox_available
+from infra.sandbox import SANDBOX_UIDS, SandboxLimits, run_python, sandbox_available
 from infra.settings import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
@@ -90,7 +91,35 @@ def test_fork_bomb_is_contained():
     )
     assert result.status != "ok"
     assert time.monotonic() - started < 10
-    assert _sandbox_user_processes() == 0
+    assert _sandbox_user_processes(result.uid) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root every sandbox runs as the caller")
+def test_a_fork_bomb_does_not_starve_a_sandbox_running_beside_it():
+    """Each run gets its own uid, so RLIMIT_NPROC counts its own processes only (with one shared uid the bomb
+    holds every slot and the neighbour's fork fails with EAGAIN)."""
+    limits = SandboxLimits(wall_s=6, cpu_s=3, processes=8)
+    # A bomb that survives its failed forks, so it holds every process slot it can get until the wall limit.
+    code = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.05)"
+    bomb = threading.Thread(target=run_python, args=(code, limits))
+    bomb.start()
+    time.sleep(1.5)  # the bomb has filled its 8 process slots by now
+    neighbour = (
+        "import os\nfor _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+        "    os.waitpid(pid, 0)\nprint('forked 4')"
+    )
+    result = run_python(neighbour, limits)
+    bomb.join()
+    assert result.status == "ok" and result.stdout.strip() == "forked 4", result
+    assert result.uid in SANDBOX_UIDS
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root every sandbox runs as the caller")
+def test_sandboxed_code_runs_as_an_unprivileged_uid_of_its_own():
+    code = "import os\nprint(os.getuid(), os.getgid())\ntry:\n    os.setuid(0)\nexcept PermissionError:\n    print('no setuid')"
+    first, second = run_python(code, FAST), run_python(code, FAST)
+    assert first.stdout.split() == [str(first.uid), str(first.uid), "no", "setuid"], first
+    assert first.uid in SANDBOX_UIDS and second.uid in SANDBOX_UIDS and first.uid != second.uid
 
 
 def test_a_child_never_outlives_the_sandbox():
@@ -99,7 +128,7 @@ def test_a_child_never_outlives_the_sandbox():
     result = run_python(code, FAST)
     assert result.status == "ok" and result.stdout.strip() == "parent done"
     assert time.monotonic() - started < 5
-    assert _sandbox_user_processes() == 0
+    assert _sandbox_user_processes(result.uid) == 0
 
 
 def test_file_size_limit():
@@ -116,15 +145,15 @@ def _owner(proc_dir: Path) -> int | None:
         return None
 
 
-def _sandbox_user_processes(within_s: float = 3.0) -> int:
-    """Processes left of the sandbox user once the kernel has torn the pid namespace down (it is async)."""
-    if os.geteuid() != 0:
+def _sandbox_user_processes(uid: int | None, within_s: float = 3.0) -> int:
+    """Processes left of a run's sandbox uid once the kernel has torn the pid namespace down (it is async)."""
+    if uid is None:
         return (
             0  # without root the code runs as the caller in a user namespace; the pid namespace still holds
         )
     deadline = time.monotonic() + within_s
     while True:
-        left = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == 65534)
+        left = sum(1 for p in Path("/proc").iterdir() if p.name.isdigit() and _owner(p) == uid)
         if left == 0 or time.monotonic() > deadline:
             return left
         time.sleep(0.1)

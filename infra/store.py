@@ -22,6 +22,7 @@ import re
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -69,12 +70,14 @@ def _remove_dead_parts(path: Path) -> int:
     return removed
 
 
-def _atomic_download(path: str | Path, fetch) -> Path:
+def atomic_download(path: str | Path, fetch) -> Path:
     """Run `fetch(tmp)` into a temp file next to `path`, then rename it into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_parts(path)
-    tmp = path.with_name(f"{path.name}.{_owner()}.part")
+    # Owner (host-pid) before `.part` for the dead-writer sweep; the thread after it, so that two threads of
+    # one process downloading the same file never write into one temp file.
+    tmp = path.with_name(f"{path.name}.{_owner()}.part{threading.get_ident()}")
     try:
         fetch(tmp)
         os.replace(tmp, path)
@@ -263,7 +266,7 @@ class LocalStore(ObjectStore):
         src = self._path(key)
         if not src.is_file():
             raise ObjectNotFound(f"no object {self.uri(key)}")
-        return _atomic_download(path, lambda tmp: shutil.copyfile(src, tmp))
+        return atomic_download(path, lambda tmp: shutil.copyfile(src, tmp))
 
     @contextmanager
     def local_copy(self, key: str) -> Iterator[Path]:
@@ -431,7 +434,7 @@ class S3Store(ObjectStore):
                 Config=self.transfer,
             )
 
-        return _atomic_download(path, fetch)
+        return atomic_download(path, fetch)
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

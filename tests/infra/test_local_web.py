@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -159,3 +160,36 @@ def test_real_python_docs_are_fetched_served_and_crawled(tmp_path):
     assert result.metrics["fetch_error"] == 0
     assert (tmp_path / "cache/python3.11-doc/.extracted").exists()
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb (Debian)")
+def test_a_tree_another_process_published_meanwhile_is_kept(tmp_path, doc_tree, monkeypatch):
+    """Two runs extracting one package at once: the later one must not delete the tree the earlier one
+    published (its readers are using it); before, it removed it and renamed its own copy in place."""
+    import subprocess
+
+    package = tmp_path / "build"
+    shutil.copytree(doc_tree, package, symlinks=True)
+    (package / "DEBIAN").mkdir()
+    (package / "DEBIAN" / "control").write_text(
+        "Package: pkg\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@t>\nDescription: t\n"
+    )
+    deb = tmp_path / "pkg_1.0_all.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(package), str(deb)], check=True,
+                   capture_output=True)  # fmt: skip
+    cache = tmp_path / "cache"
+    theirs = cache / "pkg" / "usr/share/doc/pkg/html/index.html"
+
+    def download(name, dest):
+        return Path(shutil.copy(deb, dest))
+
+    def download_while_another_run_publishes(name, dest):
+        monkeypatch.setattr(local_web, "_apt_download", download)
+        fetch_doc_package("pkg", cache_dir=cache)  # the other run, which finishes first
+        theirs.write_text("their copy")
+        return download(name, dest)
+
+    monkeypatch.setattr(local_web, "_apt_download", download_while_another_run_publishes)
+    root = fetch_doc_package("pkg", cache_dir=cache)
+    assert root == cache / "pkg" and theirs.read_text() == "their copy"
+    assert [p.name for p in cache.iterdir()] == ["pkg"]  # our temp tree is gone

@@ -7,13 +7,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from pathlib import Path
 
 import boto3
 import pytest
 
 from infra.settings import StoreSettings
-from infra.store import LocalStore, S3Store, StoreError, open_store, open_uri
+from infra.store import LocalStore, S3Store, StoreError, atomic_download, open_store, open_uri
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -379,3 +381,32 @@ def test_stores_pickle_for_worker_processes(store):
     store.put_bytes("p/x", b"1")
     clone = pickle.loads(pickle.dumps(store))
     assert clone.uri("p/x") == store.uri("p/x") and clone.get_bytes("p/x") == b"1"
+
+
+def test_two_threads_downloading_one_file_write_separate_temp_files(tmp_path):
+    """Before each thread had its own temp name, both wrote `<file>.<host-pid>.part`: the second rename then
+    found its temp file already renamed away (FileNotFoundError)."""
+    dest = tmp_path / "model.bin"
+    both_writing = threading.Barrier(2, timeout=10)
+    errors: list[BaseException] = []
+
+    def fetch(tmp: Path, payload: bytes) -> None:
+        with open(tmp, "wb") as out:
+            out.write(payload[:4])
+            both_writing.wait()
+            out.write(payload[4:])
+
+    def worker(payload: bytes) -> None:
+        try:
+            atomic_download(dest, lambda tmp: fetch(tmp, payload))
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(bytes([i]) * 4096,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert dest.read_bytes() in (b"\x01" * 4096, b"\x02" * 4096)  # one whole payload, never a mix
+    assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]

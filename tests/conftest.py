@@ -93,3 +93,11 @@ def s3_bucket(s3_endpoint):
     name = f"crucible-{uuid.uuid4().hex[:10]}"
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
     return s3_endpoint, name
+
+
+def pytest_collection_modifyitems(config, items):
+    """Whole-graph and UI tests (`e2e`, the longest modules) first: `make test` runs two pytest-xdist workers,
+    and a 10-minute module scheduled last would run alone at the end."""
+    items.sort(
+        key=lambda item: (item.get_closest_marker("e2e") is None, item.path.name != "test_whole_graph.py")
+    )

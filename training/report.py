@@ -6,7 +6,7 @@ checkpoint it started from (without distillation) and the distilled one.
 Metrics (all on the same items for every checkpoint):
 - `ppl/<source>`: held-out perplexity; SE by the delta method over rows (se(ppl) = ppl · se(mean row NLL));
 - `passkey/<length>`: passkey multiple-choice accuracy at the longest length, binomial SE;
-- `pass@1/<domain>`: greedy pass@1 on the held-out reasoning tasks (math / code / tool / knowledge ...);
+- `pass_at_1/<domain>`: greedy pass@1 on the held-out reasoning tasks (math / code / tool / knowledge ...);
 - `success/<family>`: greedy success on the held-out agentic tasks with in-process environments;
 - `general/<component>`: general-reward components, when a scorer is given.
 
@@ -32,7 +32,7 @@ from training.tasks.base import Task
 log = logging.getLogger(__name__)
 Score = tuple[float, float]  # (value, standard error)
 GeneralScorer = Callable[[torch.nn.Module, Any], Mapping[str, Score]]
-HIGHER_IS_BETTER = ("passkey/", "pass@1/", "success/", "general/")  # ppl/ is lower-is-better
+HIGHER_IS_BETTER = ("passkey/", "pass_at_1/", "success/", "general/")  # ppl/ is lower-is-better
 
 
 class ReportConfig(BaseModel):
@@ -170,7 +170,7 @@ def score_checkpoint(
         verifiers = sets.verifiers if sets.verifiers is not None else suites(sets.facts)
         scores = pass_at_1(engine, tokenizer, sets.reasoning, verifiers, cfg.max_new_tokens, cfg.max_turns)
         for domain in sorted({t.domain for t in sets.reasoning}):
-            out[f"pass@1/{domain}"] = (scores[f"pass_at_1/{domain}"], scores[f"pass_at_1_se/{domain}"])
+            out[f"pass_at_1/{domain}"] = (scores[f"pass_at_1/{domain}"], scores[f"pass_at_1_se/{domain}"])
     if sets.agentic:
         out.update(_agentic_success(model, tokenizer, sets, cfg, pad))
     if score_general is not None:
@@ -240,7 +240,7 @@ def _metric_order(scores: Mapping[str, Mapping[str, Score]]) -> list[str]:
     seen: dict[str, None] = {}
     for s in scores.values():
         seen.update(dict.fromkeys(s))
-    kinds = ("ppl/", "passkey/", "pass@1/", "success/", "general/")
+    kinds = ("ppl/", "passkey/", "pass_at_1/", "success/", "general/")
     return sorted(
         seen, key=lambda m: (next((i for i, k in enumerate(kinds) if m.startswith(k)), len(kinds)), m)
     )

@@ -200,9 +200,15 @@ def start_server(path, port: int) -> subprocess.Popen:
 
 
 def kill(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
+    """Send `sig` to the server's process group; SIGKILL if it is still there after 10 s (a test run in two
+    pytest workers beside Spark once saw a SIGTERMed server outlive the 10 s wait)."""
     if proc.poll() is None:
         os.killpg(proc.pid, sig)
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def wait_up(url: str, timeout_s: float = 90) -> None:

@@ -322,7 +322,7 @@ def test_the_results_table_shows_the_regression_and_its_recovery(setup, stages, 
     report = post_training_report(
         chain, sets, ReportConfig(max_new_tokens=4, max_turns=1), tmp_path, tokenizer=tok
     )
-    scores = {n: s["pass@1/color"][0] for n, s in report.scores.items()}
+    scores = {n: s["pass_at_1/color"][0] for n, s in report.scores.items()}
     assert scores["sft"] > 0.9 and scores["later_rl"] < 0.1 and scores["distilled"] > 0.9, scores
     (row,) = recovery_rows(report.scores, "later_rl", "distilled")
     assert row["teacher"] == "sft" and row["drop"] > 0.8 and row["within_se"], row

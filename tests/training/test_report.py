@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from infra.tracking import metric_name
 from training.agentic.terminal import TerminalSuite
 from training.checkpoint import export_hf
 from training.model import ModelConfig, build_model
@@ -89,7 +90,7 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     report = post_training_report(dirs, _sets(tok), cfg, tmp_path, score_general=general, tokenizer=tok)
     lines = report.markdown.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    metrics = ["ppl/chat", "passkey/256", "pass@1/color", "success/terminal", "general/helpfulness"]
+    metrics = ["ppl/chat", "passkey/256", "pass_at_1/color", "success/terminal", "general/helpfulness"]
     assert header == ["checkpoint", *metrics]
     body = lines[2:]
     assert [r.split("|")[1].strip() for r in body] == ["base", "sft"]  # chain order, one row each
@@ -100,11 +101,12 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     assert report.plot is not None and report.plot.stat().st_size > 5_000
     assert report.plot.read_bytes()[:4] == b"\x89PNG"
     flat = report.flat_metrics()
-    assert {"sft/pass@1/color", "sft/pass@1/color_se", "base/ppl/chat_se"} <= set(flat)
+    assert {"sft/pass_at_1/color", "sft/pass_at_1/color_se", "base/ppl/chat_se"} <= set(flat)
+    assert all(metric_name(k) == k for k in flat)  # MLflow takes every key as is (it refused 'pass@1/...')
 
     # the checkpoint taught to answer 'blue' scores higher where it should, by more than the SEs
     base, sft = report.scores["base"], report.scores["sft"]
-    assert sft["pass@1/color"][0] == 1.0 and base["pass@1/color"][0] == 0.0
+    assert sft["pass_at_1/color"][0] == 1.0 and base["pass_at_1/color"][0] == 0.0
     assert sft["ppl/chat"][0] + 2 * sft["ppl/chat"][1] < base["ppl/chat"][0] - 2 * base["ppl/chat"][1]
     assert base["ppl/chat"][1] > 0  # a real SE over rows
     p = base["passkey/256"][0]
@@ -112,7 +114,7 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
 
 
 def test_missing_metrics_render_as_a_dash():
-    md = report_table({"a": {"ppl/web": (12.345, 0.5)}, "b": {"pass@1/math": (0.25, 0.05)}})
+    md = report_table({"a": {"ppl/web": (12.345, 0.5)}, "b": {"pass_at_1/math": (0.25, 0.05)}})
     assert "| a | 12.35 ± 0.50 | — |" in md and "| b | — | 0.250 ± 0.050 |" in md
 
 
@@ -120,13 +122,13 @@ def test_recovery_rows_measure_the_drop_and_what_distillation_won_back():
     from training.report import recovery_rows
 
     scores = {
-        "sft": {"pass@1/math": (0.50, 0.05), "ppl/web": (20.0, 0.5)},
-        "reasoning_rl": {"pass@1/math": (0.40, 0.05), "ppl/web": (22.0, 0.5)},
-        "agentic_rl": {"pass@1/math": (0.20, 0.05), "ppl/web": (30.0, 0.5)},
-        "distilled": {"pass@1/math": (0.45, 0.05), "ppl/web": (29.0, 0.5)},
+        "sft": {"pass_at_1/math": (0.50, 0.05), "ppl/web": (20.0, 0.5)},
+        "reasoning_rl": {"pass_at_1/math": (0.40, 0.05), "ppl/web": (22.0, 0.5)},
+        "agentic_rl": {"pass_at_1/math": (0.20, 0.05), "ppl/web": (30.0, 0.5)},
+        "distilled": {"pass_at_1/math": (0.45, 0.05), "ppl/web": (29.0, 0.5)},
     }
     rows = {r["metric"]: r for r in recovery_rows(scores, "agentic_rl", "distilled")}
-    math_row, ppl_row = rows["pass@1/math"], rows["ppl/web"]
+    math_row, ppl_row = rows["pass_at_1/math"], rows["ppl/web"]
     assert math_row["teacher"] == "sft" and math_row["drop"] == pytest.approx(0.3)
     assert math_row["teacher score"] == "0.500 ± 0.050" and math_row["RL stage"] == "agentic_rl"
     assert math_row["without distillation"] == "0.200 ± 0.050"
@@ -136,7 +138,7 @@ def test_recovery_rows_measure_the_drop_and_what_distillation_won_back():
     assert ppl_row["recovered"] == pytest.approx(1.0) and not ppl_row["within_se"]
     # only the distillation's own teachers are compared against
     only = {r["metric"]: r for r in recovery_rows(scores, "agentic_rl", "distilled", ["reasoning_rl"])}
-    assert only["pass@1/math"]["teacher"] == "reasoning_rl"
-    assert only["pass@1/math"]["drop"] == pytest.approx(0.2)
+    assert only["pass_at_1/math"]["teacher"] == "reasoning_rl"
+    assert only["pass_at_1/math"]["drop"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="must both be checkpoints"):
         recovery_rows(scores, "general_rl", "distilled")

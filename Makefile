@@ -68,8 +68,11 @@ postgres-deps: system-deps
 run: setup system-deps
 	$(BIN)/crucible run
 
+# Test processes (pytest-xdist): the tests are mostly single-threaded (OMP_NUM_THREADS=1), so one per core.
+TEST_WORKERS ?= 2
+
 test: setup system-deps browser-deps postgres-deps lint
-	CRUCIBLE_PROFILE=micro $(BIN)/pytest
+	CRUCIBLE_PROFILE=micro $(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
 
 lint: setup
 	$(BIN)/ruff check .

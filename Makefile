@@ -69,10 +69,11 @@ run: setup system-deps
 	$(BIN)/crucible run
 
 # Test processes (pytest-xdist): the tests are mostly single-threaded (OMP_NUM_THREADS=1), so one per core.
+# Modules in collection order (tests/conftest.py puts the longest, the whole-graph run, first), not by test count.
 TEST_WORKERS ?= 2
 
 test: setup system-deps browser-deps postgres-deps lint
-	CRUCIBLE_PROFILE=micro $(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope
+	CRUCIBLE_PROFILE=micro $(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check .

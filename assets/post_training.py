@@ -22,6 +22,7 @@ from training import post_train, sft_data
 from training.agentic.families import agentic_suites, read_agentic_facts, read_agentic_sft_tasks
 from training.curves import RL_PANELS, SFT_PANELS, plot_history
 from training.job import job_key, read_metrics, tree_digest
+from training.model import with_checkpoint_rope
 from training.post_train import RLJobSpec, SftConfig
 from training.pretrain import PretrainConfig
 from training.rl import reasoning
@@ -61,6 +62,8 @@ def _local(store: ObjectStore, prefix: str, name: str) -> Path:
 
 
 def _model_cfg(tok_dir: Path):
+    """The profile's model config for a stage reading `tok_dir`; when that is a checkpoint (it has a
+    config.json), with the checkpoint's RoPE (e.g. the context-extended base of SFT)."""
     pre = validate_stage(PROFILE, "pretrain", PretrainConfig)
     update = {
         "vocab_size": len(load_tokenizer(tok_dir)),
@@ -68,7 +71,10 @@ def _model_cfg(tok_dir: Path):
         "eos_token_id": 0,
         "pad_token_id": 1,
     }
-    return pre.model.model_copy(update=update), pre.distributed
+    cfg = pre.model.model_copy(update=update)
+    if (Path(tok_dir) / "config.json").exists():
+        cfg = with_checkpoint_rope(cfg, tok_dir)
+    return cfg, pre.distributed
 
 
 def recorded_dictionary_facts(run, limit: int, seed: int) -> list[tuple[str, str]]:
@@ -157,7 +163,7 @@ def _sft(launch: PipesLaunch, cfg: SftConfig, s, _, run) -> StageResult:
     tok = local_tokenizer(s)
     parent = local_checkpoint(s, PARENT)
     rows = _local(s, SFT_DATA_PREFIX, "sft_data") / "rows.jsonl"
-    model_cfg, distributed = _model_cfg(tok)
+    model_cfg, distributed = _model_cfg(parent)  # the parent's RoPE: SFT continues the extended model
     data_version = read_committed(s, SFT_DATA_PREFIX).version
     key = job_key(
         cfg.model_dump(mode="json"), tree_digest(parent), data_version, model_cfg.model_dump(mode="json")

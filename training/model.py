@@ -158,6 +158,23 @@ def hf_config(cfg: ModelConfig) -> GlmMoeDsaConfig:
     )
 
 
+def with_checkpoint_rope(cfg: ModelConfig, path: str | Path) -> ModelConfig:
+    """`cfg` with the RoPE a saved checkpoint was trained with (rope_theta, rope_scaling, context length):
+    a stage that continues a context-extended checkpoint must keep its RoPE, or it silently trains the
+    extended model under the short-context positions (the inverse of `hf_config`'s rope_parameters)."""
+    saved = GlmMoeDsaConfig.from_pretrained(str(path))
+    rope = dict(saved.rope_parameters or {})
+    theta = rope.pop("rope_theta", None) or cfg.rope_theta
+    scaling = None if rope.get("rope_type", "default") == "default" and set(rope) <= {"rope_type"} else rope
+    return cfg.model_copy(
+        update={
+            "rope_theta": float(theta),
+            "rope_scaling": scaling,
+            "max_position_embeddings": saved.max_position_embeddings,
+        }
+    )
+
+
 def build_model(cfg: ModelConfig, seed: int = 0) -> GlmMoeDsaForCausalLM:
     """A freshly initialised GLM-5 model (fp32, train mode); same seed, same weights."""
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG stream untouched

@@ -6,9 +6,13 @@ Run by tests/assets/test_whole_graph.py on its one run of the whole graph, so th
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import dagster as dg
 
-from infra.committed import read_committed
+from infra.committed import fetch_committed, read_committed
 from infra.settings import load_profile
 from infra.tracking import UPSTREAM_RUNS_TAG, Tracker
 
@@ -19,6 +23,14 @@ def check_post_training_chain(instance: dg.DagsterInstance, store) -> None:
     _check_sft_reasoning_and_agentic_rl(instance, tracker, store)
     _check_general_rl(instance, tracker, store)
     _check_distillation_and_report(instance, tracker)
+
+
+def _rope(store, checkpoint: str) -> tuple:
+    """(rope_parameters, max_position_embeddings) of a committed checkpoint's config.json."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _, path = fetch_committed(store, f"checkpoints/{checkpoint}", Path(tmp))
+        config = json.loads((path / "config.json").read_text())
+    return config["rope_parameters"], config["max_position_embeddings"]
 
 
 def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: Tracker, store) -> None:
@@ -32,6 +44,10 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     )
     assert (
         tracker.model_version_run_id("crucible-midtrain_stage3", "1") in sft_run.data.tags[UPSTREAM_RUNS_TAG]
+    )
+    # SFT continues the midtrained model under its own extended RoPE (it once fell back to the base's)
+    assert (
+        _rope(store, "sft_checkpoint") == _rope(store, "midtrain_stage3") != _rope(store, "base_checkpoint")
     )
     metrics = rl_run.data.metrics
     for domain in ("math", "code", "tool", "knowledge"):

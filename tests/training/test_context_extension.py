@@ -23,6 +23,7 @@ from training.context_extension import (
     pack_similar,
     row_purity,
     similarity_order,
+    stage_model_config,
 )
 from training.recall_tasks import FillerText, synthetic_recall_rows
 
@@ -421,3 +422,22 @@ def test_curriculum_replay_mixes_natural_rows_by_the_mixture():
     assert len(mixed) == 8 and sorted(map(tuple, mixed.tolist())) == sorted(
         map(tuple, np.concatenate([recall, rows[:6]]).tolist())
     )
+
+
+@pytest.mark.parametrize("method", ["abf", "yarn"])
+def test_a_stage_after_midtraining_keeps_the_extended_rope(tmp_path, method):
+    """SFT (and every post-training stage) builds its config from the profile's pretraining model; before
+    `with_checkpoint_rope` it trained the 1024-token, theta-40k midtrained checkpoint under the base's
+    theta 10k and exported it so (on tiny: passkey at 1024 0.475 -> 0.325 and web perplexity 135 -> 521)."""
+    from training.checkpoint import export_hf
+    from training.model import ModelConfig, build_model, with_checkpoint_rope
+
+    base = ModelConfig.for_size("micro")
+    stage = ContextStage(name="ctx_1024", seq_len=1024, rope_theta=40_000.0)
+    extended = stage_model_config(base, stage, method, base_seq_len=256)
+    parent = export_hf(build_model(extended), tmp_path / "midtrained", {})
+    kept = with_checkpoint_rope(base, parent)
+    fields = ("rope_theta", "rope_scaling", "max_position_embeddings")
+    assert {f: getattr(kept, f) for f in fields} == {f: getattr(extended, f) for f in fields}
+    assert kept.rope_theta != base.rope_theta or kept.rope_scaling != base.rope_scaling
+    assert kept.model_copy(update={f: getattr(base, f) for f in fields}) == base  # nothing else changed

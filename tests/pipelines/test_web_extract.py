@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import threading
 from collections import Counter
 
 import pytest
@@ -41,17 +42,24 @@ class NetworkAttempt(AssertionError):
 def block_network(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Any TCP/UDP connect or DNS lookup raises (and is recorded); Unix sockets (multiprocessing) still work."""
     attempts: list[str] = []
+    # Threads already running belong to earlier tests of this worker process (e.g. a server's client still
+    # retrying): only the stage's thread and the threads it starts are the stage's network access.
+    earlier = set(threading.enumerate()) - {threading.current_thread()}
 
     def guard(real):
         def connect(self, address):
-            if self.family in (socket.AF_INET, socket.AF_INET6):
+            if self.family in (socket.AF_INET, socket.AF_INET6) and threading.current_thread() not in earlier:
                 attempts.append(f"connect {address}")
                 raise NetworkAttempt(f"network access during the stage: {address}")
             return real(self, address)
 
         return connect
 
+    real_lookup = socket.getaddrinfo
+
     def lookup(*args, **kwargs):
+        if threading.current_thread() in earlier:
+            return real_lookup(*args, **kwargs)
         attempts.append(f"getaddrinfo {args[:2]}")
         raise NetworkAttempt(f"DNS lookup during the stage: {args[:2]}")
 

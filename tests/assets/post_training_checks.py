@@ -47,7 +47,7 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     )
     # SFT continues the midtrained model under its own extended RoPE (it once fell back to the base's)
     assert (
-        _rope(store, "sft_checkpoint") == _rope(store, "midtrain_stage3") != _rope(store, "base_checkpoint")
+        _rope(store, "sft_checkpoint") == _rope(store, "midtrain_stage3") != _rope(store, "base")
     )
     metrics = rl_run.data.metrics
     for domain in ("math", "code", "tool", "knowledge"):

@@ -46,9 +46,7 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
         tracker.model_version_run_id("crucible-midtrain_stage3", "1") in sft_run.data.tags[UPSTREAM_RUNS_TAG]
     )
     # SFT continues the midtrained model under its own extended RoPE (it once fell back to the base's)
-    assert (
-        _rope(store, "sft_checkpoint") == _rope(store, "midtrain_stage3") != _rope(store, "base")
-    )
+    assert _rope(store, "sft_checkpoint") == _rope(store, "midtrain_stage3") != _rope(store, "base")
     metrics = rl_run.data.metrics
     for domain in ("math", "code", "tool", "knowledge"):
         for who in ("heldout/pass_at_1/", "compare/midtrain_stage3/pass_at_1/"):

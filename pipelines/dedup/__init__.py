@@ -6,7 +6,7 @@ result: `datatrove` (LocalPipelineExecutor, one machine) and `spark` (PySpark). 
     config.py        DedupConfig (profile sections dedup_web / dedup_code)
     fingerprints.py  the shared core: normalise, tokenise, shingle, MinHash, bands, Jaccard estimates
     shards.py        per-shard work: fingerprint a shard, apply a shard's plan (kept docs, index part, clusters)
-    clusters.py      exact -> URL -> near phases and connected components (numpy/scipy reference)
+    clusters.py      exact -> URL -> near phases and connected components (numpy reference)
     index.py         the persistent cross-partition index and its manifests
     local_engine.py  datatrove engine;  spark_engine.py  Spark engine;  stage.py  orchestration and report
 

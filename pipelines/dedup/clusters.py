@@ -1,4 +1,4 @@
-"""Cluster resolution on one machine (numpy + scipy): the reference the Spark engine must match exactly.
+"""Cluster resolution on one machine (numpy): the reference the Spark engine must match exactly.
 
 A partition's documents go through three phases; each only sees the survivors of the one before, plus every
 document of the earlier partitions in the index:
@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from pipelines.dedup.fingerprints import estimated_jaccard, passes_verification
 from pipelines.dedup.index import NODE_SHIFT, IndexArrays
@@ -93,6 +91,29 @@ def _band_edges(bands_new: np.ndarray, nodes_new: np.ndarray, bands_idx: np.ndar
     return pairs[:, 0], pairs[:, 1]
 
 
+def component_min(n: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """For each of `n` vertices, the smallest vertex of its connected component under the undirected edges
+    (u[i], v[i]). Numpy only (scipy's connected_components gives the same partition; a test compares them, and
+    importing scipy.sparse cost more than the whole clustering): roots hook onto the smaller label across
+    every edge, then pointer jumping flattens the forest; labels only decrease and always name a vertex of
+    the same component, so at the fixed point each component is labelled by its minimum."""
+    label = np.arange(n, dtype=np.int64)
+    if len(u) == 0:
+        return label
+    while True:
+        lu, lv = label[u], label[v]
+        if np.array_equal(lu, lv):
+            return label
+        low = np.minimum(lu, lv)
+        np.minimum.at(label, lu, low)
+        np.minimum.at(label, lv, low)
+        while True:
+            jumped = label[label]
+            if np.array_equal(jumped, label):
+                break
+            label = jumped
+
+
 def resolve_clusters(
     new: dict[str, np.ndarray], index: IndexArrays, seq: int, verify_threshold: float, url_dedup: bool
 ) -> Decisions:
@@ -125,11 +146,7 @@ def resolve_clusters(
     ci, mi = np.searchsorted(all_nodes, centers), np.searchsorted(all_nodes, members)
     ok = passes_verification(estimated_jaccard(all_sigs[ci], all_sigs[mi]), verify_threshold)
     ci, mi = ci[ok], mi[ok]
-    graph = coo_matrix((np.ones(len(ci), np.int8), (ci, mi)), shape=(len(all_nodes), len(all_nodes)))
-    _, comp = connected_components(graph, directed=False)
-    comp_min = np.full(comp.max() + 1 if len(comp) else 0, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(comp_min, comp, all_nodes)
-    near = comp_min[comp[len(index.node) :]]
+    near = all_nodes[component_min(len(all_nodes), ci, mi)[len(index.node) :]]  # all_nodes is sorted
     near[~s2] = node[~s2]
 
     # a removed document's cluster root: follow exact -> url -> near; earlier partitions' nodes are roots

@@ -15,8 +15,13 @@ the same text always gets the same tokens, shingles, signature and band keys, wh
   can leave p <= value < p + 8, which happens with probability ~2^-58 per value). So with the same seed and
   tokens our signature equals datatrove's `MinhashDedupSignature` signature (a test checks it).
 - Speed: for `shingle_hash="xxh64"` the window hashing and the MinHash loop run in C (`_minhash.c`: one call
-  per document, no per-shingle Python objects); `_shingle_hashes_py` / `_signature_py` are its numpy reference
-  (tests compare them) and serve where the extension was not built. Same values either way.
+  per document, no per-shingle Python objects, AVX2 where the CPU has it); `_shingle_hashes_py` /
+  `_signature_py` are its numpy reference (tests compare them) and serve where the extension was not built.
+  With the datatrove tokeniser the normalisation and split run in C too (`_minhash.simplify`, one pass over
+  the text with a per-character table built here from datatrove's own sets), giving the tokens joined by
+  spaces; `tokens()` is its reference, and the rare text it cannot take (a character outside the BMP, or one
+  whose NFD decomposition involves digits, punctuation or spaces) goes through `tokens()`. Same tokens either
+  way (tests compare them on fuzzed Unicode).
 - Bands: each band of `rows_per_band` values is folded into one signed 64-bit key (Spark has no unsigned).
 - Signatures are kept as the low 32 bits of each value: enough to estimate Jaccard as the fraction of
   equal values when verifying candidate pairs.
@@ -24,6 +29,7 @@ the same text always gets the same tokens, shingles, signature and band keys, wh
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -58,6 +64,8 @@ _PUNCTUATION = re.compile("[" + "".join(re.escape(chr(k)) for k in sorted(_PUNCT
 _ASCII_PUNCT = bytes.maketrans(
     bytes(k for k in sorted(_PUNCT_TO_SPACE) if k < 128), b" " * sum(1 for k in _PUNCT_TO_SPACE if k < 128)
 )
+_CH_DIGIT, _CH_SEP, _CH_BREAK, _CH_MARK = 1, 2, 4, 8  # _minhash.c's CH_* flags
+_SIMPLIFY_DIGITS, _SIMPLIFY_MARKS = 1, 2
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S33 = np.uint64(33)
@@ -72,6 +80,41 @@ def fmix64(x: np.ndarray) -> np.ndarray:
     x *= _M2
     x ^= x >> _S33
     return x
+
+
+@functools.cache
+def _simplify_table() -> tuple[bytes, re.Pattern]:
+    """Per-BMP-character flags for `_minhash.simplify`, from datatrove's NUMBERS_PATTERN and punctuation set
+    and `str.isspace` (what `str.split` splits on); and a pattern of the characters whose NFD decomposition
+    would let the C pass (which sees the text after NFD) disagree with `tokens()` (which applies the digit
+    and punctuation rules before NFD), plus everything outside the BMP."""
+    bmp = "".join(chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF)  # no lone surrogates
+    table = bytearray(0x10000)
+    # one regex pass each: digits are the single characters NUMBERS_PATTERN matches; separators the x in
+    # "1x1" it matches whole (\x00 between candidates is neither)
+    for m in NUMBERS_PATTERN.finditer("\x00".join(bmp)):
+        table[ord(m.group())] |= _CH_DIGIT
+    for m in NUMBERS_PATTERN.finditer("\x00".join(f"1{ch}1" for ch in bmp)):
+        if len(m.group()) == 3 and not table[ord(m.group()[1])] & _CH_DIGIT:
+            table[ord(m.group()[1])] |= _CH_SEP
+    for ch in bmp:
+        if ch.isspace():
+            table[ord(ch)] |= _CH_BREAK
+    for c in _PUNCT_TO_SPACE:
+        if c < 0x10000:
+            table[c] |= _CH_BREAK
+    for m in _NONSPACING_MARKS.finditer(bmp):
+        for ch in m.group():
+            table[ord(ch)] |= _CH_MARK
+    ruled = _CH_DIGIT | _CH_SEP | _CH_BREAK
+    unsafe = [
+        ch
+        for ch in bmp
+        if not unicodedata.is_normalized("NFD", ch)
+        and any(ord(d) > 0xFFFF or table[ord(d)] & ruled for d in ch + unicodedata.normalize("NFD", ch))
+    ]
+    pattern = re.compile("[" + "".join(re.escape(ch) for ch in unsafe) + "\U00010000-\U0010ffff]")
+    return bytes(table), pattern
 
 
 def _sha1_64(token: str) -> int:
@@ -147,6 +190,24 @@ class MinHasher:
         if cfg.normalize_digits:  # per token: isalpha() is far cheaper than a regex pass over the text
             tokens = [t if t.isalpha() else _DIGITS.sub("0", t) for t in tokens]
         return tokens
+
+    def simplified(self, text: str) -> tuple[bytes, int] | None:
+        """`" ".join(self.tokens(text))` as UTF-8 and the token count, from the C pass; None where only
+        `tokens()` applies (see the module docstring)."""
+        cfg = self.config
+        if cfg.tokenizer != "datatrove" or _minhash is None:
+            return None
+        if cfg.lowercase:
+            text = text.lower()
+        table, unsafe = _simplify_table()
+        if cfg.strip_accents and not text.isascii() and not unicodedata.is_normalized("NFD", text):
+            if unsafe.search(text):
+                return None
+            text = unicodedata.normalize("NFD", text)
+        flags = (_SIMPLIFY_DIGITS if cfg.normalize_digits else 0) | (
+            _SIMPLIFY_MARKS if cfg.strip_accents else 0
+        )
+        return _minhash.simplify(text, table, flags)
 
     # -- tokens -> shingle hashes -> signature -> bands ---------------------------------------------------------
     def shingle_hashes(self, tokens: list[str]) -> np.ndarray:
@@ -229,14 +290,27 @@ class MinHasher:
         return to_int64(xxhash.xxh3_64_intdigest(normalise_url(url)))
 
     def fingerprint(self, text: str, url: str | None = None) -> Fingerprint:
-        tokens = self.tokens(text)
-        sig = self.token_signature(tokens)
+        cfg = self.config
+        fast = self.simplified(text) if cfg.shingle_hash == "xxh64" else None
+        if fast is not None:
+            joined, count = fast
+            sig = np.frombuffer(_minhash.minhash_joined(joined, cfg.ngram_size, self._a, self._b), np.uint64)
+            content_hash = (
+                to_int64(xxhash.xxh3_64_intdigest(joined))
+                if cfg.exact_match_on == "words"
+                else self.content_hash(text, [])
+            )
+        else:
+            tokens = self.tokens(text)
+            sig, count = self.token_signature(tokens), len(tokens)
+            content_hash = self.content_hash(text, tokens)
+        if _minhash is not None:
+            bands, low32 = _minhash.finish(sig, self._rows, self._band_salt)
+            bands = np.frombuffer(bands, dtype=np.int64)
+        else:
+            bands, low32 = self.band_keys(sig), (sig & _LOW32).astype("<u4").tobytes()
         return Fingerprint(
-            tokens=len(tokens),
-            content_hash=self.content_hash(text, tokens),
-            url_hash=self.url_hash(url),
-            bands=self.band_keys(sig),
-            sig=(sig & _LOW32).astype("<u4").tobytes(),
+            tokens=count, content_hash=content_hash, url_hash=self.url_hash(url), bands=bands, sig=low32
         )
 
 

@@ -187,9 +187,7 @@ def apply_shard(
     kept = plan.column("kept").to_pylist()
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=gzip_level, mtime=0) as gz:
-        for line, keep in zip(lines, kept, strict=True):
-            if keep:
-                gz.write(line + b"\n")
+        gz.write(b"".join(line + b"\n" for line, keep in zip(lines, kept, strict=True) if keep))
     in_cluster = plan.filter(pc.greater(plan.column("cluster_size"), 1))
     outputs = {
         layout.kept_name(shard_key): buf.getvalue(),

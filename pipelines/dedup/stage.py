@@ -84,12 +84,15 @@ def dedup_partition(
     *,
     spark=None,
     scratch: Path | None = None,
+    report_plots: bool = True,
 ) -> StageResult:
     """Deduplicate one snapshot against itself and every partition committed to the index before it.
 
     `config.kind` picks the default prefixes; `spark` is an existing SparkSession for `engine="spark"`
     (else one is built from `config.spark_master`). Concurrent runs of one kind are safe: the index commit
-    is a compare-and-swap, and a run that loses it is recomputed against the winner."""
+    is a compare-and-swap, and a run that loses it is recomputed against the winner. `report_plots=False`
+    skips the two PNGs (cluster sizes, funnel: ~1 s of matplotlib, mostly its import), for callers that
+    only want the outputs; everything else is the same."""
     kind = config.kind
     input_prefix = (input_prefix or default_input_prefix(kind, snapshot)).rstrip("/")
     out_prefix = (out_prefix or f"dedup/{kind}/{snapshot}").rstrip("/")
@@ -151,9 +154,9 @@ def dedup_partition(
     }
     committed_out = commit_uploaded(store, out_prefix, result.version, files, meta)
 
-    out_dir = Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
-    histogram_png = plot_cluster_sizes(result.histogram, out_dir / "cluster_sizes.png", f"{kind} {snapshot}")
-    funnel = funnel_chart(out_dir / "dedup_funnel.png", dedup_funnel(metrics), f"dedup {kind} {snapshot}")
+    artifacts, plots = {}, {}
+    if report_plots:
+        artifacts, plots = draw_report_plots(result.histogram, metrics, f"{kind} {snapshot}", scratch)
     check = check_dedup_rate(metrics, config)
     report = _report(config, snapshot, seq, metrics, result, earlier, stale, check)
     return StageResult(
@@ -165,13 +168,13 @@ def dedup_partition(
         },
         report_md=report,
         sample=_cluster_sample(store, layout, shard_keys),
-        artifacts={"dedup/cluster_sizes.png": histogram_png, "plots/dedup_funnel.png": funnel.path},
+        artifacts=artifacts,
         data_version=result.version,
         extra={
             "seq": seq,
             "stale_partitions": stale,
             "histogram": result.histogram,
-            "plots": {"dedup_funnel": funnel.as_dict()},
+            "plots": plots,
             "check_passed": check.passed,
             "check_description": check.description,
         },
@@ -234,6 +237,17 @@ def dedup_funnel(m: dict[str, float]) -> list[dict]:
         )
         left -= m[key]
     return steps
+
+
+def draw_report_plots(
+    histogram: dict[int, int], metrics: dict[str, float], title: str, scratch: Path | None = None
+) -> tuple[dict[str, Path], dict[str, dict]]:
+    """The stage's two PNGs: (artifacts {name: path}, {plot name: the numbers it shows})."""
+    out_dir = Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
+    histogram_png = plot_cluster_sizes(histogram, out_dir / "cluster_sizes.png", title)
+    funnel = funnel_chart(out_dir / "dedup_funnel.png", dedup_funnel(metrics), f"dedup {title}")
+    artifacts = {"dedup/cluster_sizes.png": histogram_png, "plots/dedup_funnel.png": funnel.path}
+    return artifacts, {"dedup_funnel": funnel.as_dict()}
 
 
 def plot_cluster_sizes(histogram: dict[int, int], path: Path, title: str) -> Path:

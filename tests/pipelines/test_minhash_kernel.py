@@ -72,3 +72,80 @@ def test_fast_punctuation_pass_equals_datatrove_translate():
     for _ in range(300):
         text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 60)))
         assert hasher.tokens(text) == reference(text), text
+
+
+def _fuzz_texts(seed: int, count: int) -> list[str]:
+    """Random strings over digits, separators, datatrove's punctuation, spaces, accents (precomposed and
+    combining), scripts of 1-, 2- and 3-byte UTF-8, and the characters the C pass must refuse."""
+    from datatrove.utils.text import PUNCTUATION_TRANS
+
+    rng = random.Random(seed)
+    pool = [chr(k) for k in PUNCTUATION_TRANS] + list("0123456789٠١٢.,،٫⎖ \t\n\u00a0\u2003")
+    pool += list("abcXYZéÉßİΣσςДжא中文한국ｱ\u0301\u0308\u037e\u1fef\u2000ΩÅ\ufb01") + ["😀", "\U0002f800"]
+    pool += [chr(rng.randrange(0x20, 0x3000)) for _ in range(300)]
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(0, 80))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("kind", ["web", "code"])
+def test_c_normalisation_gives_the_reference_tokens(kind):
+    """`MinHasher.simplified` (one C pass) == " ".join(tokens()) wherever it answers; it answers for ordinary
+    text (so the fast path is really taken) and refuses what only the reference handles."""
+    overrides = (
+        {} if kind == "web" else {"tokenizer": "datatrove", "strip_accents": False, "lowercase": False}
+    )
+    hasher = MinHasher(DedupConfig(**overrides))
+    answered = 0
+    for text in _fuzz_texts(11, 4000):
+        fast = hasher.simplified(text)
+        if fast is None:
+            continue
+        answered += 1
+        tokens = hasher.tokens(text)
+        assert fast == (" ".join(tokens).encode(), len(tokens)), repr(text)
+    assert answered > 1000
+    ordinary = "Ça coûte 3,50 € — «vraiment»? Naïve façade_d’été… 1.5x faster¶ (see §2). ΣΊΣΥΦΟΣ 中文 1,000.5"
+    assert hasher.simplified(ordinary) is not None
+    assert hasher.simplified("emoji 😀 here") is None  # outside the BMP: the reference path
+    if kind == "web":  # NFD of U+037E is ';': the digit/punctuation rules must see it first
+        assert hasher.simplified("a\u037eb é") is None
+        assert hasher.tokens("a\u037eb é") == ["a;b", "e"]
+
+
+def test_fingerprint_fast_path_equals_the_reference_pipeline():
+    hasher = MinHasher(DedupConfig())
+    for text in _fuzz_texts(12, 1500) + [" ".join(words(random.Random(3), 400))]:
+        fp = hasher.fingerprint(text, "https://x.org/a")
+        tokens = hasher.tokens(text)
+        sig = hasher._signature_py(hasher._shingle_hashes_py(tokens))
+        assert fp.tokens == len(tokens) and fp.content_hash == hasher.content_hash(text, tokens)
+        assert np.array_equal(fp.bands, hasher.band_keys(sig)), repr(text)
+        assert fp.sig == (sig & np.uint64(0xFFFFFFFF)).astype("<u4").tobytes()
+
+
+@pytest.mark.parametrize("bands,rows", [(14, 8), (3, 5), (1, 1), (2, 7)])
+def test_vector_minhash_handles_permutation_counts_not_a_multiple_of_four(bands, rows):
+    hasher = MinHasher(DedupConfig(num_bands=bands, rows_per_band=rows))
+    rng = np.random.default_rng(bands * 10 + rows)
+    for n in (1, 2, 7, 500):
+        x = rng.integers(0, 2**64, size=n, dtype=np.uint64)
+        x[0] = np.uint64(2**64 - 1)  # the largest shingle hash
+        assert np.array_equal(hasher.signature(x), hasher._signature_py(x))
+
+
+def test_component_min_equals_scipy_connected_components():
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from pipelines.dedup.clusters import component_min
+
+    rng = np.random.default_rng(4)
+    for n, m in [(1, 0), (5, 0), (50, 30), (2000, 1500), (2000, 4000), (300, 299)]:
+        u, v = rng.integers(0, n, m), rng.integers(0, n, m)
+        if (n, m) == (300, 299):  # a long path in shuffled vertex order: the worst case for label hooking
+            perm = rng.permutation(n)
+            u, v = perm[:-1], perm[1:]
+        got = component_min(n, u, v)
+        _, comp = connected_components(coo_matrix((np.ones(m), (u, v)), shape=(n, n)), directed=False)
+        first = np.full(comp.max() + 1, n)
+        np.minimum.at(first, comp, np.arange(n))
+        assert np.array_equal(got, first[comp]), (n, m)

@@ -1,5 +1,6 @@
 """The single-machine engine: datatrove's LocalPipelineExecutor runs our steps over the shards in parallel
-(fingerprints, then the kept/index/cluster writes); clustering in between is numpy (`clusters.py`)."""
+(fingerprints, then the kept/index/cluster writes; one task runs in this process); clustering in between is
+numpy (`clusters.py`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import copy
 import json
 import logging
 import tempfile
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
-from datatrove.executor import LocalPipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 
 from infra.store import ObjectStore
@@ -143,6 +144,16 @@ class DedupShardWriter(_StoreStep):
 
 def _execute(pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, logs: Path) -> None:
     tasks = max(1, min(config.tasks, n_shards))
+    if tasks == 1:
+        # One task: pipe the steps here, as the executor's _run_for_rank would in this same process, without
+        # importing the executor (~0.5 s: it pulls in huggingface_hub) or writing its logs to the temp dir.
+        data = None
+        for step in pipeline:
+            data = step(data, 0, 1)
+        deque(data or (), maxlen=0)
+        return
+    from datatrove.executor import LocalPipelineExecutor
+
     LocalPipelineExecutor(
         pipeline=pipeline,
         tasks=tasks,

@@ -9,11 +9,13 @@ import json
 import logging
 import tempfile
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
@@ -163,17 +165,29 @@ def _execute(pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, l
     ).run()
 
 
-def _plan_tables(table: pa.Table, decisions, job: PartitionJob, index) -> dict[str, pa.Table]:
-    """Split the partition's fingerprints + decisions into one PLAN_SCHEMA table per shard (by line)."""
+def _plan_tables(table: pa.Table, decisions, job: PartitionJob, index) -> Iterator[tuple[str, pa.Table]]:
+    """(shard, PLAN_SCHEMA table sorted by line) for each shard of the partition, one at a time: the
+    partition-wide columns are Arrow arrays over the fingerprint table's buffers (no per-row Python objects),
+    and only one shard's rows are copied out at once."""
     base = np.int64(job.seq) << np.int64(NODE_SHIFT)
     root = decisions.root
     own = root >= base
-    doc_ids = np.array(table.column("doc_id").to_pylist(), dtype=object)
-    root_doc = np.empty(len(root), dtype=object)
-    root_doc[own] = doc_ids[root[own] - base]
-    root_doc[~own] = index.doc_id[np.searchsorted(index.node, root[~own])]
+    # root_doc_id: this partition's doc_id column, then the index documents that are roots, taken by position
+    index_pos = np.searchsorted(index.node, root[~own])
+    index_roots, where = np.unique(index_pos, return_inverse=True)
+    doc_ids = pa.concat_arrays(
+        [
+            table.column("doc_id").combine_chunks(),
+            pa.array(index.doc_id[index_roots].tolist(), pa.string()),
+        ]
+    )
+    pick = np.empty(len(root), dtype=np.int64)
+    pick[own] = root[own] - base
+    pick[~own] = table.num_rows + where
+    seqs, seq_idx = np.unique(root >> np.int64(NODE_SHIFT), return_inverse=True)
     by_seq = job.snapshot_by_seq
-    root_snapshot = np.array([by_seq[int(r) >> NODE_SHIFT] for r in root], dtype=object)
+    snapshots = pa.array([by_seq[int(q)] for q in seqs], pa.string())
+    reasons, reason_idx = np.unique(decisions.reason.astype(str), return_inverse=True)
     plan = pa.table(
         {
             "line": table.column("line"),
@@ -185,21 +199,27 @@ def _plan_tables(table: pa.Table, decisions, job: PartitionJob, index) -> dict[s
             "bands": table.column("bands"),
             "sig": table.column("sig"),
             "kept": pa.array(decisions.kept, pa.bool_()),
-            "reason": pa.array(decisions.reason.tolist(), pa.string()),
+            "reason": pa.array(reason_idx.astype(np.int32)),
             "root": pa.array(root, pa.int64()),
-            "root_doc_id": pa.array(root_doc.tolist(), pa.string()),
-            "root_snapshot": pa.array(root_snapshot.tolist(), pa.string()),
+            "root_doc_id": pa.array(pick),
+            "root_snapshot": pa.array(seq_idx.astype(np.int32)),
             "cluster_size": pa.array(decisions.cluster_size, pa.int64()),
-        },
-        schema=PLAN_SCHEMA,
-    ).append_column("shard", table.column("shard"))
-    plan = plan.sort_by([("shard", "ascending"), ("line", "ascending")])
-    shards = plan.column("shard").to_numpy(zero_copy_only=False)
-    out = {}
+        }
+    )
+    order = pc.sort_indices(
+        pa.table({"shard": table.column("shard"), "line": table.column("line")}),
+        sort_keys=[("shard", "ascending"), ("line", "ascending")],
+    )
+    shards = table.column("shard").take(order).to_numpy(zero_copy_only=False)
+    reasons = pa.array(reasons.tolist(), pa.string())
     for key in job.shard_keys:
         lo, hi = np.searchsorted(shards, key, "left"), np.searchsorted(shards, key, "right")
-        out[key] = plan.slice(lo, hi - lo).drop_columns(["shard"])
-    return out
+        part = plan.take(order[lo:hi])
+        columns = dict(zip(part.column_names, part.columns, strict=True))
+        columns["reason"] = reasons.take(columns["reason"])
+        columns["root_doc_id"] = doc_ids.take(columns["root_doc_id"])
+        columns["root_snapshot"] = snapshots.take(columns["root_snapshot"])
+        yield key, pa.table(columns).cast(PLAN_SCHEMA)
 
 
 def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None) -> EngineResult:
@@ -232,6 +252,7 @@ def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None
         job = replace(job, layout=replace(job.layout, version=version))
 
         table = assign_nodes(fingerprints, job.seq)
+        del parts, fingerprints  # the sorted copy is all that is needed from here
         arrays = table_arrays(table, cfg.num_bands, cfg.num_perm)
         arrays["node"] = table.column("node").to_numpy()
         index = load_index(store, job.earlier, cfg.num_bands, cfg.num_perm)
@@ -241,8 +262,9 @@ def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None
         decisions = resolve_clusters(arrays, index, job.seq, cfg.verify_threshold, cfg.url_dedup)
         del arrays
 
-        for key, plan in _plan_tables(table, decisions, job, index).items():
+        for key, plan in _plan_tables(table, decisions, job, index):
             pq.write_table(plan, work / "plans" / f"{shard_stem(key)}.parquet")
+        del table, index
         _execute(
             [DedupShardWriter(store, job.layout, job.shard_keys, str(work), cfg.gzip_level)],
             cfg,

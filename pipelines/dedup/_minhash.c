@@ -81,6 +81,20 @@ static uint64_t xxh64(const unsigned char *p, size_t len) {
     return h;
 }
 
+/* xxh64 of every n-token window of `joined` (tokens separated by single spaces, `len` bytes without a trailing
+ * space; token t starts at starts[t], starts[ntok] = len + 1): ntok - n + 1 values, or one hash of the whole
+ * text when ntok <= n. */
+static inline Py_ssize_t window_count(Py_ssize_t ntok, Py_ssize_t n) { return ntok > n ? ntok - n + 1 : 1; }
+static void hash_windows(const unsigned char *joined, size_t len, const Py_ssize_t *starts, Py_ssize_t ntok,
+                         Py_ssize_t n, uint64_t *out) {
+    if (ntok <= n) {
+        out[0] = xxh64(joined, len);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < ntok - n + 1; i++)
+        out[i] = xxh64(joined + starts[i], (size_t)(starts[i + n] - 1 - starts[i]));
+}
+
 /* Window hashes of a token list into a new malloc'd array (*count set); NULL with an exception on error. */
 static uint64_t *window_hashes(PyObject *tokens, Py_ssize_t n, Py_ssize_t *count) {
     PyObject *seq = PySequence_Fast(tokens, "tokens must be a sequence of str");
@@ -116,19 +130,10 @@ static uint64_t *window_hashes(PyObject *tokens, Py_ssize_t n, Py_ssize_t *count
         }
         if (ntok > 0) starts[ntok] = (Py_ssize_t)pos; /* one past the trailing space */
     }
-    if (ntok <= n) {
-        out = PyMem_Malloc(sizeof(uint64_t));
-        if (!out) { PyErr_NoMemory(); goto fail; }
-        out[0] = xxh64(joined, ntok ? total - 1 : 0);
-        *count = 1;
-    } else {
-        Py_ssize_t c = ntok - n + 1;
-        out = PyMem_Malloc(sizeof(uint64_t) * c);
-        if (!out) { PyErr_NoMemory(); goto fail; }
-        for (Py_ssize_t i = 0; i < c; i++)
-            out[i] = xxh64(joined + starts[i], (size_t)(starts[i + n] - 1 - starts[i]));
-        *count = c;
-    }
+    *count = window_count(ntok, n);
+    out = PyMem_Malloc(sizeof(uint64_t) * *count);
+    if (!out) { PyErr_NoMemory(); goto fail; }
+    hash_windows(joined, ntok ? total - 1 : 0, starts, ntok, n, out);
     PyMem_Free(data); PyMem_Free(lens); PyMem_Free(starts); PyMem_Free(joined);
     Py_DECREF(seq);
     return out;
@@ -379,7 +384,7 @@ static PyObject *py_minhash_joined(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < len; i++) ntok += s[i] == ' ';
     /* starts[t] = offset of token t; starts[ntok] = len + 1 (one past a virtual trailing space) */
     Py_ssize_t *starts = PyMem_Malloc(sizeof(Py_ssize_t) * (ntok + 1));
-    Py_ssize_t count = ntok > n ? ntok - n + 1 : 1;
+    Py_ssize_t count = window_count(ntok, n);
     uint64_t *h = PyMem_Malloc(sizeof(uint64_t) * count);
     if (!starts || !h) {
         PyMem_Free(starts);
@@ -392,11 +397,7 @@ static PyObject *py_minhash_joined(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < len; i++)
         if (s[i] == ' ') starts[t++] = i + 1;
     starts[ntok] = len + 1;
-    if (ntok <= n) {
-        h[0] = xxh64(s, (size_t)len);
-    } else {
-        for (Py_ssize_t i = 0; i < count; i++) h[i] = xxh64(s + starts[i], (size_t)(starts[i + n] - 1 - starts[i]));
-    }
+    hash_windows(s, (size_t)len, starts, ntok, n, h);
     PyObject *res = sig_bytes(h, count, ao, bo);
     PyMem_Free(starts);
     PyMem_Free(h);

@@ -36,11 +36,14 @@ KEEP_ORDER = [
 ]
 
 
-def assign_nodes(fingerprints: pa.Table, seq: int) -> pa.Table:
-    """Sort a partition's fingerprints by the keep rule and add `node = seq << 40 | rank`."""
-    table = fingerprints.take(pc.sort_indices(fingerprints, sort_keys=KEEP_ORDER))
-    nodes = (np.int64(seq) << np.int64(NODE_SHIFT)) + np.arange(table.num_rows, dtype=np.int64)
-    return table.append_column("node", pa.array(nodes, pa.int64()))
+def keep_ranks(fingerprints: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(order, rank) of a partition's fingerprint rows under the keep rule: `order[r]` is the row at rank r,
+    `rank[row]` its inverse; a row's node is `seq << NODE_SHIFT | rank`. Only the key columns are sorted."""
+    keys = fingerprints.select([name for name, _ in KEEP_ORDER])
+    order = pc.sort_indices(keys, sort_keys=KEEP_ORDER).to_numpy()
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    return order, rank
 
 
 @dataclass
@@ -114,11 +117,35 @@ def component_min(n: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
             label = jumped
 
 
+_VERIFY_CHUNK = 1 << 16  # candidate pairs compared at once: bounds the gathered signature rows
+
+
+def _verified(
+    ci: np.ndarray, mi: np.ndarray, sig_idx: np.ndarray, sig_new: np.ndarray, threshold: float
+) -> np.ndarray:
+    """passes_verification for each (center, member) position pair over index rows then new rows, in chunks
+    and without concatenating the two signature matrices."""
+    n_idx = len(sig_idx)
+
+    def rows(pos: np.ndarray) -> np.ndarray:
+        out = np.empty((len(pos), sig_new.shape[1]), dtype=np.uint32)
+        old = pos < n_idx
+        out[old] = sig_idx[pos[old]]
+        out[~old] = sig_new[pos[~old] - n_idx]
+        return out
+
+    ok = np.zeros(len(ci), dtype=bool)
+    for lo in range(0, len(ci), _VERIFY_CHUNK):
+        hi = lo + _VERIFY_CHUNK
+        ok[lo:hi] = passes_verification(estimated_jaccard(rows(ci[lo:hi]), rows(mi[lo:hi])), threshold)
+    return ok
+
+
 def resolve_clusters(
     new: dict[str, np.ndarray], index: IndexArrays, seq: int, verify_threshold: float, url_dedup: bool
 ) -> Decisions:
-    """Exact -> URL -> near phases for a partition whose arrays (`new`, from `table_arrays` + node) are in
-    node order, against the earlier partitions in `index`."""
+    """Exact -> URL -> near phases for a partition whose arrays (`new`: node, content_hash, url_hash,
+    has_url, bands, sig) are in node order, against the earlier partitions in `index`."""
     node = new["node"]
     n = len(node)
     base = np.int64(seq) << np.int64(NODE_SHIFT)
@@ -142,9 +169,8 @@ def resolve_clusters(
     # near: links from shared band keys, verified on signatures, then connected components
     centers, members = _band_edges(new["bands"][s2], node[s2], index.bands, index.node)
     all_nodes = np.concatenate([index.node, node])  # sorted: index nodes < this partition's nodes
-    all_sigs = np.concatenate([index.sig, new["sig"]]) if len(index.node) else new["sig"]
     ci, mi = np.searchsorted(all_nodes, centers), np.searchsorted(all_nodes, members)
-    ok = passes_verification(estimated_jaccard(all_sigs[ci], all_sigs[mi]), verify_threshold)
+    ok = _verified(ci, mi, index.sig, new["sig"], verify_threshold)
     ci, mi = ci[ok], mi[ok]
     near = all_nodes[component_min(len(all_nodes), ci, mi)[len(index.node) :]]  # all_nodes is sorted
     near[~s2] = node[~s2]

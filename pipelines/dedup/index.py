@@ -235,28 +235,56 @@ class IndexArrays:
         )
 
 
+def band_rows(bands: pa.Array | pa.ChunkedArray, num_bands: int) -> np.ndarray:
+    """(n, num_bands) int64 from a list<int64> column; fails if a row has another number of bands."""
+    if isinstance(bands, pa.ChunkedArray):
+        bands = bands.combine_chunks()
+    flat = bands.flatten().to_numpy()
+    if len(flat) != len(bands) * num_bands:
+        raise ValueError(f"band rows do not all hold num_bands={num_bands} keys")
+    return flat.reshape(len(bands), num_bands)
+
+
+def sig_rows(sig: pa.Array | pa.ChunkedArray, num_perm: int) -> np.ndarray:
+    """(n, num_perm) uint32 over a binary column's buffer (one copy into fixed-size rows; the cast fails if
+    a signature has another length)."""
+    if isinstance(sig, pa.ChunkedArray):
+        sig = sig.combine_chunks()
+    fixed = sig.cast(pa.binary(4 * num_perm))
+    n = len(fixed)
+    if n == 0:
+        return np.zeros((0, num_perm), np.uint32)
+    flat = np.frombuffer(
+        fixed.buffers()[1], dtype="<u4", count=n * num_perm, offset=fixed.offset * 4 * num_perm
+    )
+    return flat.reshape(n, num_perm)
+
+
+def band_column(bands: np.ndarray) -> pa.Array:
+    """The list<int64> column of an (n, num_bands) matrix (inverse of `band_rows`)."""
+    flat = pa.array(np.ascontiguousarray(bands, dtype=np.int64).ravel())
+    return pa.FixedSizeListArray.from_arrays(flat, bands.shape[1]).cast(pa.list_(pa.int64()))
+
+
+def sig_column(sig: np.ndarray) -> pa.Array:
+    """The binary column of an (n, num_perm) uint32 matrix (inverse of `sig_rows`)."""
+    rows = np.ascontiguousarray(sig, dtype="<u4")
+    fixed = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(4 * sig.shape[1]), len(rows), [None, pa.py_buffer(rows)]
+    )
+    return fixed.cast(pa.binary())
+
+
 def table_arrays(table: pa.Table, num_bands: int, num_perm: int) -> dict[str, np.ndarray]:
-    """node/doc_id/content_hash/url_hash/has_url/bands/sig numpy arrays from a fingerprint-like table."""
-    n = table.num_rows
+    """doc_id/content_hash/url_hash/has_url/bands/sig numpy arrays from a fingerprint-like table."""
     url = table.column("url_hash")
-    if n:
-        bands = table.column("bands").combine_chunks().flatten().to_numpy().reshape(n, num_bands)
-        sig = (
-            table.column("sig").combine_chunks().cast(pa.binary(4 * num_perm))
-        )  # contiguous, no copies per row
-        sig = np.frombuffer(
-            sig.buffers()[1], dtype="<u4", count=n * num_perm, offset=sig.offset * 4 * num_perm
-        )
-        sig = sig.reshape(n, num_perm)
-    else:
-        bands, sig = np.zeros((0, num_bands), np.int64), np.zeros((0, num_perm), np.uint32)
     return {
         "doc_id": np.array(table.column("doc_id").to_pylist(), dtype=object),
         "content_hash": table.column("content_hash").to_numpy(),
         "url_hash": url.fill_null(0).to_numpy(),
         "has_url": url.is_valid().to_numpy(zero_copy_only=False),
-        "bands": bands,
-        "sig": sig,
+        "bands": band_rows(table.column("bands"), num_bands),
+        "sig": sig_rows(table.column("sig"), num_perm),
     }
 
 

@@ -1,6 +1,7 @@
 """The single-machine engine: datatrove's LocalPipelineExecutor runs our steps over the shards in parallel
 (fingerprints, then the kept/index/cluster writes; one task runs in this process); clustering in between is
-numpy (`clusters.py`)."""
+numpy (`clusters.py`). In between, memory holds the band keys and signatures once, in node order, plus the
+small per-document columns: about what the partition adds to the index."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import tempfile
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,18 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
 from infra.store import ObjectStore
-from pipelines.dedup.clusters import assign_nodes, cluster_size_histogram, resolve_clusters
+from pipelines.dedup.clusters import cluster_size_histogram, keep_ranks, resolve_clusters
 from pipelines.dedup.config import DedupConfig
 from pipelines.dedup.fingerprints import MinHasher
-from pipelines.dedup.index import NODE_SHIFT, load_index, partition_version, table_arrays
+from pipelines.dedup.index import (
+    NODE_SHIFT,
+    band_column,
+    band_rows,
+    load_index,
+    partition_version,
+    sig_column,
+    sig_rows,
+)
 from pipelines.dedup.job import EngineResult, PartitionJob
 from pipelines.dedup.shards import (
     FINGERPRINT_SCHEMA,
@@ -165,10 +174,62 @@ def _execute(pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, l
     ).run()
 
 
-def _plan_tables(table: pa.Table, decisions, job: PartitionJob, index) -> Iterator[tuple[str, pa.Table]]:
-    """(shard, PLAN_SCHEMA table sorted by line) for each shard of the partition, one at a time: the
-    partition-wide columns are Arrow arrays over the fingerprint table's buffers (no per-row Python objects),
-    and only one shard's rows are copied out at once."""
+@dataclass
+class _Partition:
+    """A partition's fingerprints as clustering needs them: the small columns as a table in file order, the
+    band keys and signatures as matrices in node order (one copy each, nothing else holds them)."""
+
+    meta: pa.Table  # FINGERPRINT_SCHEMA without bands / sig, file order
+    order: np.ndarray  # order[rank] = row of meta
+    rank: np.ndarray  # rank[row]; node = seq << NODE_SHIFT | rank
+    bands: np.ndarray  # (n, num_bands) int64, node order
+    sig: np.ndarray  # (n, num_perm) uint32, node order
+
+    def cluster_arrays(self, seq: int) -> dict[str, np.ndarray]:
+        url = self.meta.column("url_hash")
+        return {
+            "node": (np.int64(seq) << np.int64(NODE_SHIFT)) + np.arange(len(self.order), dtype=np.int64),
+            "content_hash": self.meta.column("content_hash").to_numpy()[self.order],
+            "url_hash": url.fill_null(0).to_numpy()[self.order],
+            "has_url": url.is_valid().to_numpy()[self.order],
+            "bands": self.bands,
+            "sig": self.sig,
+        }
+
+
+_MATRIX_COLUMNS = ["bands", "sig"]
+_META_SCHEMA = pa.schema([f for f in FINGERPRINT_SCHEMA if f.name not in _MATRIX_COLUMNS])
+
+
+def _load_partition(files: list[Path], num_bands: int, num_perm: int) -> _Partition:
+    """Two passes over the fingerprint files: the small columns first (to rank rows by the keep rule), then
+    bands and signatures batch by batch straight into their node-order rows, so the full fingerprint table
+    is never in memory twice (peak ~ the two matrices + one batch)."""
+    parts = [pq.read_table(f, columns=_META_SCHEMA.names) for f in files]
+    meta = pa.concat_tables(parts) if parts else _META_SCHEMA.empty_table()
+    order, rank = keep_ranks(meta)
+    n = meta.num_rows
+    bands = np.empty((n, num_bands), np.int64)
+    sig = np.empty((n, num_perm), np.uint32)
+    row = 0
+    for f in files:
+        # pre_buffer off: with it the reader held every column chunk it had read (+~1 KB per document)
+        reader = pq.ParquetFile(f, pre_buffer=False)
+        for batch in reader.iter_batches(batch_size=_BATCH_ROWS, columns=_MATRIX_COLUMNS):
+            dest = rank[row : row + batch.num_rows]
+            bands[dest] = band_rows(batch.column("bands"), num_bands)
+            sig[dest] = sig_rows(batch.column("sig"), num_perm)
+            row += batch.num_rows
+    if row != n:
+        raise RuntimeError(f"fingerprint files changed while read: {row} signature rows for {n} documents")
+    pa.default_memory_pool().release_unused()  # the allocator keeps decode buffers otherwise
+    return _Partition(meta=meta, order=order, rank=rank, bands=bands, sig=sig)
+
+
+def _plan_tables(part: _Partition, decisions, job: PartitionJob, index) -> Iterator[tuple[str, pa.Table]]:
+    """(shard, PLAN_SCHEMA table sorted by line) for each shard of the partition, one at a time: strings are
+    Arrow arrays taken by position (no per-row Python objects), and only one shard's rows are copied out."""
+    meta = part.meta
     base = np.int64(job.seq) << np.int64(NODE_SHIFT)
     root = decisions.root
     own = root >= base
@@ -176,50 +237,38 @@ def _plan_tables(table: pa.Table, decisions, job: PartitionJob, index) -> Iterat
     index_pos = np.searchsorted(index.node, root[~own])
     index_roots, where = np.unique(index_pos, return_inverse=True)
     doc_ids = pa.concat_arrays(
-        [
-            table.column("doc_id").combine_chunks(),
-            pa.array(index.doc_id[index_roots].tolist(), pa.string()),
-        ]
+        [meta.column("doc_id").combine_chunks(), pa.array(index.doc_id[index_roots].tolist(), pa.string())]
     )
     pick = np.empty(len(root), dtype=np.int64)
-    pick[own] = root[own] - base
-    pick[~own] = table.num_rows + where
+    pick[own] = part.order[root[own] - base]
+    pick[~own] = meta.num_rows + where
     seqs, seq_idx = np.unique(root >> np.int64(NODE_SHIFT), return_inverse=True)
     by_seq = job.snapshot_by_seq
     snapshots = pa.array([by_seq[int(q)] for q in seqs], pa.string())
-    reasons, reason_idx = np.unique(decisions.reason.astype(str), return_inverse=True)
-    plan = pa.table(
-        {
-            "line": table.column("line"),
-            "node": table.column("node"),
-            "doc_id": table.column("doc_id"),
-            "tokens": table.column("tokens"),
-            "content_hash": table.column("content_hash"),
-            "url_hash": table.column("url_hash"),
-            "bands": table.column("bands"),
-            "sig": table.column("sig"),
-            "kept": pa.array(decisions.kept, pa.bool_()),
-            "reason": pa.array(reason_idx.astype(np.int32)),
-            "root": pa.array(root, pa.int64()),
-            "root_doc_id": pa.array(pick),
-            "root_snapshot": pa.array(seq_idx.astype(np.int32)),
-            "cluster_size": pa.array(decisions.cluster_size, pa.int64()),
-        }
-    )
-    order = pc.sort_indices(
-        pa.table({"shard": table.column("shard"), "line": table.column("line")}),
-        sort_keys=[("shard", "ascending"), ("line", "ascending")],
-    )
-    shards = table.column("shard").take(order).to_numpy(zero_copy_only=False)
-    reasons = pa.array(reasons.tolist(), pa.string())
+    reason_names, reason_idx = np.unique(decisions.reason.astype(str), return_inverse=True)
+    reasons = pa.array(reason_names.tolist(), pa.string())
+    carried = meta.select(["line", "doc_id", "tokens", "content_hash", "url_hash"])
+    rows_by_line = pc.sort_indices(
+        meta.select(["shard", "line"]), sort_keys=[("shard", "ascending"), ("line", "ascending")]
+    ).to_numpy()
+    shards = meta.column("shard").take(rows_by_line).to_numpy(zero_copy_only=False)
     for key in job.shard_keys:
         lo, hi = np.searchsorted(shards, key, "left"), np.searchsorted(shards, key, "right")
-        part = plan.take(order[lo:hi])
-        columns = dict(zip(part.column_names, part.columns, strict=True))
-        columns["reason"] = reasons.take(columns["reason"])
-        columns["root_doc_id"] = doc_ids.take(columns["root_doc_id"])
-        columns["root_snapshot"] = snapshots.take(columns["root_snapshot"])
-        yield key, pa.table(columns).cast(PLAN_SCHEMA)
+        rows = rows_by_line[lo:hi]
+        ranks = part.rank[rows]
+        columns = dict(zip(carried.column_names, carried.take(rows).columns, strict=True))
+        columns.update(
+            node=pa.array(base + ranks),
+            bands=band_column(part.bands[ranks]),
+            sig=sig_column(part.sig[ranks]),
+            kept=pa.array(decisions.kept[ranks]),
+            reason=reasons.take(reason_idx[ranks]),
+            root=pa.array(root[ranks]),
+            root_doc_id=doc_ids.take(pick[ranks]),
+            root_snapshot=snapshots.take(seq_idx[ranks]),
+            cluster_size=pa.array(decisions.cluster_size[ranks]),
+        )
+        yield key, pa.table({name: columns[name] for name in PLAN_SCHEMA.names}).cast(PLAN_SCHEMA)
 
 
 def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None) -> EngineResult:
@@ -238,9 +287,8 @@ def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None
             len(job.shard_keys),
             work / "logs-fingerprint",
         )
-        parts = [pq.read_table(p) for p in sorted((work / "fingerprints").glob("*.parquet"))]
-        fingerprints = pa.concat_tables(parts) if parts else FINGERPRINT_SCHEMA.empty_table()
-        digests = fingerprints.group_by("shard").aggregate([("shard_digest", "min")])
+        part = _load_partition(sorted((work / "fingerprints").glob("*.parquet")), cfg.num_bands, cfg.num_perm)
+        digests = part.meta.group_by("shard").aggregate([("shard_digest", "min")])
         digest_map = dict(
             zip(
                 digests.column("shard").to_pylist(),
@@ -251,20 +299,19 @@ def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None
         version = partition_version(cfg.fingerprint(), job.shard_keys, digest_map, job.earlier)
         job = replace(job, layout=replace(job.layout, version=version))
 
-        table = assign_nodes(fingerprints, job.seq)
-        del parts, fingerprints  # the sorted copy is all that is needed from here
-        arrays = table_arrays(table, cfg.num_bands, cfg.num_perm)
-        arrays["node"] = table.column("node").to_numpy()
         index = load_index(store, job.earlier, cfg.num_bands, cfg.num_perm)
         log.info(
-            "dedup %s: %d documents against %d indexed", job.layout.snapshot, table.num_rows, len(index.node)
+            "dedup %s: %d documents against %d indexed",
+            job.layout.snapshot,
+            part.meta.num_rows,
+            len(index.node),
         )
-        decisions = resolve_clusters(arrays, index, job.seq, cfg.verify_threshold, cfg.url_dedup)
-        del arrays
-
-        for key, plan in _plan_tables(table, decisions, job, index):
+        decisions = resolve_clusters(
+            part.cluster_arrays(job.seq), index, job.seq, cfg.verify_threshold, cfg.url_dedup
+        )
+        for key, plan in _plan_tables(part, decisions, job, index):
             pq.write_table(plan, work / "plans" / f"{shard_stem(key)}.parquet")
-        del table, index
+        del part, index
         _execute(
             [DedupShardWriter(store, job.layout, job.shard_keys, str(work), cfg.gzip_level)],
             cfg,

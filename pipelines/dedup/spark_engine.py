@@ -2,7 +2,8 @@
 calls `fingerprints.py` / `shards.py`), same phases and the same smallest-node-wins rule as `clusters.py`, so
 both keep exactly the same documents. Nothing document-sized reaches the driver: shards are read and written
 by tasks through the store, grouping is done with DataFrame joins and aggregations, and connected components
-use the large-star / small-star iteration (Kiveris et al., 2014). The driver only collects per-shard digests
+use the large-star / small-star iteration (Kiveris et al., 2014). Rows cross between the JVM and the Python
+workers only as Arrow batches (mapInArrow / applyInArrow), never pickled one by one. The driver only collects per-shard digests
 and counts, and the cluster-size histogram.
 
 The store object is shipped to tasks, so it must be picklable (LocalStore is; on a cluster pass a store
@@ -10,19 +11,21 @@ whose client is created lazily on the executors)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infra.store import ObjectStore
 from pipelines.dedup.config import DedupConfig
-from pipelines.dedup.fingerprints import MinHasher, estimated_jaccard, passes_verification, sig_matrix
-from pipelines.dedup.index import NODE_SHIFT, partition_version
+from pipelines.dedup.fingerprints import MinHasher, estimated_jaccard, passes_verification
+from pipelines.dedup.index import NODE_SHIFT, partition_version, sig_rows
 from pipelines.dedup.job import EngineResult, PartitionJob
 from pipelines.dedup.shards import FINGERPRINT_SCHEMA, PLAN_SCHEMA, apply_shard, fingerprint_shard
 
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _INDEX_FIELDS = ["node", "doc_id", "content_hash", "url_hash", "bands", "sig"]
 _MAX_CC_ROUNDS = 64
+_ARROW_BATCH = 4096  # rows per Arrow batch between the Python workers and the JVM
 
 
 def spark_session(config: DedupConfig):
@@ -69,21 +73,48 @@ def _schemas():
     return fingerprint, ranked, index, edges
 
 
-def _read_index_part(store: ObjectStore, key: str):
-    with store.local_copy(key) as path:
-        table = pq.read_table(path, columns=_INDEX_FIELDS)
-    yield from (tuple(row[f] for f in _INDEX_FIELDS) for row in table.to_pylist())
+def _index_batches(store: ObjectStore, batches):
+    """mapInArrow: index part keys -> their rows (_INDEX_FIELDS) as Arrow batches."""
+    for batch in batches:
+        for key in batch.column(0).to_pylist():
+            with store.local_copy(key) as path:
+                table = pq.read_table(path, columns=_INDEX_FIELDS)
+            yield from table.to_batches(max_chunksize=_ARROW_BATCH)
 
 
-def _verify_partition(rows, threshold: float):
-    """(center, member, center_sig, member_sig) rows -> (center, member) that pass verification."""
-    rows = list(rows)
-    if not rows:
-        return
-    est = estimated_jaccard(sig_matrix([r[2] for r in rows]), sig_matrix([r[3] for r in rows]))
-    for row, ok in zip(rows, passes_verification(est, threshold), strict=True):
-        if ok:
-            yield (row[0], row[1])
+def _fingerprint_batches(store: ObjectStore, hasher: MinHasher, snapshot: str, batches):
+    """mapInArrow: shard keys -> FINGERPRINT_SCHEMA batches (columnar to the JVM, no per-row pickling)."""
+    for batch in batches:
+        for key in batch.column(0).to_pylist():
+            rows: list[dict] = []
+            for row in fingerprint_shard(store, key, hasher, snapshot):
+                rows.append(row)
+                if len(rows) == _ARROW_BATCH:
+                    yield pa.RecordBatch.from_pylist(rows, schema=FINGERPRINT_SCHEMA)
+                    rows = []
+            if rows:
+                yield pa.RecordBatch.from_pylist(rows, schema=FINGERPRINT_SCHEMA)
+
+
+def _verify_batches(num_perm: int, threshold: float, batches):
+    """mapInArrow: (center, member, center_sig, member_sig) -> the (src, dst) links that pass verification,
+    compared as (n, num_perm) matrices over the batch's buffers."""
+    for batch in batches:
+        est = estimated_jaccard(
+            sig_rows(batch.column("center_sig"), num_perm), sig_rows(batch.column("member_sig"), num_perm)
+        )
+        ok = pa.array(passes_verification(est, threshold))
+        yield pa.record_batch(
+            [batch.column("center").filter(ok), batch.column("member").filter(ok)], names=["src", "dst"]
+        )
+
+
+def _apply_group(store: ObjectStore, layout, gzip_level: int, table: pa.Table) -> pa.Table:
+    """applyInArrow: one shard's plan rows -> its outputs written, its counts as one JSON row."""
+    key = table.column("shard")[0].as_py()
+    plan = table.select(PLAN_SCHEMA.names).cast(PLAN_SCHEMA).sort_by("line")
+    stats = apply_shard(store, layout, key, plan, gzip_level)
+    return pa.table({"stats": [json.dumps(stats)]})
 
 
 def _is_star_forest(e) -> bool:
@@ -143,30 +174,43 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     fp_schema, ranked_schema, index_schema, edge_schema = _schemas()
     hasher = MinHasher(cfg)
     snapshot = job.layout.snapshot
-    names = FINGERPRINT_SCHEMA.names
     n_shards = len(job.shard_keys)
     base = job.seq << NODE_SHIFT
 
-    rows = sc.parallelize(job.shard_keys, n_shards).flatMap(
-        lambda key: (tuple(r[n] for n in names) for r in fingerprint_shard(store, key, hasher, snapshot))
-    )
-    fps = spark.createDataFrame(rows, fp_schema).persist()
+    keys = spark.createDataFrame(sc.parallelize([(k,) for k in job.shard_keys], n_shards), "key string")
+    fps = keys.mapInArrow(partial(_fingerprint_batches, store, hasher, snapshot), fp_schema).persist()
     digests = {r.shard: r.shard_digest for r in fps.select("shard", "shard_digest").distinct().collect()}
     version = partition_version(cfg.fingerprint(), job.shard_keys, digests, job.earlier)
     job = replace(job, layout=replace(job.layout, version=version))
+    lap("fingerprints")
 
-    # keep rule -> node ids: sort by (quality desc, snapshot, doc_id, shard, line), number the rows
-    ordered = fps.orderBy(F.col("quality").desc(), "snapshot", "doc_id", "shard", "line")
-    ranked = ordered.rdd.zipWithIndex().map(lambda pair: (*pair[0], base + pair[1]))
-    docs = spark.createDataFrame(ranked, ranked_schema).persist()
+    # keep rule -> node ids: sort by (quality desc, snapshot, doc_id, shard, line), then number the rows
+    # without leaving the JVM: a sorted partition's monotonically_increasing_id is (partition << 33) + its
+    # position, so node = base + (rows in earlier partitions) + position. The keys are a total order, so
+    # a recomputed partition gets the same numbers.
+    ordered = (
+        fps.orderBy(F.col("quality").desc(), "snapshot", "doc_id", "shard", "line")
+        .withColumn("_mid", F.monotonically_increasing_id())
+        .persist()
+    )
+    sizes = ordered.groupBy(F.shiftright("_mid", 33).alias("p")).count().collect()
+    before, offsets = 0, {}
+    for r in sorted(sizes, key=lambda r: r["p"]):
+        offsets[int(r["p"])] = before
+        before += int(r["count"])
+    offset_of = F.create_map(*[F.lit(x) for kv in offsets.items() for x in kv]) if offsets else None
+    position = F.col("_mid").bitwiseAND(F.lit((1 << 33) - 1))
+    node = F.lit(base) + (offset_of[F.shiftright("_mid", 33)] if offsets else F.lit(0)) + position
+    docs = ordered.withColumn("node", node.cast("long")).drop("_mid").persist()
     docs.count()  # materialise before the fingerprints are released
+    ordered.unpersist()
     fps.unpersist()
-    lap("fingerprints and ranks")
+    lap("ranks")
 
     parts = [key for entry in job.earlier for key in entry.parts]
     if parts:
-        idx_rows = sc.parallelize(parts, len(parts)).flatMap(lambda key: _read_index_part(store, key))
-        idx = spark.createDataFrame(idx_rows, index_schema).persist()
+        part_keys = spark.createDataFrame(sc.parallelize([(k,) for k in parts], len(parts)), "key string")
+        idx = part_keys.mapInArrow(partial(_index_batches, store), index_schema).persist()
     else:
         idx = spark.createDataFrame([], index_schema)
 
@@ -209,16 +253,10 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
         .join(sigs.select(F.col("node").alias("member"), F.col("sig").alias("member_sig")), "member")
         .select("center", "member", "center_sig", "member_sig")
     )
-    threshold, n_candidates = cfg.verify_threshold, sc.accumulator(0)
-
-    def verify(part):
-        rows = list(part)
-        n_candidates.add(len(rows))
-        return _verify_partition(rows, threshold)
-
-    verified = spark.createDataFrame(paired.rdd.mapPartitions(verify), edge_schema).localCheckpoint()
-    counts = {"verified_pairs": verified.count()}
-    counts["candidate_pairs"] = n_candidates.value
+    paired = paired.localCheckpoint()
+    verify = partial(_verify_batches, cfg.num_perm, cfg.verify_threshold)
+    verified = paired.mapInArrow(verify, edge_schema).localCheckpoint()
+    counts = {"verified_pairs": verified.count(), "candidate_pairs": paired.count()}
     lap("lsh candidates and verification")
     if counts["verified_pairs"]:
         labels = connected_components(verified)
@@ -274,20 +312,20 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     )
     plan = docs.join(decisions, "node").select("shard", *PLAN_SCHEMA.names)
 
-    layout, gzip_level, plan_names = job.layout, cfg.gzip_level, PLAN_SCHEMA.names
-
-    def apply(group):
-        key, shard_rows = group
-        table = pa.Table.from_pylist([{n: r[n] for n in plan_names} for r in shard_rows], schema=PLAN_SCHEMA)
-        return apply_shard(store, layout, key, table.sort_by("line"), gzip_level)
-
     lap("roots and cluster sizes")
-    stats = plan.rdd.map(lambda r: (r["shard"], r)).groupByKey(n_shards).map(apply).collect()
+    layout, gzip_level = job.layout, cfg.gzip_level
+
+    def apply(table: pa.Table) -> pa.Table:  # applyInArrow picks its calling convention from these hints
+        return _apply_group(store, layout, gzip_level, table)
+
+    stats = [
+        json.loads(r["stats"]) for r in plan.groupBy("shard").applyInArrow(apply, "stats string").collect()
+    ]
     lap("apply")
     written = {s["shard"] for s in stats}
     for key in job.shard_keys:  # shards without documents still get (empty) outputs
         if key not in written:
-            stats.append(apply_shard(store, layout, key, PLAN_SCHEMA.empty_table(), gzip_level))
+            stats.append(apply_shard(store, job.layout, key, PLAN_SCHEMA.empty_table(), cfg.gzip_level))
     for frame in (docs, idx):
         frame.unpersist()
     return EngineResult(

@@ -3,6 +3,7 @@ pipeline vs datasketch's MinHashLSH, on the same real corpus with planted near-d
 
     .venv/bin/python benchmarks/dedup.py [--max-base-docs 3000] [--workers 1] [--methods ours,rensa]
     .venv/bin/python benchmarks/dedup.py --scale 10000,100000,1000000 [--methods ours,rensa]
+    .venv/bin/python benchmarks/dedup.py --cores 200000
 
 Corpora (--corpus; fetched once with `apt-get download` + `dpkg-deb -x` into the cache dir), converted to text
 and cut into documents of 100-800 words at paragraph boundaries; exact duplicates and natural near-duplicates
@@ -32,6 +33,10 @@ All three use 5-word shingles and 14 bands x 8 rows (112 permutations, seed 1):
   query-then-insert, single process, in memory, in its own venv (`<cache>/rensa-venv`, made on first use).
   Like datasketch it gets the benchmark's `\\w+` lowercased tokens, reads the same shards, and does no more
   (no exact/URL dedup, no outputs written, no index).
+
+`--cores N` replaces the quality run: one generated corpus of N documents through our datatrove engine (1 and
+2 worker processes) and our Spark engine (local[1], local[2]; the JVM starts inside the timed run, and its
+CPU and its Python workers' are counted); docs/s, CPU s, speedup and whether the clusters are identical.
 
 `--scale N1,N2,...` replaces the quality run: generated corpora of N documents (real pages with 40% of their
 words substituted, every 10th document a planted copy of an earlier one at a known level) through ours and
@@ -363,23 +368,52 @@ def read_docs(root: Path):
 
 
 def run_ours(root: Path, work: Path, workers: int) -> dict[str, str]:
-    import pyarrow.parquet as pq
-
     from infra.store import LocalStore
     from pipelines.dedup import DedupConfig, dedup_partition
 
     shutil.rmtree(root / "dedup", ignore_errors=True)
     config = DedupConfig(tasks=workers, workers=workers, url_dedup=False)
     result = dedup_partition(config, LocalStore(root), SNAPSHOT, scratch=work, report_plots=False)
+    _OURS_REPORT.update(histogram=result.extra["histogram"], metrics=result.metrics)
+    return _clusters_of(root)
+
+
+_OURS_REPORT: dict = {}  # what the stage's report PNGs would draw: timed after the run (`child_main`)
+_UNREAPED_CPU = [0.0]  # CPU s of child processes os.times() cannot see (the Spark JVM and its Python workers)
+
+
+def _clusters_of(root: Path) -> dict[str, str]:
+    import pyarrow.parquet as pq
+
     clusters = {}
     for path in sorted((root / f"dedup/web/{SNAPSHOT}").glob("v-*/clusters/*.parquet")):
         for row in pq.read_table(path, columns=["doc_id", "root_doc_id"]).to_pylist():
             clusters[row["doc_id"]] = row["root_doc_id"]
-    _OURS_REPORT.update(histogram=result.extra["histogram"], metrics=result.metrics)
     return clusters
 
 
-_OURS_REPORT: dict = {}  # what the stage's report PNGs would draw: timed after the run (`child_main`)
+def run_spark(root: Path, work: Path, cores: int) -> dict[str, str]:
+    """Our Spark engine on local[cores] (the JVM starts inside the timed run, as in a stage)."""
+    import psutil
+
+    from infra.store import LocalStore
+    from pipelines.dedup import DedupConfig, dedup_partition
+    from pipelines.dedup.spark_engine import spark_session
+
+    shutil.rmtree(root / "dedup", ignore_errors=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    config = DedupConfig(engine="spark", spark_master=f"local[{cores}]", url_dedup=False)
+    spark = spark_session(config)
+    spark.sparkContext.setLogLevel("ERROR")
+    dedup_partition(config, LocalStore(root), SNAPSHOT, spark=spark, scratch=work, report_plots=False)
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            _UNREAPED_CPU[0] += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    spark.stop()
+    return _clusters_of(root)
 
 
 def time_report_plots(work: Path) -> float:
@@ -505,6 +539,7 @@ METHODS = {
     "datatrove-split": lambda root, work, workers: run_datatrove(root, work, workers, split_words=True),
     "datasketch": run_datasketch,
     "rensa": run_rensa,
+    "spark": run_spark,  # --workers = local[N] cores
 }
 
 
@@ -523,7 +558,7 @@ def child_main(args: argparse.Namespace) -> None:
         clusters = METHODS[args.method](root, work, args.workers)
         seconds, cpu1 = time.perf_counter() - started, os.times()
     # CPU of this process and of its waited-for children (worker processes, the rensa runner)
-    cpu = sum(cpu1[:4]) - sum(cpu0[:4])
+    cpu = sum(cpu1[:4]) - sum(cpu0[:4]) + _UNREAPED_CPU[0]
     largest = rss.largest
     if args.method == "rensa":  # rensa: the runner's own peak (the sampler may miss a short-lived peak)
         largest = max(largest, clusters["runner"]["max_rss"])
@@ -694,6 +729,33 @@ def plot_curve(results: dict[str, dict], path: Path, title: str) -> Path:
     return path
 
 
+def run_cores(args, base: list[dict], work: Path) -> None:
+    """--cores N: one generated corpus of N documents through our two engines on 1 and then 2 cores."""
+    n = args.cores
+    root = work / f"cores-{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    write_synthetic(root, base, n, args.seed + n, args.scale_docs_per_shard)
+    runs = {}
+    for method in ("ours", "spark"):
+        for cores in (1, 2):
+            log.info("cores %d docs: running %s on %d", n, method, cores)
+            runs[(method, cores)] = run_method(method, root, work, cores)
+    shutil.rmtree(root, ignore_errors=True)
+    reference = runs[("ours", 1)]["clusters"]
+    print(f"\n## Engines on 1 and 2 cores: {n} generated documents\n")
+    print("CPU s: this process and its reaped children, for Spark also the JVM and its Python workers")
+    print("(the datatrove engine's pool workers, children of a forkserver, are not counted)\n")
+    print("| engine | cores | seconds | docs/s | CPU s | vs 1 core | same clusters as datatrove/1 |")
+    print("|---|---|---|---|---|---|---|")
+    for (method, cores), r in runs.items():
+        name = {"ours": "datatrove engine (workers)", "spark": "Spark local[N]"}[method]
+        speedup = runs[(method, 1)]["seconds"] / r["seconds"]
+        print(
+            f"| {name} | {cores} | {r['seconds']:.1f} | {n / r['seconds']:.0f} | {r['cpu_seconds']:.1f} | "
+            f"{speedup:.2f}x | {r['clusters'] == reference} |"
+        )
+
+
 def run_scale(args, base: list[dict], work: Path) -> None:
     """--scale: generated corpora of the given sizes through ours and rensa; docs/s, CPU and RSS per size."""
     sizes = [int(float(x)) for x in args.scale.split(",") if x]
@@ -768,6 +830,12 @@ def main() -> None:
     )
     parser.add_argument("--scale-docs-per-shard", type=int, default=5000)
     parser.add_argument(
+        "--cores",
+        type=int,
+        default=0,
+        help="N: instead of the quality run, N generated docs through the datatrove and Spark engines on 1 and 2 cores",
+    )
+    parser.add_argument(
         "--png", default=None, help="detection-curve PNG (default: <cache>/dedup_detection_curve.png)"
     )
     parser.add_argument("--workers", type=int, default=1, help="worker processes for ours and datatrove")
@@ -796,8 +864,8 @@ def main() -> None:
     )
     started = time.perf_counter()
     base = base_documents(Path(args.cache), args.max_base_docs, args.seed, args.corpus)
-    if args.scale:
-        run_scale(args, base, work)
+    if args.scale or args.cores:
+        (run_scale if args.scale else run_cores)(args, base, work)
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
         return

@@ -326,13 +326,6 @@ def normalise_url(url: str) -> str:
     return urlunsplit((parts.scheme.lower(), netloc, parts.path or "/", parts.query, ""))
 
 
-def sig_matrix(sigs: list[bytes]) -> np.ndarray:
-    """Stack signatures (bytes of uint32) into an (n, num_perm) uint32 matrix."""
-    if not sigs:
-        return np.zeros((0, 0), dtype=np.uint32)
-    return np.frombuffer(b"".join(sigs), dtype="<u4").reshape(len(sigs), -1)
-
-
 def estimated_jaccard(sigs_a: np.ndarray, sigs_b: np.ndarray) -> np.ndarray:
     """Row-wise fraction of equal MinHash values of two (n, num_perm) uint32 matrices (float64)."""
     if len(sigs_a) == 0:

@@ -3,8 +3,8 @@ calls `fingerprints.py` / `shards.py`), same phases and the same smallest-node-w
 both keep exactly the same documents. Nothing document-sized reaches the driver: shards are read and written
 by tasks through the store, grouping is done with DataFrame joins and aggregations, and connected components
 use the large-star / small-star iteration (Kiveris et al., 2014). Rows cross between the JVM and the Python
-workers only as Arrow batches (mapInArrow / applyInArrow), never pickled one by one. The driver only collects per-shard digests
-and counts, and the cluster-size histogram.
+workers only as Arrow batches (mapInArrow / applyInArrow), never pickled one by one. The driver only collects
+per-shard digests and counts, and the cluster-size histogram.
 
 The store object is shipped to tasks, so it must be picklable (LocalStore is; on a cluster pass a store
 whose client is created lazily on the executors)."""
@@ -70,7 +70,7 @@ def _schemas():
     edges = T.StructType(
         [T.StructField("src", T.LongType(), False), T.StructField("dst", T.LongType(), False)]
     )
-    return fingerprint, ranked, index, edges
+    return fingerprint, index, edges
 
 
 def _index_batches(store: ObjectStore, batches):
@@ -171,7 +171,7 @@ def run_spark(spark, store: ObjectStore, job: PartitionJob) -> EngineResult:
     cfg = job.config
     sc = spark.sparkContext
     spark.conf.set("spark.sql.shuffle.partitions", str(cfg.spark_shuffle_partitions))
-    fp_schema, ranked_schema, index_schema, edge_schema = _schemas()
+    fp_schema, index_schema, edge_schema = _schemas()
     hasher = MinHasher(cfg)
     snapshot = job.layout.snapshot
     n_shards = len(job.shard_keys)

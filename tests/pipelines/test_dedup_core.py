@@ -6,6 +6,7 @@ import pickle
 import random
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from conftest_dedup import VOCAB, substitute, words  # tests/pipelines is on sys.path (prepend import mode)
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
@@ -14,7 +15,8 @@ from pydantic import ValidationError
 
 from infra.settings import load_profile, validate_stage
 from pipelines.dedup import DedupConfig, check_dedup_rate
-from pipelines.dedup.fingerprints import MinHasher, estimated_jaccard, normalise_url, sig_matrix
+from pipelines.dedup.fingerprints import MinHasher, estimated_jaccard, normalise_url
+from pipelines.dedup.index import sig_rows
 
 
 def true_jaccard(hasher: MinHasher, a: str, b: str) -> float:
@@ -124,7 +126,10 @@ def test_estimated_jaccard_tracks_true_jaccard_and_bands_follow_the_s_curve():
             a = " ".join(words(rng))
             b = substitute(rng, a, edits)
             fa, fb = hasher.fingerprint(a), hasher.fingerprint(b)
-            est = estimated_jaccard(sig_matrix([fa.sig]), sig_matrix([fb.sig]))[0]
+            n_perm = hasher.config.num_perm
+            est = estimated_jaccard(
+                sig_rows(pa.array([fa.sig]), n_perm), sig_rows(pa.array([fb.sig]), n_perm)
+            )[0]
             rows.append((edits, true_jaccard(hasher, a, b), est, bool((fa.bands == fb.bands).any())))
     errors = np.array([abs(t - e) for _, t, e, _ in rows])
     assert errors.mean() < 0.04 and errors.max() < 0.15  # 112 permutations: std ~0.045

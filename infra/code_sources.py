@@ -101,6 +101,9 @@ class AptConfig:
             "-o", f"Dir::Cache={self.root / 'cache'}",
             "-o", "APT::Get::AllowUnauthenticated=false",
             "-o", "Debug::NoLocking=1",
+            # the machine's dpkg status would make an installed security update (not on the mirror's suite)
+            # the candidate version, and `apt-get download` of it fails
+            "-o", "Dir::State::status=/dev/null",
         ]  # fmt: skip
 
     def ensure(self) -> None:

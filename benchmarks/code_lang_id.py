@@ -345,7 +345,8 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "classifiers" / "data"
 FROZEN_TEST = DATA_DIR / "code_language_test_v1.json"
 FROZEN_DEV = DATA_DIR / "code_language_dev_v1.json"
 # snapshots the classifier is trained from: tiny's crawl (33 languages) + classifiers/data/code_language_extra.yaml
-DEFAULT_DATA = ["code-0001", "code-langs-0001"]
+# + code_language_extra2.yaml
+DEFAULT_DATA = ["code-0001", "code-langs-0001", "code-langs-0002"]
 
 
 def use_frozen_version(version: str) -> None:
@@ -356,10 +357,39 @@ def use_frozen_version(version: str) -> None:
     FROZEN_DEV = DATA_DIR / f"code_language_dev_{version}.json"
 
 
-def _log_files() -> list[Path]:
-    logs = [Path(p) for p in ("/var/log/dpkg.log", "/var/log/alternatives.log", "/var/log/fontconfig.log",
-                              "/var/log/apt/history.log", "/var/log/apt/term.log")]  # fmt: skip
-    return logs + sorted(Path("/var/log/postgresql").glob("*.log")) + sorted(Path.home().glob("*.log"))
+# log files of the `unknown` label: test logs shipped in Debian packages (sshd, apache, postfix, haproxy,
+# simulation runs), pinned so that the frozen sets stay reproducible (v1 / v2 used this machine's own logs,
+# which change while it runs)
+PACKAGED_LOGS = {
+    ("fail2ban", "1.0.2-2"): "*/tests/files/logs/*",
+    ("python3-haproxy-log-analysis", "2.0~b0-4"): "*/tests/files/*",
+    ("votca-tutorials", "2022.1-1"): "*.log",
+}
+
+
+def packaged_log_files(cache_dir: Path) -> list[Path]:
+    """PACKAGED_LOGS, fetched once and unpacked to `cache_dir/unknown-logs/<package>_<version>/` (published by
+    rename: a killed run leaves no half-filled directory that looks complete)."""
+    import shutil
+    from fnmatch import fnmatch
+
+    from infra.code_sources import AptConfig, fetch_debian_binary
+    from pipelines.code.archives import iter_deb
+
+    out: list[Path] = []
+    for (package, version), pattern in PACKAGED_LOGS.items():
+        dest = cache_dir / "unknown-logs" / f"{package}_{version}"
+        if not dest.is_dir():
+            deb = fetch_debian_binary(AptConfig(cache_dir / "apt"), package, version, cache_dir).files[0]
+            tmp = dest.with_name(dest.name + ".partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for m in iter_deb(deb):
+                if fnmatch(m.path, pattern) and m.size > 0:
+                    (tmp / f"{package}__{m.path.rsplit('/', 1)[-1]}").write_bytes(m.read())
+            tmp.rename(dest)
+        out += sorted(dest.iterdir())
+    return out
 
 
 def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: int) -> tuple[list[dict], dict]:
@@ -382,7 +412,9 @@ def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: in
         / f"python{sys.version_info.major}.{sys.version_info.minor}"
         / "site-packages"
     )
-    for t in local_unknown_texts(site, _log_files(), seed=seed):
+    from pipelines.code.crawl import default_cache_dir
+
+    for t in local_unknown_texts(site, packaged_log_files(default_cache_dir()), seed=seed):
         files.append({"id": t.path, "text": t.text, "label": UNKNOWN, "group": t.group, "path": t.path,
                       "how": t.kind})  # fmt: skip
     seen: set[str] = set()
@@ -414,11 +446,14 @@ def _hash_key(seed: int, s: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
 
 
-def assign_splits(files: list[dict], seed: int) -> dict:
+def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) -> dict:
     """Split by project, or read the frozen split: the first run freezes test and dev (their groups and file
-    hashes, sha256 next to them in classifiers/data/); later runs reuse those groups, so no choice can move them."""
+    hashes, sha256 next to them in classifiers/data/); later runs reuse those groups, so no choice can move them.
+    `extend_from` (an earlier version) freezes a new version that keeps the earlier held-out projects and splits
+    only labels added since (`code_language_protocol.extend_split`)."""
     from classifiers.code_language_protocol import (
         component_groups,
+        extend_split,
         frozen_set,
         load_frozen,
         split_groups,
@@ -433,6 +468,10 @@ def assign_splits(files: list[dict], seed: int) -> dict:
         dev_groups = set(load_frozen(FROZEN_DEV)["groups"])
         where = {f["group"]: "test" if f["group"] in test_groups else "dev" if f["group"] in dev_groups else "train"
                  for f in files}  # fmt: skip
+    elif extend_from:  # a new version: the earlier one's held-out projects stay, new labels are split
+        previous = {g: name for name in ("test", "dev")
+                    for g in load_frozen(DATA_DIR / f"code_language_{name}_{extend_from}.json")["groups"]}  # fmt: skip
+        where = extend_split(capped, previous, seed)
     else:
         where = split_groups(capped, seed)
     for f in files:
@@ -470,8 +509,10 @@ def train_main(argv: list[str]) -> dict:
     from classifiers.fasttext_train import FastTextParams, plot_confusion
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
-    ap.add_argument("--frozen-version", default="v1", help="which frozen dev / test sets (classifiers/data/)")
+    ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="[STATE_DIR:]SNAPSHOT of crawled code")
+    ap.add_argument("--extend-from", default=None,
+                    help="freezing a new version: keep this earlier version's held-out projects (e.g. v2)")  # fmt: skip
     ap.add_argument("--epochs", type=int, nargs="+", default=[40, 120], help="candidates, chosen on dev")
     ap.add_argument(
         "--per-group-cap", type=int, default=60, help="held-out files of one label from one project"
@@ -488,7 +529,7 @@ def train_main(argv: list[str]) -> dict:
     use_frozen_version(args.frozen_version)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     files, info = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
-    info.update(assign_splits(files, args.seed))
+    info.update(assign_splits(files, args.seed, args.extend_from))
     by = {s: [f for f in files if f["split"] == s] for s in ("train", "dev", "test")}
     rng = random.Random(args.seed)
     train: list[dict] = []
@@ -681,7 +722,7 @@ def protocol_bench_main(argv: list[str]) -> dict:
     from classifiers.code_language_protocol import UNKNOWN, load_frozen
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py protocol")
-    ap.add_argument("--frozen-version", default="v1", help="which frozen dev / test sets (classifiers/data/)")
+    ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA)
     ap.add_argument("--model-dir", type=Path, required=True, help="output of `code_lang_id.py train`")
     ap.add_argument("--magika-venv", type=Path, default=None, help="default: <state dir>/bench-venv-magika")

@@ -91,6 +91,27 @@ def split_groups(
     return where
 
 
+def split_label(f: dict) -> str:
+    """What a file is split by: its label, with `unknown` texts apart per kind (logs, prose, CSV, ...), so that a
+    new kind of `unknown` text gets held-out groups of its own."""
+    return f"{f['label']}/{f.get('how', '')}" if f["label"] == UNKNOWN else f["label"]
+
+
+def extend_split(files: list[dict], previous: dict[str, str], seed: int) -> dict[str, str]:
+    """A new frozen version on top of an earlier one (`previous`: its test and dev groups): those groups keep
+    their side; a split label none of them holds (a language added since, a new kind of `unknown` text) is split
+    by project over the groups made only of such labels (`split_groups`); every other group trains. So adding
+    labels moves no earlier held-out file and puts no earlier training project into a held-out set."""
+    held_labels = {split_label(f) for f in files if f["group"] in previous}
+    new_labels = {split_label(f) for f in files} - held_labels
+    labels_of: dict[str, set[str]] = defaultdict(set)
+    for f in files:
+        labels_of[f["group"]].add(split_label(f))
+    eligible = {g for g, labs in labels_of.items() if g not in previous and labs <= new_labels}
+    fresh = split_groups([{**f, "label": split_label(f)} for f in files if f["group"] in eligible], seed)
+    return {g: previous.get(g) or fresh.get(g, "train") for g in labels_of}
+
+
 def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -15,6 +15,7 @@ from classifiers.code_language_protocol import (
     component_groups,
     decide_unknown,
     expected_calibration_error,
+    extend_split,
     fit_temperature,
     frozen_digest,
     frozen_set,
@@ -40,6 +41,27 @@ def test_split_is_by_project_and_every_label_reaches_each_split():
         splits = {where[f["group"]] for f in files if f["label"] == label}
         assert splits == {"train", "dev", "test"}, label
     assert split_groups(files, seed=0) == where  # deterministic
+
+
+def test_extend_split_keeps_earlier_held_out_projects_and_splits_only_new_labels():
+    old = _files("Python", 10, 5) + _files("SQL", 6, 4)
+    logs = [{**f, "label": UNKNOWN, "how": "log"} for f in _files("log", 8, 3)]
+    prose = [{**f, "label": UNKNOWN, "how": "prose"} for f in _files("doc", 8, 3)]
+    previous = {g: s for g, s in split_groups(old + prose, seed=0).items() if s != "train"}
+    # since: a new language, a new kind of unknown text, new projects of an old label, and an old training
+    # project that now also ships files of the new language
+    mixed = [
+        {"label": "TOML", "group": "Python-p0", "path": f"cfg{i}.toml", "text": f"t{i}"} for i in range(3)
+    ]
+    mixed = mixed if previous.get("Python-p0") is None else []
+    files = old + prose + logs + _files("TOML", 7, 4) + _files("Python", 14, 5)[10 * 5 :] + mixed
+    where = extend_split(files, previous, seed=0)
+    assert all(where[g] == s for g, s in previous.items())  # no earlier held-out project moves
+    for label in ("TOML", "log"):  # new split labels reach every split
+        assert {where[f["group"]] for f in files if f["group"].startswith(label)} == {"train", "dev", "test"}
+    assert {where[f"Python-p{g}"] for g in range(10, 14)} == {"train"}  # new projects of an old label train
+    assert all(where[f["group"]] == "train" for f in mixed)  # an old training project stays in training
+    assert extend_split(files, previous, seed=0) == where
 
 
 def test_component_groups_split_a_one_project_label():

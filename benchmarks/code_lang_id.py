@@ -469,9 +469,13 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
         where = {f["group"]: "test" if f["group"] in test_groups else "dev" if f["group"] in dev_groups else "train"
                  for f in files}  # fmt: skip
     elif extend_from:  # a new version: the earlier one's held-out projects stay, new labels are split
-        previous = {g: name for name in ("test", "dev")
-                    for g in load_frozen(DATA_DIR / f"code_language_{name}_{extend_from}.json")["groups"]}  # fmt: skip
-        where = extend_split(capped, previous, seed)
+        earlier = {
+            name: load_frozen(DATA_DIR / f"code_language_{name}_{extend_from}.json")
+            for name in ("test", "dev")
+        }
+        previous = {g: name for name, frozen in earlier.items() for g in frozen["groups"]}
+        labels = {label for frozen in earlier.values() for _, label in frozen["files"]}
+        where = extend_split(capped, previous, labels, seed)
     else:
         where = split_groups(capped, seed)
     for f in files:

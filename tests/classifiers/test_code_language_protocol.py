@@ -54,14 +54,18 @@ def test_extend_split_keeps_earlier_held_out_projects_and_splits_only_new_labels
         {"label": "TOML", "group": "Python-p0", "path": f"cfg{i}.toml", "text": f"t{i}"} for i in range(3)
     ]
     mixed = mixed if previous.get("Python-p0") is None else []
-    files = old + prose + logs + _files("TOML", 7, 4) + _files("Python", 14, 5)[10 * 5 :] + mixed
-    where = extend_split(files, previous, seed=0)
+    # a held-out project of the earlier version held two PowerShell files, too few for a label then
+    held = next(iter(previous))
+    stray = [{"label": "PowerShell", "group": held, "path": f"w{i}.ps1", "text": f"ps{i}"} for i in range(2)]
+    new = _files("TOML", 7, 4) + _files("PowerShell", 7, 4) + _files("Python", 14, 5)[10 * 5 :]
+    files = old + prose + logs + new + mixed + stray
+    where = extend_split(files, previous, {"Python", "SQL", UNKNOWN}, seed=0)
     assert all(where[g] == s for g, s in previous.items())  # no earlier held-out project moves
-    for label in ("TOML", "log"):  # new split labels reach every split
+    for label in ("TOML", "PowerShell", "log"):  # new split labels reach every split
         assert {where[f["group"]] for f in files if f["group"].startswith(label)} == {"train", "dev", "test"}
     assert {where[f"Python-p{g}"] for g in range(10, 14)} == {"train"}  # new projects of an old label train
     assert all(where[f["group"]] == "train" for f in mixed)  # an old training project stays in training
-    assert extend_split(files, previous, seed=0) == where
+    assert extend_split(files, previous, {"Python", "SQL", UNKNOWN}, seed=0) == where
 
 
 def test_component_groups_split_a_one_project_label():

@@ -93,12 +93,10 @@ def test_frozen_set_round_trip_and_tamper(tmp_path):
         load_frozen(path)
 
 
-def test_repo_frozen_test_set_matches_its_hash():
-    path = DATA / "code_language_test_v1.json"
-    if not path.exists():
-        pytest.skip("no frozen test set committed yet")
-    frozen = load_frozen(path)  # raises on a mismatch with code_language_test_v1.json.sha256
-    dev = load_frozen(DATA / "code_language_dev_v1.json")
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+def test_repo_frozen_test_set_matches_its_hash(version):
+    frozen = load_frozen(DATA / f"code_language_test_{version}.json")  # raises on a mismatch with its .sha256
+    dev = load_frozen(DATA / f"code_language_dev_{version}.json")
     assert not set(frozen["groups"]) & set(dev["groups"])  # disjoint by project
     assert not {h for h, _ in frozen["files"]} & {h for h, _ in dev["files"]}
 
@@ -149,3 +147,14 @@ def test_classifier_temperature_keeps_the_argmax_and_matches_the_reference(tmp_p
         ((lang, p),) = top1.items()
         assert lang == max(r, key=r.get) == max(full, key=full.get)
         assert p == pytest.approx(r[lang], abs=1e-6) and sum(full.values()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_repo_v3_keeps_every_v2_held_out_project():
+    # v3 extends v2 (extend_split): only v2's machine-log groups are gone (v3 reads packaged logs instead)
+    for name in ("test", "dev"):
+        v2, v3 = (set(load_frozen(DATA / f"code_language_{name}_{v}.json")["groups"]) for v in ("v2", "v3"))
+        gone = v2 - v3
+        assert gone and all(g.startswith("log:") for g in gone), sorted(gone)[:5]
+        assert not v3 & set(
+            load_frozen(DATA / f"code_language_{'dev' if name == 'test' else 'test'}_v3.json")["groups"]
+        )

@@ -285,20 +285,16 @@ class CodeLanguageClassifier:
         """Language -> probability from content alone; `workers` > 1 splits the files over processes (each
         loads the model file once), for large batches on several cores. With a temperature other than 1 the
         model's full distribution is rescaled (`p_i^(1/T)`, renormalised) and then cut to the top `k`."""
-        if self.temperature != 1.0 and k != -1 and workers > 1:
-            probs = self.predict_content(texts, k=-1, workers=workers)
-            return [dict(sorted(p.items(), key=lambda kv: -kv[1])[:k]) for p in probs]
         if workers > 1 and self.path is not None and len(texts) >= 200 * workers:
             from concurrent.futures import ProcessPoolExecutor
 
             size = -(-len(texts) // (workers * 4))
             chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
             with ProcessPoolExecutor(
-                workers, initializer=_load_worker_model, initargs=(str(self.path),)
-            ) as pool:
-                probs = [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
-        else:
-            probs = self._probabilities([self.features.line(t) for t in texts], k)
+                workers, initializer=_load_worker_model, initargs=(str(self.path), self.temperature)
+            ) as pool:  # each worker applies the markers and corrections to its chunk
+                return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
+        probs, raw_top = self._probabilities([self.features.line(t) for t in texts], k)
         # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model
         for i, text in enumerate(texts):
             if (lang := language_from_content_marker(text) or language_from_script_header(text)) is not None:
@@ -307,26 +303,32 @@ class CodeLanguageClassifier:
                 top = max(probs[i], key=probs[i].get)
                 if top == "YAML" and (body := front_matter_body(text)) is not None:
                     # Markdown's front matter is YAML: the rest of the file says what it is
-                    body_probs = self._probabilities([self.features.line(body)], k)[0]
-                    body_top = max(body_probs, key=body_probs.get) if body_probs else "YAML"
+                    body_probs, body_raw = self._probabilities([self.features.line(body)], k)
+                    body_top = max(body_probs[0], key=body_probs[0].get) if body_probs[0] else "YAML"
                     if body_top != "YAML":
-                        probs[i], top = body_probs, body_top
-                fixed = correct_content_prediction(text, top, sure=probs[i][top] >= CORRECT_BELOW_PROB)
+                        probs[i], top, raw_top[i] = body_probs[0], body_top, body_raw[0]
+                # how sure the model is, before calibration: CORRECT_BELOW_PROB was chosen on raw probabilities
+                fixed = correct_content_prediction(text, top, sure=raw_top[i] >= CORRECT_BELOW_PROB)
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
         return probs
 
-    def _probabilities(self, lines: list[str], k: int) -> list[dict[str, float]]:
+    def _probabilities(self, lines: list[str], k: int) -> tuple[list[dict[str, float]], list[float]]:
         """The model's top-`k` probabilities, temperature-scaled over all labels (`p^(1/T)` renormalised, one
-        numpy pass over the batch) when the temperature is not 1."""
+        numpy pass over the batch) when the temperature is not 1; and each line's raw (unscaled) top probability."""
         if self.temperature == 1.0:
-            return predict_proba(self.model, lines, k=k)
-        labels, probs = self.model.predict(lines, k=-1)
-        q = np.power(np.maximum(np.asarray(probs, dtype=np.float64), 1e-12), 1.0 / self.temperature)
+            probs = predict_proba(self.model, lines, k=k)
+            return probs, [max(p.values(), default=0.0) for p in probs]
+        labels, raw = self.model.predict(lines, k=-1)
+        raw = np.asarray(raw, dtype=np.float64)
+        if raw.size == 0:
+            return [{} for _ in lines], [0.0] * len(lines)
+        q = np.power(np.maximum(raw, 1e-12), 1.0 / self.temperature)
         q /= q.sum(axis=1, keepdims=True)  # fastText returns each row sorted by probability: the top k lead
         n = q.shape[1] if k == -1 else k
-        return [{label_name(lab): float(p) for lab, p in zip(labs[:n], row[:n], strict=True)}
-                for labs, row in zip(labels, q, strict=True)]  # fmt: skip
+        probs = [{label_name(lab): float(p) for lab, p in zip(labs[:n], row[:n], strict=True)}
+                 for labs, row in zip(labels, q, strict=True)]  # fmt: skip
+        return probs, raw[:, 0].tolist()
 
     def decide(self, path: str, text: str, declared: str | None, probs: dict[str, float]) -> LanguageDecision:
         """Combine priors and content probabilities into the final language of one file."""
@@ -355,8 +357,8 @@ class CodeLanguageClassifier:
 _WORKER_MODEL: list[CodeLanguageClassifier] = []  # one model per worker process, loaded by the initializer
 
 
-def _load_worker_model(path: str) -> None:
-    _WORKER_MODEL[:] = [CodeLanguageClassifier.load(path)]
+def _load_worker_model(path: str, temperature: float = 1.0) -> None:
+    _WORKER_MODEL[:] = [CodeLanguageClassifier.load(path, temperature=temperature)]
 
 
 def _predict_in_worker(texts: list[str], k: int) -> list[dict[str, float]]:

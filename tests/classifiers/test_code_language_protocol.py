@@ -147,6 +147,9 @@ def test_classifier_temperature_keeps_the_argmax_and_matches_the_reference(tmp_p
         ((lang, p),) = top1.items()
         assert lang == max(r, key=r.get) == max(full, key=full.get)
         assert p == pytest.approx(r[lang], abs=1e-6) and sum(full.values()) == pytest.approx(1.0, abs=1e-6)
+    # worker processes load the model with its temperature too (they used the raw softmax before)
+    many = texts * 200
+    assert hot.predict_content(many, k=1, workers=2) == hot.predict_content(many, k=1)
 
 
 def test_repo_v3_keeps_every_v2_held_out_project():

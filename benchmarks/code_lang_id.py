@@ -504,13 +504,12 @@ def train_main(argv: list[str]) -> dict:
     """Train (epochs chosen on dev), calibrate (temperature on dev), score the frozen test set once, log to MLflow."""
     from classifiers.code_language import train_code_language_model
     from classifiers.code_language_protocol import (
-        UNKNOWN,
         apply_temperature,
         calibration_report,
         fit_temperature,
         load_frozen,
     )  # fmt: skip
-    from classifiers.fasttext_train import FastTextParams, plot_confusion
+    from classifiers.fasttext_train import FastTextParams
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
     ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
@@ -588,35 +587,49 @@ def train_main(argv: list[str]) -> dict:
     # the frozen test set: scored once for this model version
     load_frozen(FROZEN_TEST)
     clf = CodeLanguageClassifier.load(final, temperature=temperature)
-    test_true = [f["label"] for f in by["test"]]
     t0 = time.time()
     test_probs = clf.predict_content([f["text"] for f in by["test"]], k=-1)
     secs = time.time() - t0
-    test_pred = [max(p, key=p.get) if p else UNKNOWN for p in test_probs]
-    conf = [max(p.values()) if p else 0.0 for p in test_probs]
+    train_counts = Counter(f["label"] for f in train)
+    (args.out / "train_counts.json").write_text(json.dumps(dict(sorted(train_counts.items())), indent=1))
+    return report_frozen_test(
+        by["test"], test_probs, secs, labels, {**cal, "info": info}, train_counts, args.out
+    )
+
+
+def report_frozen_test(test: list[dict], probs: list[dict[str, float]], secs: float, labels: list[str], cal: dict,
+                       train_counts: dict[str, int] | None, out: Path) -> dict:  # fmt: skip
+    """The one scoring of a model version on the frozen test set: per-label P/R/F1, macro-F1, accuracy, ECE,
+    errors at >= 0.99, the confusion matrix PNG; written to `out` and logged to MLflow."""
+    from classifiers.code_language_protocol import UNKNOWN, calibration_report
+    from classifiers.fasttext_train import plot_confusion
+
+    test_true = [f["label"] for f in test]
+    test_pred = [max(p, key=p.get) if p else UNKNOWN for p in probs]
+    conf = [max(p.values()) if p else 0.0 for p in probs]
     rep = classification_report(test_true, test_pred, labels)
     calib = calibration_report(test_true, test_pred, conf)
     result = {"labels": labels, "accuracy": round(rep.accuracy, 4), "macro_f1": round(rep.macro_f1, 4),
-              "files": len(test_true), "groups": len({f["group"] for f in by["test"]}),
-              "files_per_s": round(len(test_true) / secs, 1), **calib, **cal, "info": info,
+              "files": len(test_true), "groups": len({f["group"] for f in test}),
+              "files_per_s": round(len(test_true) / secs, 1), **calib, **cal,
               "per_label": {lab: {k: round(v, 4) for k, v in rep.per_class[lab].items()} for lab in labels}}  # fmt: skip
     rows = [{"label": lab, "precision": round(rep.per_class[lab]["precision"], 3),
              "recall": round(rep.per_class[lab]["recall"], 3), "f1": round(rep.per_class[lab]["f1"], 3),
              "test_files": int(rep.per_class[lab]["support"]),
-             "test_projects": len({f["group"] for f in by["test"] if f["label"] == lab}),
-             "train_files": sum(1 for f in train if f["label"] == lab),
+             "test_projects": len({f["group"] for f in test if f["label"] == lab}),
+             **({"train_files": train_counts.get(lab, 0)} if train_counts is not None else {}),
              "ece": calib["ece_per_predicted_label"].get(lab, "")} for lab in labels]  # fmt: skip
     table = markdown_table(rows)
     print(f"\n## frozen test set: {len(test_true)} files, {result['groups']} projects\naccuracy {rep.accuracy:.4f}, "
           f"macro-F1 {rep.macro_f1:.4f}, ECE {calib['ece']}, errors at >= 0.99: {calib['confident_errors']} of "
           f"{calib['confident_predictions']} ({100 * calib['confident_error_rate']:.2f}%)\n{table}")  # fmt: skip
-    (args.out / "test_report.json").write_text(json.dumps(result, indent=1))
-    (args.out / "test_table.md").write_text(table + "\n")
+    (out / "test_report.json").write_text(json.dumps(result, indent=1))
+    (out / "test_table.md").write_text(table + "\n")
     png = plot_confusion(
-        rep, args.out / "confusion_test.png", f"code language, frozen test ({len(test_true)} files)"
+        rep, out / "confusion_test.png", f"code language, frozen test ({len(test_true)} files)"
     )
-    _log_mlflow(result, [png, args.out / "test_report.json", args.out / "test_table.md",
-                         args.out / "calibration.json", FROZEN_TEST.with_suffix(".json.sha256")])  # fmt: skip
+    _log_mlflow(result, [png, out / "test_report.json", out / "test_table.md",
+                         out / "calibration.json", FROZEN_TEST.with_suffix(".json.sha256")])  # fmt: skip
     return result
 
 
@@ -756,6 +769,9 @@ def protocol_bench_main(argv: list[str]) -> dict:
         y if (g == "magika:lisp" and y in MAGIKA_LISP) else g for g, y in zip(mg, y_true, strict=True)
     ]
     speed["magika"] = len(texts) / mg_s
+    counts = args.model_dir / "train_counts.json"
+    report_frozen_test(test, probs, ours_s, sorted(set(y_true)), cal,
+                       json.loads(counts.read_text()) if counts.exists() else None, args.model_dir)  # fmt: skip
     magika_labels = set(MAGIKA_NAMES.values()) | MAGIKA_LISP
     labels = sorted(set(y_true))
     print(f"frozen test set {FROZEN_TEST.name} (sha256 {frozen_digest_of(FROZEN_TEST)[:16]}): {len(texts)} files, "

@@ -7,7 +7,9 @@
 
 Issue 19, the frozen protocol (see README, "Frozen protocol"):
 
-    .venv/bin/python benchmarks/code_lang_id.py train --data STATE_DIR:code-0001 code-langs-0001 --out DIR
+    .venv/bin/python benchmarks/code_lang_id.py crawl --state STATE_DIR    # code-0001, code-langs-0001, -0002
+    .venv/bin/python benchmarks/code_lang_id.py train --data STATE_DIR:code-0001 STATE_DIR:code-langs-0001 \
+        STATE_DIR:code-langs-0002 --frozen-version v3 --out DIR
     .venv/bin/python benchmarks/code_lang_id.py protocol --data ... --model-dir DIR    # ours vs magika
     .venv/bin/python benchmarks/code_lang_id.py log-test DIR    # re-log a finished test report to MLflow
 
@@ -806,8 +808,35 @@ def frozen_digest_of(path: Path) -> str:
     return path.with_suffix(path.suffix + ".sha256").read_text().split()[0]
 
 
+# the snapshots DEFAULT_DATA names and the manifests they are crawled from
+PROTOCOL_MANIFESTS = {
+    "code-0001": "pipelines/code/manifests/tiny.yaml",
+    "code-langs-0001": "classifiers/data/code_language_extra.yaml",
+    "code-langs-0002": "classifiers/data/code_language_extra2.yaml",
+}
+
+
+def crawl_main(argv: list[str]) -> None:
+    """Crawl the protocol's snapshots into `--state` (a store per the profile); a committed snapshot is kept."""
+    ap = argparse.ArgumentParser(prog="code_lang_id.py crawl")
+    ap.add_argument("--state", type=Path, default=None, help="state dir (default: the profile's)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    profile = load_profile()
+    store = open_store(profile.store, args.state or profile.state_path)
+    repo = Path(__file__).resolve().parents[1]
+    for snapshot, manifest in PROTOCOL_MANIFESTS.items():
+        if store.list(f"code/raw/{snapshot}/"):
+            print(f"{snapshot}: already crawled")
+            continue
+        result = crawl_code(CodeCrawlConfig(manifest=str(repo / manifest)), store, snapshot)
+        print(f"{snapshot}: {result.extra.get('languages')}; failed sources: {result.extra.get('errors')}")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["train"]:
+    if sys.argv[1:2] == ["crawl"]:
+        crawl_main(sys.argv[2:])
+    elif sys.argv[1:2] == ["train"]:
         train_main(sys.argv[2:])
     elif sys.argv[1:2] == ["log-test"]:  # log a finished test report again (e.g. the tracking store was down)
         out = Path(sys.argv[2])

@@ -104,3 +104,42 @@ def test_benchmark_defaults_to_the_code_snapshot_make_run_creates(monkeypatch):
     monkeypatch.setattr(cli, "cmd_run", lambda args: seen.update(vars(args)) or 0)
     assert cli.main(["run"]) == 0  # `make run` runs `crucible run` with its defaults
     assert bench.build_parser().parse_args([]).snapshot == seen["code_snapshot"] == "code-0001"
+
+
+def test_packaged_logs_unpack_only_matching_members_of_the_cached_deb(tmp_path, monkeypatch):
+    # the `unknown` label's logs come from a pinned .deb; a cached download is read without the network
+    import importlib.util
+    import shutil
+    import subprocess
+
+    from infra.settings import REPO_ROOT
+
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("needs dpkg-deb to build a package")
+    spec = importlib.util.spec_from_file_location(
+        "code_lang_id", REPO_ROOT / "benchmarks" / "code_lang_id.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    root = tmp_path / "pkg"
+    logs = root / "usr/lib/python3/dist-packages/tool/tests/files/logs"
+    logs.mkdir(parents=True)
+    (logs / "sshd").write_text("Jan 1 00:00:01 host sshd[1]: Failed password for root\n" * 5)
+    (logs / "empty").write_text("")
+    (root / "usr/lib/python3/dist-packages/tool/core.py").write_text("print('not a log')\n")
+    (root / "DEBIAN").mkdir()
+    (root / "DEBIAN/control").write_text(
+        "Package: logtool\nVersion: 1.0-1\nArchitecture: all\nMaintainer: t <t@e>\nDescription: t\n"
+    )
+    cache = tmp_path / "cache"
+    (cache / "debian" / "logtool_1.0-1").mkdir(parents=True)
+    deb = cache / "debian" / "logtool_1.0-1" / "logtool_1.0-1_all.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True,
+                   capture_output=True)  # fmt: skip
+    monkeypatch.setattr(bench, "PACKAGED_LOGS", {("logtool", "1.0-1"): "*/tests/files/logs/*"})
+    files = bench.packaged_log_files(cache)
+    assert [f.name for f in files] == ["logtool__sshd"]  # the empty log and the code file are not taken
+    assert "Failed password" in files[0].read_text()
+    assert not list((cache / "unknown-logs").glob("*.partial"))  # published by rename
+    deb.unlink()  # a second call reads the unpacked directory, not the package
+    assert bench.packaged_log_files(cache) == files

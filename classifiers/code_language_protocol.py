@@ -103,9 +103,9 @@ def extend_split(
     """A new frozen version on top of an earlier one (`previous`: its test and dev groups; `previous_labels`: the
     labels its files have): those groups keep their side; a split label that is new (a language the earlier
     version did not have, even if a few of its files sat in its groups; a kind of `unknown` text none of its
-    groups holds) is split
-    by project over the groups made only of such labels (`split_groups`); every other group trains. So adding
-    labels moves no earlier held-out file and puts no earlier training project into a held-out set."""
+    groups holds) is split by project over the groups made only of such labels (`split_groups`); every other
+    group trains. So adding labels moves no earlier held-out file and puts no earlier training project into a
+    held-out set."""
     held_labels = {split_label(f) for f in files if f["group"] in previous and f["label"] in previous_labels}
     new_labels = {split_label(f) for f in files} - held_labels
     labels_of: dict[str, set[str]] = defaultdict(set)

@@ -1,6 +1,7 @@
 """One declaration per tracked stage: `tracked_asset(...)` builds the `@dg.asset` that calls `run_stage`, so
 a stage module says what differs (config, stage function, deps, checks) and nothing else."""
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -101,20 +102,24 @@ def tracked_asset(
             return materialize(context, config, store, mlflow, stage)
 
     compute.__annotations__["config"] = config  # Dagster reads the config schema from this annotation
-    return dg.asset(
-        name=name,
-        description=description,
-        group_name=group,
-        partitions_def=partitions,
-        backfill_policy=single_run if partitions else None,
-        deps=list(deps),
-        code_version=code_version(*code_modules),
-        pool=pool,
-        kinds={"python"},
-        tags=dict(tags) if tags else None,
-        check_specs=[
-            dg.AssetCheckSpec(c.name, asset=name, blocking=c.blocking, description=c.description)
-            for c in checks
-        ]
-        or None,
-    )(compute)
+    with warnings.catch_warnings():
+        # backfill_policy is beta in Dagster and chosen on purpose (a backfill is one run); its warning
+        # would otherwise print once per partitioned asset every time the definitions load.
+        warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
+        return dg.asset(
+            name=name,
+            description=description,
+            group_name=group,
+            partitions_def=partitions,
+            backfill_policy=single_run if partitions else None,
+            deps=list(deps),
+            code_version=code_version(*code_modules),
+            pool=pool,
+            kinds={"python"},
+            tags=dict(tags) if tags else None,
+            check_specs=[
+                dg.AssetCheckSpec(c.name, asset=name, blocking=c.blocking, description=c.description)
+                for c in checks
+            ]
+            or None,
+        )(compute)

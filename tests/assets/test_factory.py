@@ -2,6 +2,7 @@
 `@dg.asset` + `run_stage` form (config schema, checks, partitions, pool, tags, code version), and runs."""
 
 import json
+import warnings
 
 import dagster as dg
 import pytest
@@ -89,6 +90,18 @@ def test_a_launched_stage_takes_the_pipes_resource_and_unpartitioned_has_no_back
     )
     assert "pipes" in launched.required_resource_keys
     assert launched.partitions_def is None and launched.backfill_policy is None
+
+
+def test_a_partitioned_declaration_does_not_print_dagsters_backfill_policy_beta_warning():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet = tracked_asset(
+            "quiet", "Partitioned.", config=EchoConfig, stage=_echo, code_modules=[json], group="test",
+            partitions=PARTS,
+        )  # fmt: skip
+        warnings.warn("a warning from the declaring code still shows", UserWarning, stacklevel=1)
+    assert quiet.backfill_policy == dg.BackfillPolicy.single_run()
+    assert [str(w.message) for w in seen] == ["a warning from the declaring code still shows"]
 
 
 def test_checks_without_the_function_that_reports_them_are_refused():

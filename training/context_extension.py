@@ -43,10 +43,10 @@ class RecallPhase(BaseModel):
 
 # Short to long: a tiny model learns to retrieve a key from 96-token rows and then keeps the skill at longer
 # lengths; trained on 256-token rows from the start, it never finds the key (loss stays at ln 10 per digit).
-# With 4 replay rows per step (curriculum_replay_rows) and fp32, the whole tiny ladder after 400 + 300 + 600
-# curriculum steps: passkey 0.27 -> 0.43 at 1024 (100 items each, gain SE 0.067), 0.18 -> 0.71 at 256, and
-# short-context perplexity below the base's (web 156 -> 135, max ratio 0.86). The previous default, 1,900
-# steps at 256 without replay, took ~40 min longer on 2 cores.
+# With 4 replay rows per step (curriculum_replay_rows) and fp32, after 400 + 300 + 600 curriculum steps, one
+# data state, three runs (2026-11-28): seeds 0 and 1 at one thread learned retrieval (passkey at 1024
+# 0.29 -> 0.64, 0.20 -> 0.53), seed 0 at two threads did not (0.24 -> 0.26; chance 0.25). Not yet robust.
+# The previous default, 1,900 steps at 256 without replay, took ~40 min longer on 2 cores.
 TINY_RECALL_CURRICULUM = [
     RecallPhase(seq_len=96, steps=400, learning_rate=3e-3),
     RecallPhase(seq_len=160, steps=300, learning_rate=3e-3),

@@ -3,8 +3,8 @@
 Why: a training child with 2 intra-op threads on a 2-core machine spins in OpenMP barriers while another
 process holds a core (libgomp's default wait policy busy-waits), so one background job can cut its speed
 several-fold. Baseline: 1 thread, libgomp's defaults, measured in the same run under the same load. Each cell
-is a fresh process (libgomp reads its settings when torch loads), running the tiny
-model's pre-training step through `training.trainer.Trainer` (benchmarks/trainer.py's loop).
+is a fresh process (libgomp reads its settings when torch loads) running the model's pre-training step
+through `training.trainer.Trainer` (benchmarks/trainer.py's loop).
 
     .venv/bin/python benchmarks/threads.py [--size tiny] [--steps 12] [--load 0 1]
 """

@@ -69,9 +69,12 @@ def test_rate_limit_spaces_requests_per_host(tmp_path, make_site):
     times = site.times()  # robots.txt included: it is a request to the host too
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert len(times) == 10
-    # generous per-gap tolerance (arrival jitter under load); the total span is the robust check
-    assert min(gaps) >= interval * 0.5, gaps
-    assert times[-1] - times[0] >= (len(times) - 1) * interval * 0.9
+    # Slots are granted `interval` apart; a sender delayed after its grant arrives late and the next one on
+    # time, so single gaps shrink under load (seen: 0.229 s then 0.0005 s). What a delay cannot do is make
+    # the k-th request arrive before its slot: two senders sharing a slot, or a limit per worker instead of
+    # per host, run ahead of this schedule within a few requests.
+    late = [times[k] - times[0] - k * interval for k in range(len(times))]
+    assert min(late) >= -interval / 2, (late, gaps)
     assert result.metrics["rate_limited_waits"] > 0
 
 

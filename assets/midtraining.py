@@ -73,10 +73,9 @@ def _midtrain_asset(index: int):
             f"training/midtrain_rows/{ctx.name}",
             PROFILE.state_path / "cache" / "midtrain_rows",
         )
-        shard_path, recall_paths = context_extension.midtrain_shard_paths(
+        shards = context_extension.midtrain_shard_paths(
             s, rows.outputs["prefix"], PROFILE.state_path / "cache" / "midtrain_rows"
         )
-        recall = {n: [p] for n, p in recall_paths.items()}
         parent_dir = local_checkpoint(s, parent)
         # the run dir names the whole job (rows, parent weights, settings): a rerun resumes only the same job
         key = job_key(rows.data_version, tree_digest(parent_dir), cfg.model_dump(mode="json"),
@@ -88,7 +87,7 @@ def _midtrain_asset(index: int):
             pre.sparse,
             cfg,
             ctx.name,
-            [shard_path],
+            [shards.rows],
             run_dir,
             heldout=_heldout(s),
             tokenizer_dir=tok,
@@ -96,7 +95,8 @@ def _midtrain_asset(index: int):
             torch_extensions_dir=PROFILE.state_path / "torch_extensions",
             launch=launch,
             callbacks=[CALLBACK],
-            recall_shards=recall,
+            recall_shards={n: [p] for n, p in shards.recall.items()},
+            recall_eval_shards={n: [p] for n, p in shards.recall_eval.items()},
         )
         for fname, src in tokenizer_files(tok).items():
             if not (hf_dir / fname).exists():
@@ -105,9 +105,13 @@ def _midtrain_asset(index: int):
         final = (token_data_json(hf_dir.parent / "result.json") or {}).get("metrics", {})
         metrics.update({f"final/{k}": v for k, v in final.items() if isinstance(v, int | float)})
         for phase in ctx.recall_curriculum:  # how far the curriculum got: loss on its last batches
-            done = token_data_json(run_dir / f"recall_{phase.seq_len}" / "result.json") or {}
-            if "loss" in done.get("metrics", {}):
-                metrics[f"recall_curriculum/{phase.seq_len}/loss"] = done["metrics"]["loss"]
+            done = (token_data_json(run_dir / f"recall_{phase.seq_len}" / "result.json") or {}).get(
+                "metrics", {}
+            )
+            if "loss" in done:
+                metrics[f"recall_curriculum/{phase.seq_len}/loss"] = done["loss"]
+            if "eval_loss" in done:  # held-out passkey answers: ln 10 per digit is chance
+                metrics[f"recall_curriculum/{phase.seq_len}/answer_nll"] = done["eval_loss"]
         metrics.update({"seq_len": ctx.seq_len, "rope_theta": ctx.rope_theta or 0.0})
         report = f"## {name}: {ctx.name} (seq_len {ctx.seq_len}, {cfg.rope_method})\n\n{rows.report_md}"
         return StageResult(

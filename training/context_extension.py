@@ -16,7 +16,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import xxhash
@@ -25,8 +25,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.committed import commit, fetch_file, read_committed
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
-from training.data import iter_shard_documents, mixture_weights, shard_paths, token_manifest
-from training.recall_tasks import FillerText, synthetic_recall_rows
+from training.data import (
+    iter_shard_documents,
+    mixture_weights,
+    shard_paths,
+    targets_path,
+    token_manifest,
+    write_targets,
+)
+from training.recall_tasks import FillerText, synthetic_recall_examples, synthetic_recall_rows
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +46,20 @@ class RecallPhase(BaseModel):
     steps: int = Field(ge=1, description="Optimizer steps (every row is new: steps x batch_size rows)")
     batch_size: int = Field(8, ge=1, description="Rows per step")
     learning_rate: float | None = Field(None, gt=0, description="Peak LR; None = the stage's")
+    replay_rows: int | None = Field(
+        None, ge=0, description="Natural rows added to each step's batch; None = curriculum_replay_rows"
+    )
 
 
 # Short to long: a tiny model learns to retrieve a key from 96-token rows and then keeps the skill at longer
 # lengths; trained on 256-token rows from the start, it never finds the key (loss stays at ln 10 per digit).
-# With 4 replay rows per step (curriculum_replay_rows) and fp32, after 400 + 300 + 600 curriculum steps, one
-# data state, three runs (2026-11-28): seeds 0 and 1 at one thread learned retrieval (passkey at 1024
-# 0.29 -> 0.64, 0.20 -> 0.53), seed 0 at two threads did not (0.24 -> 0.26; chance 0.25). Not yet robust.
-# The previous default, 1,900 steps at 256 without replay, took ~40 min longer on 2 cores.
+# Recall rows train on their answers only (curriculum_answer_only): with a full-row loss the 5 key tokens
+# were ~3% of a step's targets, and whether retrieval emerged within the curriculum was luck (3 runs of one
+# data state: 2 learned, 1 stayed at chance). The 96-token phase adds 2 replay rows, not 4: with 4, the
+# answers were ~9% of the targets and one of two seeds still did not learn in 400 steps (with 1 or 2, both
+# did by step ~150; with none, the model forgot language: web perplexity 164 -> 1e6).
 TINY_RECALL_CURRICULUM = [
-    RecallPhase(seq_len=96, steps=400, learning_rate=3e-3),
+    RecallPhase(seq_len=96, steps=400, learning_rate=3e-3, replay_rows=2),
     RecallPhase(seq_len=160, steps=300, learning_rate=3e-3),
     RecallPhase(seq_len=256, steps=600, learning_rate=2e-3),
 ]
@@ -179,6 +190,17 @@ class ContextExtensionConfig(BaseModel):
     )
     curriculum_multikey_share: float = Field(
         0.5, ge=0, le=1, description="Share of recall-curriculum rows that are multi-key (the rest passkey)"
+    )
+    curriculum_answer_only: bool = Field(
+        True,
+        description="Recall-curriculum rows train on their answers only (the asked keys; labels -100 elsewhere); "
+        "replay rows on every token",
+    )
+    curriculum_eval_rows: int = Field(
+        32,
+        ge=0,
+        description="Passkey rows in held-out text per curriculum phase; the phase's eval_loss is the NLL of "
+        "their answers (ln 10 = 2.3 per digit token is chance), logged every eval_every steps (0 = off)",
     )
     filler_max_tokens: int = Field(
         4_000_000, ge=1, description="Tokens of the largest source used as filler of synthetic rows"
@@ -456,13 +478,34 @@ def replay_rows(
     return np.stack(rows).astype(np.int64)
 
 
-def curriculum_rows(recall: np.ndarray, replay: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def curriculum_replay(config: ContextExtensionConfig, phase: RecallPhase) -> int:
+    """Replay rows per step of a curriculum phase."""
+    return config.curriculum_replay_rows if phase.replay_rows is None else phase.replay_rows
+
+
+def _eval_filler(
+    store: ObjectStore, shards_prefix: str, cache_dir: str | Path | None, eos_id: int
+) -> FillerText | None:
+    """Filler for the curriculum's eval rows: held-out text of the largest source (training never saw it)."""
+    heldout = shard_paths(store, shards_prefix, "heldout", cache_dir)
+    docs = {s: list(iter_shard_documents(p)) for s, p in heldout.items()}
+    docs = {s: d for s, d in docs.items() if sum(len(x) for x in d)}
+    return FillerText(docs[filler_source_of(docs)], eos_id=eos_id) if docs else None
+
+
+def curriculum_rows(
+    recall: np.ndarray, replay: np.ndarray, rng: np.random.Generator, recall_targets: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Recall rows and replay rows of one curriculum phase, shuffled together (recall rows as they are when
-    there is no replay, so a run without replay keeps its data)."""
+    there is no replay, so a run without replay keeps its data), and their loss masks if `recall_targets`
+    is given (replay rows train on every token)."""
     if not len(replay):
-        return recall
+        return recall, recall_targets
     rows = np.concatenate([recall.astype(np.int64), replay])
-    return rows[rng.permutation(len(rows))]
+    order = rng.permutation(len(rows))
+    if recall_targets is None:
+        return rows[order], None
+    return rows[order], np.concatenate([recall_targets, np.ones(replay.shape, dtype=bool)])[order]
 
 
 def build_midtrain_shards(
@@ -513,24 +556,53 @@ def build_midtrain_shards(
         base = _write_rows(staging, "shard-00000", rows, manifest["tokenizer"]["vocab_size"])
         digest = xxhash.xxh64(rows.tobytes())
         recall_shards: dict[int, str] = {}
+        eval_shards: dict[int, str] = {}
+        eval_filler = (
+            _eval_filler(store, shards_prefix, cache_dir, eos_id) if stage.recall_curriculum else None
+        )
         for i, phase in enumerate(stage.recall_curriculum):
             phase_seed = config.seed + xxhash.xxh32_intdigest(f"{stage.name}/recall/{i}")
             n_rows = phase.steps * phase.batch_size
-            n_replay = phase.steps * config.curriculum_replay_rows
+            n_replay = phase.steps * curriculum_replay(config, phase)
             rng = np.random.default_rng(phase_seed)
-            recall = curriculum_rows(
-                synthetic_recall_rows(
-                    encode, filler, n_rows, phase.seq_len, eos_id, phase_seed, config.curriculum_multikey_share
-                ),
+            rows_, targets_ = synthetic_recall_examples(
+                encode, filler, n_rows, phase.seq_len, eos_id, phase_seed, config.curriculum_multikey_share
+            )
+            recall, targets = curriculum_rows(
+                rows_,
                 replay_rows(docs_by_source, weights, n_replay, phase.seq_len, rng),
                 rng,
+                targets_ if config.curriculum_answer_only else None,
             )  # fmt: skip
             metrics[f"replay_rows/{phase.seq_len}"] = float(n_replay)
-            recall_shards[phase.seq_len] = _write_rows(
+            name = _write_rows(
                 staging, f"recall-{phase.seq_len}/shard-00000", recall, manifest["tokenizer"]["vocab_size"]
             )
+            recall_shards[phase.seq_len] = name
             digest.update(recall.tobytes())
+            if targets is not None:
+                write_targets(staging / name, targets)
+                digest.update(targets.tobytes())
+                metrics[f"recall_target_share/{phase.seq_len}"] = float(targets.mean())
             metrics[f"recall_rows/{phase.seq_len}"] = float(len(recall))
+            if config.curriculum_eval_rows and eval_filler is not None:
+                ev_rows, ev_targets = synthetic_recall_examples(
+                    encode,
+                    eval_filler,
+                    config.curriculum_eval_rows,
+                    phase.seq_len,
+                    eos_id,
+                    phase_seed + 1,
+                    0.0,
+                )
+                ev_name = _write_rows(
+                    staging,
+                    f"recall-eval-{phase.seq_len}/shard-00000",
+                    ev_rows,
+                    manifest["tokenizer"]["vocab_size"],
+                )
+                write_targets(staging / ev_name, ev_targets)
+                eval_shards[phase.seq_len] = ev_name
         data_version = digest.hexdigest()
         stage_manifest = {
             "stage": stage.model_dump(),
@@ -539,6 +611,7 @@ def build_midtrain_shards(
             "token_data_version": manifest.get("data_version"),
             "shards": [base],
             "recall_shards": {str(n): name for n, name in recall_shards.items()},
+            "recall_eval_shards": {str(n): name for n, name in eval_shards.items()},
             "rows": len(rows),
             "seq_len": stage.seq_len,
             "data_version": data_version,
@@ -557,25 +630,40 @@ def build_midtrain_shards(
     )
 
 
+class MidtrainShards(NamedTuple):
+    """Local paths of one stage's committed rows: the main rows shard, and by row length the recall
+    curriculum's shards and its held-out eval shards."""
+
+    rows: Path
+    recall: dict[int, Path]
+    recall_eval: dict[int, Path]
+
+
 def midtrain_shard_paths(
     store: ObjectStore, prefix: str, cache_dir: str | Path | None = None
-) -> tuple[Path, dict[int, Path]]:
-    """Local paths of the committed rows shard at `prefix` and of its recall curriculum shards by row length
-    (read in place on a local store; else downloaded, hash-checked, to `cache_dir`)."""
+) -> MidtrainShards:
+    """Local paths of the committed shards at `prefix` (read in place on a local store; else downloaded,
+    hash-checked, to `cache_dir`), each with its doc index and loss mask (if any) beside it."""
     out = read_committed(store, prefix)
     cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-rows-")) / out.prefix / out.version
 
-    def local(name: str) -> Path:  # the tokens file, with its doc index beside it
+    def local(name: str) -> Path:
+        names = [name, name.replace(".tokens.npy", ".docs.npy"), targets_path(name).as_posix()]
         paths = [
             store.local_path(out.key(n))
             if isinstance(store, LocalStore)
             else fetch_file(store, out, n, cache / n)
-            for n in (name, name.replace(".tokens.npy", ".docs.npy"))
+            for n in names
+            if n in out.files
         ]
         return paths[0]
 
-    recall = {int(n): local(name) for n, name in out.meta["recall_shards"].items()}
-    return local(out.meta["shards"][0]), recall
+    def by_length(key: str) -> dict[int, Path]:
+        return {int(n): local(name) for n, name in out.meta.get(key, {}).items()}
+
+    return MidtrainShards(
+        local(out.meta["shards"][0]), by_length("recall_shards"), by_length("recall_eval_shards")
+    )
 
 
 def _write_rows(root: Path, base: str, rows: np.ndarray, vocab_size: int) -> str:
@@ -618,6 +706,7 @@ def midtrain_job_specs(
     distributed: Any = None,
     callbacks: Sequence[str] = (),
     recall_shards: Mapping[int, Sequence[str | Path]] | None = None,
+    recall_eval_shards: Mapping[int, Sequence[str | Path]] | None = None,
 ) -> list[Any]:
     """The training phases of one stage as `training.job.TrainJobSpec`s, in order: the recall curriculum
     (dense, one phase per row length), an optional indexer-only warm-up at the new length, then the main
@@ -625,7 +714,8 @@ def midtrain_job_specs(
 
     model_cfg: the pretraining `ModelConfig` (this stage's RoPE is applied here); trainer_cfg: the profile's
     `TrainerConfig` (steps, LR and DSA mode are taken from the stage); rows_shards: `build_midtrain_shards` output;
-    recall_shards: its curriculum shards by row length; distributed: a `training.distributed.DistributedConfig`
+    recall_shards: its curriculum shards by row length; recall_eval_shards: held-out recall rows by row length
+    (the phase's eval_loss is their answers' NLL); distributed: a `training.distributed.DistributedConfig`
     (None = one local process).
     """
     from training.job import DataSpec, TrainJobSpec
@@ -667,13 +757,26 @@ def midtrain_job_specs(
         # checkpoint runs natively with DSA top-k.
         warmup = ("indexer_warmup", "indexer_warmup", stage.indexer_warmup_steps, main, eval_data)
         phases = [warmup, *phases] if stage.dsa_mode == "sparse" else [*phases, warmup]
+
+    def recall_eval(seq_len: int) -> DataSpec | None:
+        paths = (recall_eval_shards or {}).get(seq_len)
+        if not paths:
+            return None
+        kwargs = {
+            "shard_paths": [str(p) for p in paths],
+            "seq_len": seq_len,
+            "batch_size": 8,
+            "max_batches": 8,
+        }
+        return DataSpec(factory="training.data:heldout_batches", kwargs=kwargs)
+
     curriculum = [
         (
             f"recall_{p.seq_len}",
             "dense",
             p.steps,
-            rows(recall_shards[p.seq_len], p.seq_len, p.batch_size + config.curriculum_replay_rows),
-            None,
+            rows(recall_shards[p.seq_len], p.seq_len, p.batch_size + curriculum_replay(config, p)),
+            recall_eval(p.seq_len),
             p.learning_rate or stage.learning_rate,
         )
         for p in stage.recall_curriculum
@@ -718,6 +821,7 @@ def midtrain_stage(
     launch: Any = None,
     callbacks: Sequence[str] = (),
     recall_shards: Mapping[int, Sequence[str | Path]] | None = None,
+    recall_eval_shards: Mapping[int, Sequence[str | Path]] | None = None,
 ) -> Path:
     """Train one context-extension stage from the parent checkpoint; returns the new HF checkpoint dir.
 
@@ -740,6 +844,7 @@ def midtrain_stage(
         tokenizer_dir,
         distributed,
         recall_shards=recall_shards,
+        recall_eval_shards=recall_eval_shards,
     ):
         if callbacks:
             spec = spec.model_copy(update={"callbacks": [*spec.callbacks, *callbacks]})

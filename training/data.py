@@ -486,6 +486,35 @@ class TokenStream:
         return out
 
 
+def targets_path(tokens_path: str | Path) -> Path:
+    """The loss mask beside a token shard: one uint8 per token, 1 = a training target."""
+    return Path(str(tokens_path).replace(".tokens.npy", ".targets.npy"))
+
+
+def write_targets(tokens_path: str | Path, targets: np.ndarray) -> Path:
+    """Write the loss mask of the token shard at `tokens_path` (flattened in token order)."""
+    path = targets_path(tokens_path)
+    np.save(path, np.ascontiguousarray(targets, dtype=np.uint8).reshape(-1))
+    return path
+
+
+def targets_stream(paths: Sequence[str | Path]) -> TokenStream | None:
+    """The loss masks of `paths` as one stream aligned with their tokens; None if no shard has one. A mask
+    for some shards only, or of another length than its tokens, is an error (it would shift the labels)."""
+    masks = [targets_path(p) for p in paths]
+    present = [m.exists() for m in masks]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = [str(m) for m, ok in zip(masks, present, strict=True) if not ok]
+        raise ValueError(f"loss masks missing for some shards of one source: {missing}; rebuild the shards")
+    stream = TokenStream(masks)
+    tokens = sum(len(np.load(p, mmap_mode="r")) for p in paths)
+    if stream.num_tokens != tokens:
+        raise ValueError(f"loss masks {masks} hold {stream.num_tokens} entries for {tokens} tokens")
+    return stream
+
+
 class TokenBatches:
     """Deterministic, resumable batches of `seq_len` token windows drawn from token shards.
 
@@ -497,6 +526,9 @@ class TokenBatches:
     `repeat_share` of the rows are repeated-passage rows: a window, an unrelated window, then the first window
     again. The second copy is predictable only by looking back, the signal that grows induction (copy) heads;
     a few-million-token run of natural text alone holds too few repeats for a small model to learn them.
+
+    A shard with a loss mask beside it (`*.targets.npy`, see `write_targets`) trains only on the tokens the
+    mask marks: labels are -100 elsewhere.
     """
 
     def __init__(
@@ -521,6 +553,7 @@ class TokenBatches:
             shard_paths = {"all": list(shard_paths)}
         self.sources = sorted(s for s, paths in shard_paths.items() if paths)
         self.streams = {s: TokenStream(shard_paths[s]) for s in self.sources}
+        self.targets = {s: t for s in self.sources if (t := targets_stream(shard_paths[s])) is not None}
         raw = {
             s: (weights or {}).get(s, 0.0) if weights else float(self.streams[s].num_tokens)
             for s in self.sources
@@ -559,12 +592,15 @@ class TokenBatches:
     def batch_at(self, position: int) -> dict[str, Any]:
         import torch
 
-        rows = [
-            np.concatenate([self.streams[s].read(start, n) for s, start, n in pieces])
-            for pieces in self.plan(position)
-        ]
+        plan = self.plan(position)
+        rows = [np.concatenate([self.streams[s].read(start, n) for s, start, n in pieces]) for pieces in plan]
         input_ids = torch.from_numpy(np.stack(rows))
-        return {"input_ids": input_ids, "labels": input_ids.clone()}
+        labels = input_ids.clone()
+        for i, pieces in enumerate(plan):
+            if pieces[0][0] in self.targets:
+                keep = np.concatenate([self.targets[s].read(start, n) for s, start, n in pieces]).astype(bool)
+                labels[i, torch.from_numpy(~keep)] = -100
+        return {"input_ids": input_ids, "labels": labels}
 
     def __iter__(self) -> TokenBatches:
         return self
@@ -602,16 +638,21 @@ def heldout_batches(
 
     if not isinstance(shard_paths, Mapping):
         shard_paths = {"all": list(shard_paths)}
-    rows = []
+    rows, labels = [], []
     for source in sorted(shard_paths):
-        stream = TokenStream(shard_paths[source])
+        stream, targets = TokenStream(shard_paths[source]), targets_stream(shard_paths[source])
         n = max(1, min(stream.num_tokens // seq_len, max_batches * batch_size))
-        rows += [stream.read(i * seq_len, seq_len) for i in range(n)]
-    rows = rows[rank::world_size]
+        for i in range(n):
+            row = stream.read(i * seq_len, seq_len)
+            rows.append(row)
+            labels.append(
+                row if targets is None else np.where(targets.read(i * seq_len, seq_len) > 0, row, -100)
+            )
+    rows, labels = rows[rank::world_size], labels[rank::world_size]
     batches = []
     for i in range(0, min(len(rows), max_batches * batch_size * len(shard_paths)), batch_size):
         ids = torch.from_numpy(np.stack(rows[i : i + batch_size]))
-        batches.append({"input_ids": ids, "labels": ids.clone()})
+        batches.append({"input_ids": ids, "labels": torch.from_numpy(np.stack(labels[i : i + batch_size]))})
     return batches
 
 

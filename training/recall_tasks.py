@@ -128,12 +128,16 @@ def passkey_sequence(
     seq_len: int,
     eos_id: int,
     key_digits: int = 5,
-) -> np.ndarray:
-    """A training row of `seq_len` tokens: a passkey prompt with the answer and EOS, filler before it."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """A training row of `seq_len` tokens (a passkey prompt with the answer and EOS, filler before it) and
+    its answer mask (True on the answer's tokens)."""
     body_len = seq_len - 1
     item = passkey_item(encode, filler, rng, body_len, float(rng.random()), 1, key_digits)
-    row = np.concatenate([item.prompt, np.asarray(item.choices[0], dtype=np.int64), [eos_id]])
-    return row[:seq_len]
+    answer = np.asarray(item.choices[0], dtype=np.int64)
+    row = np.concatenate([item.prompt, answer, [eos_id]])
+    targets = np.zeros(len(row), dtype=bool)
+    targets[len(item.prompt) : len(item.prompt) + len(answer)] = True
+    return row[:seq_len], targets[:seq_len]
 
 
 def multikey_sequence(
@@ -146,15 +150,22 @@ def multikey_sequence(
     num_questions: int = 2,
     key_digits: int = 5,
 ) -> np.ndarray:
-    """A training row of `seq_len` tokens: `num_keys` named keys spread through filler, then questions about
-    `num_questions` of them, each followed by its key (MRCR-like multi-key recall)."""
+    """A training row of `seq_len` tokens (`num_keys` named keys spread through filler, then questions about
+    `num_questions` of them, each followed by its key: MRCR-like multi-key recall) and its answer mask (True
+    on the asked keys' tokens after the questions)."""
     names = list(rng.choice(NAMES, size=num_keys, replace=False))
     keys = distinct_keys(rng, num_keys, key_digits)
     asked = rng.choice(num_keys, size=min(num_questions, num_keys), replace=False)
     tail: list[int] = []
+    tail_targets: list[bool] = []
     for i in asked:
-        tail += encode(NAMED_QUESTION.format(name=names[i])) + encode(" " + keys[i] + ".")
+        question, piece = encode(NAMED_QUESTION.format(name=names[i])), encode(" " + keys[i] + ".")
+        answer = encode(" " + keys[i])
+        n_answer = len(answer) if piece[: len(answer)] == answer else len(piece)  # "." merged into the key
+        tail += question + piece
+        tail_targets += [False] * len(question) + [True] * n_answer + [False] * (len(piece) - n_answer)
     tail.append(eos_id)
+    tail_targets.append(False)
     needles = [encode(NAMED_NEEDLE.format(name=n, key=k)) for n, k in zip(names, keys, strict=True)]
     n_fill = seq_len - len(tail) - sum(len(n) for n in needles)
     if n_fill < 0:
@@ -165,18 +176,26 @@ def multikey_sequence(
         zip(rng.integers(0, n_fill + 1, size=num_keys), needles, strict=True), reverse=True
     ):
         fill = _insert(fill, needle, int(at))
-    return np.concatenate([fill, np.asarray(tail, dtype=np.int64)])[:seq_len]
+    row = np.concatenate([fill, np.asarray(tail, dtype=np.int64)])
+    targets = np.concatenate([np.zeros(len(fill), dtype=bool), np.asarray(tail_targets, dtype=bool)])
+    return row[:seq_len], targets[:seq_len]
 
 
-def repeat_sequence(filler: FillerText, rng: np.random.Generator, seq_len: int, eos_id: int) -> np.ndarray:
-    """A training row of `seq_len` tokens: a passage, unrelated text, then the same passage again.
+def repeat_sequence(
+    filler: FillerText, rng: np.random.Generator, seq_len: int, eos_id: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A training row of `seq_len` tokens (a passage, unrelated text, then the same passage again) and its
+    answer mask (True on the second copy).
 
     Every token of the second copy is predictable by looking back to the first (dense copy targets, the
     data that grows induction heads, on which passkey and key-value retrieval are built)."""
     passage_len = int(rng.integers(seq_len // 8, seq_len // 3 + 1))
     gap_len = seq_len - 2 * passage_len - 1
     passage = filler.window(rng, passage_len)
-    return np.concatenate([passage, filler.window(rng, gap_len), passage, [eos_id]])[:seq_len]
+    row = np.concatenate([passage, filler.window(rng, gap_len), passage, [eos_id]])
+    targets = np.zeros(len(row), dtype=bool)
+    targets[passage_len + gap_len : 2 * passage_len + gap_len] = True
+    return row[:seq_len], targets[:seq_len]
 
 
 def synthetic_recall_rows(
@@ -191,26 +210,48 @@ def synthetic_recall_rows(
     repeat_share: float = 0.0,
 ) -> np.ndarray:
     """`n_rows` synthetic recall rows [n_rows, seq_len]: repeated-passage rows (`repeat_share`), multi-key
-    rows (`multikey_share`) and passkey rows (the rest).
+    rows (`multikey_share`) and passkey rows (the rest). See `synthetic_recall_examples` for their masks."""
+    return synthetic_recall_examples(
+        encode, filler, n_rows, seq_len, eos_id, seed, multikey_share, max_keys, repeat_share
+    )[0]
+
+
+def synthetic_recall_examples(
+    encode: Encode,
+    filler: FillerText,
+    n_rows: int,
+    seq_len: int,
+    eos_id: int,
+    seed: int,
+    multikey_share: float = 0.5,
+    max_keys: int = 16,
+    repeat_share: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of `synthetic_recall_rows` and their answer masks [n_rows, seq_len] (bool: the tokens that can
+    only be predicted by looking back: the asked keys, the repeated passage).
 
     Multi-key rows hold 2..`max_keys` keys and ask about half to all of them, so one row carries many
     long-range copy targets (fewer keys when the row is too short for the template).
     """
     rng = np.random.default_rng(seed)
-    rows = []
+    rows, targets = [], []
     for _ in range(n_rows):
-        row = None
+        example = None
         draw = rng.random()
         if draw < repeat_share:
-            row = repeat_sequence(filler, rng, seq_len, eos_id)
+            example = repeat_sequence(filler, rng, seq_len, eos_id)
         elif draw < repeat_share + multikey_share:
             num_keys = int(rng.integers(2, max(max_keys, 2) + 1))
             num_questions = int(rng.integers(max(1, num_keys // 2), num_keys + 1))
-            while row is None and num_keys >= 2:
+            while example is None and num_keys >= 2:
                 try:
-                    row = multikey_sequence(encode, filler, rng, seq_len, eos_id, num_keys, num_questions)
+                    example = multikey_sequence(encode, filler, rng, seq_len, eos_id, num_keys, num_questions)
                 except ValueError:
                     num_keys -= 1
                     num_questions = min(num_questions, num_keys)
-        rows.append(row if row is not None else passkey_sequence(encode, filler, rng, seq_len, eos_id))
-    return np.stack(rows) if rows else np.zeros((0, seq_len), dtype=np.int64)
+        row, mask = example if example is not None else passkey_sequence(encode, filler, rng, seq_len, eos_id)
+        rows.append(row)
+        targets.append(mask)
+    if not rows:
+        return np.zeros((0, seq_len), dtype=np.int64), np.zeros((0, seq_len), dtype=bool)
+    return np.stack(rows), np.stack(targets)

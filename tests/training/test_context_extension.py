@@ -25,7 +25,7 @@ from training.context_extension import (
     similarity_order,
     stage_model_config,
 )
-from training.recall_tasks import FillerText, synthetic_recall_rows
+from training.recall_tasks import FillerText, synthetic_recall_examples, synthetic_recall_rows
 
 
 def glm_config(**kw):
@@ -108,6 +108,7 @@ def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_p
             ["rows.tokens.npy"],
             tmp_path / stage,
             recall_shards=recall,
+            recall_eval_shards={96: ["recall-eval-96.tokens.npy"]},
         )
         names[stage] = [(Path(s.run_dir).name, s.trainer.dsa_mode) for s in specs[stage]]
         for parent, child in zip(specs[stage], specs[stage][1:], strict=False):
@@ -131,14 +132,19 @@ def test_dense_stage_warms_the_indexer_up_after_training_and_sparse_before(tmp_p
     assert expected[2] != expected[3]
     assert specs["ctx_512"][3].data.kwargs["shard_paths"] == ["rows.tokens.npy"]
     assert names["ctx_768"] == [("indexer_warmup", "indexer_warmup"), ("main", "sparse")]
-    replay = config.curriculum_replay_rows
-    assert first.data.kwargs["batch_size"] == stage.recall_curriculum[0].batch_size + replay
+    # the held-out recall rows are the curriculum phase's eval data (its eval_loss: the answers' NLL)
+    assert first.eval_data.factory == "training.data:heldout_batches"
+    assert first.eval_data.kwargs["shard_paths"] == ["recall-eval-96.tokens.npy"]
+    assert first.eval_data.kwargs["seq_len"] == 96 and specs["ctx_512"][1].eval_data is None  # none for 160
+    # The 96-token phase sets its own replay (2); the others take curriculum_replay_rows.
+    assert stage.recall_curriculum[0].replay_rows == 2 and stage.recall_curriculum[1].replay_rows is None
+    assert first.data.kwargs["batch_size"] == stage.recall_curriculum[0].batch_size + 2
     # replay rows are added to each curriculum step's batch; the main phase keeps its batch
     replayed = config.model_copy(update={"curriculum_replay_rows": 3})
     with_replay = midtrain_job_specs(tmp_path, ModelConfig(), TrainerConfig(), replayed, "ctx_512",
                                      ["rows.tokens.npy"], tmp_path / "r", recall_shards=recall)  # fmt: skip
     assert [s.data.kwargs["batch_size"] for s in with_replay[:4]] == [
-        *(p.batch_size + 3 for p in stage.recall_curriculum),
+        *(p.batch_size + (2 if p.seq_len == 96 else 3) for p in stage.recall_curriculum),
         stage.batch_size,
     ]
     with pytest.raises(ValueError, match=r"no recall-curriculum rows for seq_len \[160\]"):
@@ -258,24 +264,32 @@ def ascii_decode(row):
 
 def test_synthetic_recall_rows_answer_from_context():
     docs, _ = topic_docs(20)
-    rows = synthetic_recall_rows(
+    rows, targets = synthetic_recall_examples(
         ascii_encode, FillerText(docs, eos_id=0), n_rows=40, seq_len=700, eos_id=0, seed=1, multikey_share=0.5
     )
-    assert rows.shape == (40, 700)
+    assert rows.shape == targets.shape == (40, 700)
+    again = synthetic_recall_rows(
+        ascii_encode, FillerText(docs, eos_id=0), 40, 700, 0, seed=1, multikey_share=0.5
+    )
+    assert (again == rows).all()  # the same rows with or without their masks
     kinds = {"passkey": 0, "multikey": 0}
-    for row in rows:
+    for row, mask in zip(rows, targets, strict=True):
         text = ascii_decode(row)
+        # the mask marks the asked keys only: each answer's characters, spaces between answers
+        answers = ascii_decode(np.where(mask, row, 160)).replace("#", "").split()
         assert text.endswith("|")  # the answer, then EOS
         if "What is the pass key?" in text:
             kinds["passkey"] += 1
             needle = re.search(r"The pass key is (\d{5})\. Remember it", text).group(1)
             assert text.endswith(f"What is the pass key? The pass key is {needle}|")
+            assert answers == [needle] and mask.sum() == 6  # " 12345" in this one-character-per-token code
         else:
             kinds["multikey"] += 1
             codes = dict(re.findall(r" The secret code of (\w+) is (\d{5})\. ", text))
             asked = re.findall(r"What is the secret code of (\w+)\? The secret code of \1 is (\d{5})\.", text)
             assert 2 <= len(codes) <= 16 and 1 <= len(asked) <= len(codes)
             assert all(codes[name] == key for name, key in asked)
+            assert answers == [key for _, key in asked] and mask.sum() == 6 * len(asked)
     assert 10 <= kinds["passkey"] <= 30 and 10 <= kinds["multikey"] <= 30
 
 
@@ -335,12 +349,13 @@ def test_repeat_rows_copy_a_passage():
     docs, _ = topic_docs(20)
     rng = np.random.default_rng(0)
     for _ in range(10):
-        row = repeat_sequence(FillerText(docs, eos_id=0), rng, 300, eos_id=0)
+        row, targets = repeat_sequence(FillerText(docs, eos_id=0), rng, 300, eos_id=0)
         assert len(row) == 300 and row[-1] == 0
         body = row[:-1]
         # the longest n with body[:n] == body[-n:] is the passage length: 1/8 .. 1/3 of the row
         n = max(k for k in range(1, 150) if (body[:k] == body[-k:]).all())
         assert 300 // 8 <= n <= 300 // 3
+        assert targets.sum() == n and targets[-1 - n : -1].all()  # the second copy is the answer
     rows = synthetic_recall_rows(ascii_encode, FillerText(docs, 0), 200, 700, 0, seed=2, multikey_share=0.3,
                                  repeat_share=0.4)  # fmt: skip
     n_repeat = sum("What is" not in ascii_decode(r) for r in rows)
@@ -353,14 +368,22 @@ def test_repeat_rows_copy_a_passage():
 
 
 def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
-    """The stage's rows and its recall-curriculum rows are one committed version: read back through the
-    pointer they have the built shapes, and a rebuild with the same inputs is the same version."""
+    """The stage's rows, its recall-curriculum rows with their loss masks, and the held-out eval rows are
+    one committed version: read back through the pointer they have the built shapes and train on the
+    answers only, and a rebuild with the same inputs is the same version."""
     import gzip
 
     from infra.committed import commit, read_committed
     from infra.store import LocalStore
     from training.context_extension import RecallPhase, build_midtrain_shards, midtrain_shard_paths
-    from training.data import MixtureConfig, build_token_shards, load_shard
+    from training.data import (
+        MixtureConfig,
+        TokenBatches,
+        build_token_shards,
+        heldout_batches,
+        load_corpus_tokenizer,
+        load_shard,
+    )
     from training.tokenizer import TokenizerConfig, train_tokenizer
 
     store = LocalStore(tmp_path / "store")
@@ -373,7 +396,7 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     commit(store, "web/filtered/s1", tmp_path / "web")  # as web_filtered does
     tok = train_tokenizer((d["text"] for d in docs), TokenizerConfig(vocab_size=300), tmp_path / "tok")
     build_token_shards(
-        MixtureConfig(weights={"web": 1.0}, heldout_fraction=0.0), store, {"web": ["web/filtered/s1/kept/"]},
+        MixtureConfig(weights={"web": 1.0}, heldout_fraction=0.2), store, {"web": ["web/filtered/s1/kept/"]},
         tok, "tokens",
     )  # fmt: skip
     stage = ContextStage(
@@ -386,13 +409,31 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     out = read_committed(store, "rows/s1")
     assert out.version == result.outputs["version"] and out.meta["data_version"] == result.data_version
     assert out.names() == [
-        "recall-256/shard-00000.docs.npy", "recall-256/shard-00000.tokens.npy",
+        "recall-256/shard-00000.docs.npy", "recall-256/shard-00000.targets.npy",
+        "recall-256/shard-00000.tokens.npy", "recall-eval-256/shard-00000.docs.npy",
+        "recall-eval-256/shard-00000.targets.npy", "recall-eval-256/shard-00000.tokens.npy",
         "shard-00000.docs.npy", "shard-00000.tokens.npy",
     ]  # fmt: skip
-    rows_path, recall = midtrain_shard_paths(store, "rows/s1")
-    tokens, offsets = load_shard(rows_path)
+    shards = midtrain_shard_paths(store, "rows/s1")
+    tokens, offsets = load_shard(shards.rows)
     assert tokens.shape == (10 * 512,) and list(offsets) == list(range(0, 11 * 512, 512))
+    recall = shards.recall
     assert list(recall) == [256] and load_shard(recall[256])[0].shape == (2 * 3 * 256,)
+    # Training batches of the curriculum carry labels on the asked keys only (5 digits, each a key in the text).
+    decode = load_corpus_tokenizer(tok).decode
+    batch = TokenBatches([recall[256]], 256, 6, aligned=True).batch_at(0)
+    for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+        keep = labels != -100
+        assert 0 < int(keep.sum()) < 256 and (labels[keep] == ids[keep]).all()
+        answers = decode(ids[keep].tolist()).split()
+        assert answers and all(a.isdigit() and len(a) == 5 and a in decode(ids.tolist()) for a in answers)
+    # Held-out eval rows: passkey rows in held-out text, scored on their answer (the eval's metric is its NLL).
+    assert list(shards.recall_eval) == [256]
+    (evals,) = heldout_batches([shards.recall_eval[256]], 256, 32, max_batches=1)
+    assert evals["input_ids"].shape == (config.curriculum_eval_rows, 256)
+    for ids, labels in zip(evals["input_ids"], evals["labels"], strict=True):
+        key = decode(ids[labels != -100].tolist()).strip()
+        assert len(key) == 5 and key.isdigit() and f"The pass key is {key}." in decode(ids.tolist())
     again = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/s1", tmp_path)
     assert again.outputs["version"] == out.version  # seeded: same rows, same content hash
     # additive replay: 2 natural rows per curriculum step on top of its 3 recall rows
@@ -401,7 +442,7 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
         replayed, "s1", store, "tokens", tok / "tokenizer.json", "rows/r", tmp_path
     )
     assert result.metrics["replay_rows/256"] == 4 and result.metrics["recall_rows/256"] == 2 * (3 + 2)
-    replay_tokens = load_shard(midtrain_shard_paths(store, "rows/r")[1][256])[0].reshape(-1, 256)
+    replay_tokens = load_shard(midtrain_shard_paths(store, "rows/r").recall[256])[0].reshape(-1, 256)
     recall_tokens = load_shard(recall[256])[0].reshape(-1, 256)
     natural = [r for r in replay_tokens.tolist() if r not in recall_tokens.tolist()]
     assert len(replay_tokens) == 10 and len(natural) == 4  # the recall rows are the same ones as without
@@ -417,11 +458,19 @@ def test_curriculum_replay_mixes_natural_rows_by_the_mixture():
     web_share = float((rows[:, 0] == 7).mean())
     assert abs(web_share - 0.75) < 4 * (0.75 * 0.25 / 400) ** 0.5  # the mixture's share, within 4 SE
     recall = np.arange(32, dtype=np.int64).reshape(2, 16)
-    assert curriculum_rows(recall, replay_rows(docs, {"web": 1.0}, 0, 16, rng), rng) is recall  # no replay
-    mixed = curriculum_rows(recall, rows[:6], rng)
+    assert curriculum_rows(recall, replay_rows(docs, {"web": 1.0}, 0, 16, rng), rng)[0] is recall  # no replay
+    mixed, no_mask = curriculum_rows(recall, rows[:6], rng)
+    assert no_mask is None
     assert len(mixed) == 8 and sorted(map(tuple, mixed.tolist())) == sorted(
         map(tuple, np.concatenate([recall, rows[:6]]).tolist())
     )
+    # with masks: each row keeps its own through the shuffle; replay rows train on every token
+    targets = np.zeros(recall.shape, dtype=bool)
+    targets[:, -3:] = True
+    mixed, mask = curriculum_rows(recall, rows[:6], np.random.default_rng(1), targets)
+    for row, keep in zip(mixed, mask, strict=True):
+        natural = not (row[:13] == np.arange(16)[:13] + row[0]).all()
+        assert keep.all() if natural else (keep.sum() == 3 and keep[-3:].all())
 
 
 @pytest.mark.parametrize("method", ["abf", "yarn"])

@@ -307,3 +307,34 @@ def test_rebuilding_the_same_shards_gives_the_same_bytes_and_version(corpus):
     assert again.data_version == corpus["result"].data_version
     # the committed version names the shard paths a training spec records: it must not move either
     assert read_committed(corpus["store"], "tokens/v1").version == before
+
+
+def test_a_loss_mask_beside_a_shard_keeps_labels_on_its_targets_only(tmp_path):
+    from training.data import heldout_batches, write_targets
+
+    rows = np.arange(4 * 8, dtype=np.uint16).reshape(4, 8)
+    masked, plain = tmp_path / "masked.tokens.npy", tmp_path / "plain.tokens.npy"
+    np.save(masked, rows.reshape(-1))
+    np.save(plain, rows.reshape(-1) + 100)
+    targets = np.zeros(rows.shape, dtype=bool)
+    targets[:, -2:] = True  # the last two tokens of every row
+    write_targets(masked, targets)
+    batches = TokenBatches({"a": [masked], "b": [plain]}, seq_len=8, batch_size=16, aligned=True, seed=3)
+    batch = batches.batch_at(0)
+    sources = [pieces[0][0] for pieces in batches.plan(0)]
+    assert set(sources) == {"a", "b"}
+    for source, ids, labels in zip(sources, batch["input_ids"], batch["labels"], strict=True):
+        if source == "a":  # labels on the masked positions only, equal to the tokens there
+            assert (labels[:-2] == -100).all() and (labels[-2:] == ids[-2:]).all()
+        else:  # a shard without a mask trains on every token
+            assert (labels == ids).all()
+    (held,) = heldout_batches([masked], seq_len=8, batch_size=4, max_batches=1)
+    assert (held["labels"][:, :-2] == -100).all() and (
+        held["labels"][:, -2:] == held["input_ids"][:, -2:]
+    ).all()
+    # A mask for only some shards of a source, or of the wrong length, would shift labels: refused.
+    with pytest.raises(ValueError, match="loss masks missing"):
+        TokenBatches({"a": [masked, plain]}, seq_len=8, batch_size=2, aligned=True)
+    write_targets(masked, targets[:3])
+    with pytest.raises(ValueError, match="hold 24 entries for 32 tokens"):
+        TokenBatches([masked], seq_len=8, batch_size=2, aligned=True)

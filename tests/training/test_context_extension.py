@@ -446,6 +446,18 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     recall_tokens = load_shard(recall[256])[0].reshape(-1, 256)
     natural = [r for r in replay_tokens.tolist() if r not in recall_tokens.tolist()]
     assert len(replay_tokens) == 10 and len(natural) == 4  # the recall rows are the same ones as without
+    # a phase's own multi-key share wins over the config's: 0 = passkey rows only
+    kinds = {}
+    for share in (None, 0.0):
+        phase = RecallPhase(seq_len=256, steps=4, batch_size=3, multikey_share=share)
+        one = config.model_copy(update={"stages": [stage.model_copy(update={"recall_curriculum": [phase]})]})
+        build_midtrain_shards(one, "s1", store, "tokens", tok / "tokenizer.json", f"rows/m{share}", tmp_path)
+        texts = [
+            decode(r.tolist())
+            for r in load_shard(midtrain_shard_paths(store, f"rows/m{share}").recall[256])[0].reshape(-1, 256)
+        ]
+        kinds[share] = sum("What is the pass key?" in t for t in texts) / len(texts)
+    assert kinds[0.0] == 1.0 and kinds[None] < 1.0  # the config's 0.5 draws multi-key rows too
 
 
 def test_curriculum_replay_mixes_natural_rows_by_the_mixture():

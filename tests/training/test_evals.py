@@ -343,3 +343,12 @@ def test_context_extension_checks_gate_passkey_gain_and_short_ppl():
     assert outcome({}) == {"passkey_gain_at_longest": False, "short_ppl_within_margin": False}
     (_, _, meta), _ = context_extension_checks(EvalConfig(checks_warn_only=True), good)
     assert meta["warn_only"] is True and meta["length"] == 1024
+
+
+def test_the_default_passkey_set_resolves_a_ten_point_change():
+    """The tiny gate compares two checkpoints' passkey accuracy: with the default items per length, a
+    10-point gain is at least 2 standard errors of the gain even at the worst case p = 0.5 for both."""
+    config = EvalConfig()
+    n = config.passkey_per_cell * len(config.passkey_depths)
+    worst_se = math.sqrt(0.5 * 0.5 / n)
+    assert 2 * math.hypot(worst_se, worst_se) <= 0.10, n

@@ -33,7 +33,7 @@ from training.data import (
     token_manifest,
     write_targets,
 )
-from training.recall_tasks import FillerText, synthetic_recall_examples, synthetic_recall_rows
+from training.recall_tasks import FillerText, synthetic_recall_examples
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +428,7 @@ def build_midtrain_rows(
         stats[f"rows/source/{s}"] += 1
         long_tokens += sum(t for i, t in zip(used, taken, strict=True) if len(docs[i]) >= seq_len)
         rows.append(row)
-    synth = synthetic_recall_rows(
+    synth, _ = synthetic_recall_examples(
         encode,
         filler,
         n_synth,

@@ -198,24 +198,6 @@ def repeat_sequence(
     return row[:seq_len], targets[:seq_len]
 
 
-def synthetic_recall_rows(
-    encode: Encode,
-    filler: FillerText,
-    n_rows: int,
-    seq_len: int,
-    eos_id: int,
-    seed: int,
-    multikey_share: float = 0.5,
-    max_keys: int = 16,
-    repeat_share: float = 0.0,
-) -> np.ndarray:
-    """`n_rows` synthetic recall rows [n_rows, seq_len]: repeated-passage rows (`repeat_share`), multi-key
-    rows (`multikey_share`) and passkey rows (the rest). See `synthetic_recall_examples` for their masks."""
-    return synthetic_recall_examples(
-        encode, filler, n_rows, seq_len, eos_id, seed, multikey_share, max_keys, repeat_share
-    )[0]
-
-
 def synthetic_recall_examples(
     encode: Encode,
     filler: FillerText,
@@ -227,8 +209,9 @@ def synthetic_recall_examples(
     max_keys: int = 16,
     repeat_share: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of `synthetic_recall_rows` and their answer masks [n_rows, seq_len] (bool: the tokens that can
-    only be predicted by looking back: the asked keys, the repeated passage).
+    """`n_rows` synthetic recall rows [n_rows, seq_len] (repeated-passage rows (`repeat_share`), multi-key rows
+    (`multikey_share`) and passkey rows (the rest)) and their answer masks [n_rows, seq_len] (bool: the tokens
+    that can only be predicted by looking back: the asked keys, the repeated passage).
 
     Multi-key rows hold 2..`max_keys` keys and ask about half to all of them, so one row carries many
     long-range copy targets (fewer keys when the row is too short for the template).

@@ -25,7 +25,7 @@ from training.context_extension import (
     similarity_order,
     stage_model_config,
 )
-from training.recall_tasks import FillerText, synthetic_recall_examples, synthetic_recall_rows
+from training.recall_tasks import FillerText, synthetic_recall_examples
 
 
 def glm_config(**kw):
@@ -268,10 +268,8 @@ def test_synthetic_recall_rows_answer_from_context():
         ascii_encode, FillerText(docs, eos_id=0), n_rows=40, seq_len=700, eos_id=0, seed=1, multikey_share=0.5
     )
     assert rows.shape == targets.shape == (40, 700)
-    again = synthetic_recall_rows(
-        ascii_encode, FillerText(docs, eos_id=0), 40, 700, 0, seed=1, multikey_share=0.5
-    )
-    assert (again == rows).all()  # the same rows with or without their masks
+    again, _ = synthetic_recall_examples(ascii_encode, FillerText(docs, eos_id=0), 40, 700, 0, seed=1)
+    assert (again == rows).all()  # seeded: the same rows again
     kinds = {"passkey": 0, "multikey": 0}
     for row, mask in zip(rows, targets, strict=True):
         text = ascii_decode(row)
@@ -356,7 +354,7 @@ def test_repeat_rows_copy_a_passage():
         n = max(k for k in range(1, 150) if (body[:k] == body[-k:]).all())
         assert 300 // 8 <= n <= 300 // 3
         assert targets.sum() == n and targets[-1 - n : -1].all()  # the second copy is the answer
-    rows = synthetic_recall_rows(ascii_encode, FillerText(docs, 0), 200, 700, 0, seed=2, multikey_share=0.3,
+    rows, _ = synthetic_recall_examples(ascii_encode, FillerText(docs, 0), 200, 700, 0, seed=2, multikey_share=0.3,
                                  repeat_share=0.4)  # fmt: skip
     n_repeat = sum("What is" not in ascii_decode(r) for r in rows)
     n_passkey = sum("What is the pass key?" in ascii_decode(r) for r in rows)

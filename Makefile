@@ -28,7 +28,7 @@ TORCH_INDEX ?=
 
 setup: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 
-# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build. The editable install also compiles
+# torch first and pinned (its build: see TORCH_INDEX above). The editable install also compiles
 # the one C extension (setup.py: the code-language tokenizer) in place, with the machine's gcc.
 $(VENV)/.installed: pyproject.toml setup.py classifiers/_codetok.c pipelines/dedup/_minhash.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -121,6 +121,12 @@ class DedupConfig(BaseModel):
     )
     tasks: int = Field(2, ge=1, description="datatrove engine: tasks (shards are split among them)")
     workers: int = Field(2, ge=1, description="datatrove engine: worker processes (1 = in this process)")
+    task_deadline_s: float = Field(
+        3600.0,
+        gt=0,
+        description="datatrove engine: wall-clock limit of the worker processes of each step (workers > 1); "
+        "then the stage fails",
+    )
     spark_master: str | None = Field(
         "local[2]", description="spark engine: master URL; None = the active/submitted session's master"
     )

@@ -1,7 +1,8 @@
 """The single-machine engine: datatrove's LocalPipelineExecutor runs our steps over the shards in parallel
-(fingerprints, then the kept/index/cluster writes; one task runs in this process); clustering in between is
-numpy (`clusters.py`). In between, memory holds the band keys and signatures once, in node order, plus the
-small per-document columns: about what the partition adds to the index."""
+(fingerprints, then the kept/index/cluster writes; one task runs in this process, several run in worker
+processes with a deadline, `pipelines.bounded_executor`); clustering in between is numpy (`clusters.py`).
+In between, memory holds the band keys and signatures once, in node order, plus the small per-document
+columns: about what the partition adds to the index."""
 
 from __future__ import annotations
 
@@ -153,7 +154,9 @@ class DedupShardWriter(_StoreStep):
         yield from ()
 
 
-def _execute(pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, logs: Path) -> None:
+def _execute(
+    pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, logs: Path, stage: str
+) -> None:
     tasks = max(1, min(config.tasks, n_shards))
     if tasks == 1:
         # One task: pipe the steps here, as the executor's _run_for_rank would in this same process, without
@@ -165,13 +168,18 @@ def _execute(pipeline: list[PipelineStep], config: DedupConfig, n_shards: int, l
         return
     from datatrove.executor import LocalPipelineExecutor
 
-    LocalPipelineExecutor(
-        pipeline=pipeline,
-        tasks=tasks,
-        workers=min(config.workers, tasks),
-        logging_dir=str(logs),
-        skip_completed=False,
-    ).run()
+    from pipelines.bounded_executor import run_tasks_bounded
+
+    workers = min(config.workers, tasks)
+    executor = LocalPipelineExecutor(
+        pipeline=pipeline, tasks=tasks, workers=workers, logging_dir=str(logs), skip_completed=False
+    )
+    if workers > 1:
+        # our own spawned processes with a deadline (datatrove's pool can hang in teardown); they re-run a
+        # calling *script* unless it has a __main__ guard (`python -m dagster`, console scripts are fine)
+        run_tasks_bounded(executor, workers, config.task_deadline_s, stage=stage)
+    else:
+        executor.run()  # the tasks one after the other in this process: no pool to hang
 
 
 @dataclass
@@ -286,6 +294,7 @@ def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None
             cfg,
             len(job.shard_keys),
             work / "logs-fingerprint",
+            "dedup fingerprints",
         )
         part = _load_partition(sorted((work / "fingerprints").glob("*.parquet")), cfg.num_bands, cfg.num_perm)
         digests = part.meta.group_by("shard").aggregate([("shard_digest", "min")])
@@ -317,6 +326,7 @@ def run_local(store: ObjectStore, job: PartitionJob, scratch: Path | None = None
             cfg,
             len(job.shard_keys),
             work / "logs-apply",
+            "dedup apply",
         )
         stats = [json.loads((work / "stats" / f"{shard_stem(k)}.json").read_text()) for k in job.shard_keys]
     return EngineResult(

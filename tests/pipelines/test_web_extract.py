@@ -218,7 +218,7 @@ def test_two_tasks_in_worker_processes_give_the_same_documents(tmp_path, run_onc
         WARC,
         {"a.warc.gz": a, "b.warc.gz": write_warc(tmp_path / "b.warc.gz", PAGES[1::2], with_requests=False)},
     )
-    # one pool of two worker processes (forkserver) for extraction; filtering reads both shards in one task
+    # extraction in two spawned worker processes (bounded_executor); filtering reads both shards in one task
     two_x = extract_documents(ExtractConfig(tasks=2, workers=2), store, SNAPSHOT, WARC, DOCS)
     two_f = filter_documents(ExtractConfig(tasks=1), store, SNAPSHOT, DOCS, FILTERED)
     for one, two in ((extracted, two_x), (filtered, two_f)):

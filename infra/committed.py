@@ -12,9 +12,13 @@ handle (`store.reads`), so a stage's lineage is what it actually read, not what 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import os
+import shutil
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -250,12 +254,39 @@ def fetch_file(store: ObjectStore, out: CommittedOutput, name: str, dest: Path) 
 
 
 def fetch_committed(store: ObjectStore, prefix: str, local_dir: Path) -> tuple[CommittedOutput, Path]:
-    """Download a committed version into `local_dir` (hash-checked); returns (manifest, local_dir)."""
+    """Download a committed version into `local_dir` (hash-checked); returns (manifest, local_dir).
+
+    `local_dir` then holds exactly the version's files: they are downloaded into a fresh directory beside it
+    that replaces it whole, so files an earlier fetch left there are gone and a failed fetch changes nothing."""
     out = read_committed(store, prefix)
     local_dir = Path(local_dir)
-    for name in out.names():
-        fetch_file(store, out, name, local_dir / name)
+    fresh = local_dir.with_name(f".{local_dir.name}-fetch-{uuid.uuid4().hex}")
+    fresh.mkdir(parents=True)  # not mkdtemp: its 0700 mode would become the cache directory's
+    try:
+        for name in out.names():
+            fetch_file(store, out, name, fresh / name)
+        _replace_dir(fresh, local_dir)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
     return out, local_dir
+
+
+def _replace_dir(fresh: Path, target: Path) -> None:
+    """Rename `fresh` to `target`. A rename only replaces a missing or empty directory, so a filled `target`
+    is first renamed aside and deleted after; retried if a concurrent fetch put its own tree there."""
+    while True:
+        try:
+            os.rename(fresh, target)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        stale = target.with_name(f".{target.name}-stale-{uuid.uuid4().hex}")
+        try:
+            os.rename(target, stale)
+        except FileNotFoundError:  # another fetch moved it aside first
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def record_read(store: ObjectStore, out: CommittedOutput) -> None:

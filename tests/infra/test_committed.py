@@ -89,6 +89,17 @@ def test_fetch_checks_hashes(store, tmp_path):
         fetch_file(store, out, "a", tmp_path / "dl2" / "a")
 
 
+def test_fetch_into_a_reused_dir_holds_exactly_the_new_version(store, tmp_path):
+    commit_output(store, "o", _tree(tmp_path / "1", {"a": b"a1", "sub/b": b"b1"}))
+    fetch_committed(store, "o", tmp_path / "dl")
+    commit_output(store, "o", _tree(tmp_path / "2", {"a": b"a2"}))
+    _, local = fetch_committed(store, "o", tmp_path / "dl")
+    assert local == tmp_path / "dl"
+    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*")) == ["a"]  # no sub/, no sub/b
+    assert (local / "a").read_bytes() == b"a2"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left beside it
+
+
 def test_no_pointer_and_empty_outputs_are_errors(store, tmp_path):
     assert not is_committed(store, "nothing")
     with pytest.raises(CommitError, match="materialize its asset"):

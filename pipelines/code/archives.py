@@ -11,6 +11,7 @@ import os
 import re
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +25,52 @@ _READ_CHUNK = 1024 * 1024
 
 
 class ArchiveError(RuntimeError):
-    """An archive is corrupt or of an unknown format; the message names the file."""
+    """An archive is corrupt, of an unknown format or incomplete; the message names the file, `reason` is the
+    short stable slug the crawl counts it under (`archive_corrupt`, `archive_unknown_format`,
+    `source_incomplete`)."""
+
+    def __init__(self, message: str, reason: str = "archive_corrupt"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class ArchiveLimitExceeded(ArchiveError):
     """An archive would expand past one of its `ArchiveLimits`; `reason` is the counted stats key."""
 
     def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(message, reason)
+
+
+# What reading a corrupt or truncated archive raises: tarfile, zipfile and each decompressor have their own
+# types (gzip.BadGzipFile and bz2's "Invalid data stream" are OSErrors). Anything else is a bug and propagates.
+CORRUPT_DATA_ERRORS: tuple[type[Exception], ...] = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    EOFError,
+    OSError,
+    UnicodeDecodeError,
+)
+try:
+    import zstandard
+
+    CORRUPT_DATA_ERRORS += (zstandard.ZstdError,)
+except ImportError:  # without zstandard a .zst archive cannot be opened at all
+    pass
+
+
+def _is_corrupt_data(exc: BaseException) -> bool:
+    """Whether `exc` is what a damaged archive raises, as opposed to a bug in this code."""
+    if isinstance(exc, CORRUPT_DATA_ERRORS):
+        return True
+    if not isinstance(exc, ValueError):
+        return False
+    # tarfile parses header fields with int() (pax GNU.sparse.*): garbage there is a ValueError from tarfile
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename == tarfile.__file__
 
 
 @dataclass(frozen=True)
@@ -182,23 +220,25 @@ def _iter_tar_stream(fh: BinaryIO, compressed_bytes: int, strip_top: bool, what:
                         try:
                             member = tf.extractfile(info)
                             data.append(member.read() if member else b"")
-                        except ArchiveError:
-                            raise
-                        except Exception as exc:  # tarfile, lzma, zlib and bz2 each raise their own types
-                            raise ArchiveError(f"{what}: corrupt member {info.name} ({exc!r})") from None
+                        except Exception as exc:
+                            if not _is_corrupt_data(exc):
+                                raise  # a limit (already an ArchiveError) or a bug: not a bad source
+                            raise ArchiveError(
+                                f"{what}: corrupt member {info.name} ({type(exc).__name__}: {exc})"
+                            ) from None
                     return data[0]
 
                 yield Member(path, info.size, read)
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+            # gzip / xz / zstd check their CRC at the end of the stream, which tarfile stops short of: without
+            # this, garbled compressed data that still inflates would be read as the archive's content
+            while stream.read(_READ_CHUNK):
+                pass
+    except Exception as exc:
+        if not _is_corrupt_data(exc):
+            raise
         raise ArchiveError(
             f"{what}: corrupt or unreadable tar archive ({type(exc).__name__}: {exc})"
         ) from None
-    except ArchiveError:
-        raise
-    except Exception as exc:  # lzma/zlib raise their own error types on truncated data
-        if type(exc).__module__ in ("lzma", "zlib", "_compression", "bz2", "zstd", "zstandard"):
-            raise ArchiveError(f"{what}: corrupt compressed data ({type(exc).__name__}: {exc})") from None
-        raise
 
 
 class _Slice(io.RawIOBase):
@@ -271,8 +311,8 @@ def iter_zip(path: Path, strip_top: bool, budget: _Budget | None = None) -> Iter
     budget = budget or _Budget(ArchiveLimits())
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise ArchiveError(f"{path.name}: corrupt zip archive ({exc})") from None
+    except CORRUPT_DATA_ERRORS as exc:
+        raise ArchiveError(f"{path.name}: corrupt zip archive ({type(exc).__name__}: {exc})") from None
     with zf:
         infos = [info for info in zf.infolist() if not info.is_dir()]
         for info in infos:
@@ -284,7 +324,14 @@ def iter_zip(path: Path, strip_top: bool, budget: _Budget | None = None) -> Iter
             )
         for info in infos:
             rel = _strip_top(info.filename) if strip_top else _clean(info.filename)
-            yield Member(rel, info.file_size, lambda info=info: zf.read(info))
+            yield Member(rel, info.file_size, lambda info=info: _read_zip_member(zf, info, path.name))
+
+
+def _read_zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> bytes:
+    try:
+        return zf.read(info)
+    except CORRUPT_DATA_ERRORS as exc:  # a bad CRC, truncated or garbled deflate data
+        raise ArchiveError(f"{what}: corrupt member {info.filename} ({type(exc).__name__}: {exc})") from None
 
 
 _DSC_FILE = re.compile(r"^ [0-9a-f]{32,64} \d+ (\S+)$", re.M)
@@ -295,20 +342,20 @@ def iter_debian_source(files: list[Path], budget: _Budget | None = None) -> Iter
     budget = budget or _Budget(ArchiveLimits())
     dsc = next((f for f in files if f.suffix == ".dsc"), None)
     if dsc is None:
-        raise ArchiveError(f"no .dsc among {[f.name for f in files]}")
+        raise ArchiveError(f"no .dsc among {[f.name for f in files]}", "source_incomplete")
     names = [
         n
         for n in dict.fromkeys(_DSC_FILE.findall(dsc.read_text(errors="replace")))
         if ".tar" in n and not n.endswith(".asc")
     ]
     if not names:
-        raise ArchiveError(f"{dsc.name}: lists no files")
+        raise ArchiveError(f"{dsc.name}: lists no files", "source_incomplete")
     for name in names:
         tar = dsc.parent / name
         if not tar.exists() and ".debian.tar." in name and (dsc.parent / UPSTREAM_ONLY_MARKER).exists():
             continue  # the fetcher kept the upstream code of a package whose debian/ tarball 404'd
         if not tar.exists():
-            raise ArchiveError(f"{dsc.name}: lists {name}, which was not downloaded")
+            raise ArchiveError(f"{dsc.name}: lists {name}, which was not downloaded", "source_incomplete")
         is_debian_tar = ".debian.tar." in name
         # component tarballs (orig-COMPONENT.tar.*) unpack into a sub-directory named after the component
         comp = re.search(r"\.orig-([\w-]+)\.tar\.", name)
@@ -350,4 +397,7 @@ def iter_source_files(kind: str, files: list[Path], limits: ArchiveLimits | None
         elif re.search(r"\.(tgz|tar(\.(gz|xz|bz2|zst))?)$", name):
             yield from iter_tar(f, strip_top=True, what=f.name, budget=budget)
         else:
-            raise ArchiveError(f"{f.name}: unknown archive format (expected .deb, .dsc, .tgz, .tar.*, .zip)")
+            raise ArchiveError(
+                f"{f.name}: unknown archive format (expected .deb, .dsc, .tgz, .tar.*, .zip)",
+                "archive_unknown_format",
+            )

@@ -5,6 +5,10 @@ Output: the committed output `<out_prefix>/<snapshot>` (`infra.committed`) holdi
 records (language = the Linguist-style prior, final language comes from `fix_metadata`), `origins.jsonl.gz`
 (every text file of every source with its sha256: what `fix_metadata` checks path/repo metadata against) and
 `crawl_stats.json`.
+
+A source that cannot be fetched or read (network, HTTP status, corrupt archive, limit) is counted under
+`sources/failed` and `sources/failed/<reason>` (`failure_reason`) and the crawl goes on; any other exception
+is a bug and fails the crawl with its traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import heapq
 import json
 import logging
+import re
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,6 +76,43 @@ class CodeCrawlConfig(BaseModel):
     def archive_limits(self) -> ArchiveLimits:
         return ArchiveLimits(self.archive_max_total_bytes, self.archive_max_members,
                              self.archive_max_member_bytes, self.archive_max_ratio)  # fmt: skip
+
+
+# How a fetch failure reads in our messages and in git / apt-get / npm / pip output, tried in order: the
+# first that matches is the reason a failed source is counted under (`sources/failed/<reason>`).
+_HTTP_STATUS = re.compile(r"returned error: (\d{3})|HTTP error (\d{3})|\bE(\d{3})\b|\b(\d{3}) +Not Found")
+_NETWORK = re.compile(
+    r"Could not resolve|Failed to connect|Connection refused|Connection timed out|Temporary failure|"
+    r"Network is unreachable|Could not connect|ECONNREFUSED|ENOTFOUND|ETIMEDOUT|EAI_AGAIN|NewConnectionError|"
+    r"Max retries exceeded",
+    re.I,
+)
+_NOT_FOUND = re.compile(
+    r"does not exist|not found|no ref |Unable to locate package|No matching distribution|produced no|"
+    r"expected a commit sha|no Version field",
+    re.I,
+)
+_FETCH_FAILURES = [
+    ("timeout", re.compile(r"timed out after")),
+    ("command_missing", re.compile(r"not found; install it")),
+    ("bad_manifest", re.compile(r"need a version")),
+    ("network", _NETWORK),
+    ("not_found", _NOT_FOUND),
+]
+
+
+def failure_reason(exc: code_sources.SourceFetchError | ArchiveError) -> str:
+    """The short stable slug a failed source is counted under: `http_<status>`, `network`, `timeout`,
+    `not_found`, `command_missing`, `bad_manifest`, `fetch_failed` (any other fetch error), `archive_limit`,
+    or the `ArchiveError`'s own reason (`archive_corrupt`, ...)."""
+    if isinstance(exc, ArchiveLimitExceeded):
+        return "archive_limit"  # which limit: `skipped/<limit>`
+    if isinstance(exc, ArchiveError):
+        return exc.reason
+    message = str(exc)
+    if status := _HTTP_STATUS.search(message):
+        return f"http_{next(g for g in status.groups() if g)}"
+    return next((reason for reason, pattern in _FETCH_FAILURES if pattern.search(message)), "fetch_failed")
 
 
 def default_cache_dir() -> Path:
@@ -213,12 +255,16 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
                 recs = records_from_source(spec, fetched, cap, config, snapshot, stats, origins)
             except (code_sources.SourceFetchError, ArchiveError) as exc:
                 stats["sources/failed"] += 1
+                stats[f"sources/failed/{failure_reason(exc)}"] += 1
                 if isinstance(exc, ArchiveLimitExceeded):
                     stats[f"skipped/{exc.reason}"] += 1
                 errors.append(f"{spec.label}: {exc}")
                 log.error("code source %s skipped: %s", spec.label, exc)
                 del origins[before:]  # a half-read archive contributes nothing
                 continue
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # a bug fails the crawl now, not after every queued fetch
+                raise
             stats["sources/ok"] += 1
             langs = Counter(r["metadata"]["language"] for r in recs)
             per_source.append({"source": spec.label, "version": fetched.version, "files": len(recs),
@@ -249,8 +295,11 @@ def crawl_code(config: CodeCrawlConfig, store: ObjectStore, snapshot: str, manif
     funnel = [
         {"step": k, "files": v} for k, v in sorted(stats.items()) if k.startswith(("files/", "dropped/"))
     ]
-    report = [f"## Code crawl `{snapshot}`", f"{len(manifest.sources)} sources, {stats['sources/failed']} failed, "
-              f"{stats['sources/cached']} from cache, {metrics['seconds']:.0f}s.", "", markdown_table(funnel), "",
+    failed_by = ", ".join(f"{k.removeprefix('sources/failed/')}: {v}" for k, v in sorted(stats.items())
+                          if k.startswith("sources/failed/"))  # fmt: skip
+    report = [f"## Code crawl `{snapshot}`", f"{len(manifest.sources)} sources, {stats['sources/failed']} failed"
+              f"{f' ({failed_by})' if failed_by else ''}, {stats['sources/cached']} from cache, "
+              f"{metrics['seconds']:.0f}s.", "", markdown_table(funnel), "",
               "### Files per language", markdown_table([{"language": k, "files": v} for k, v in by_lang.most_common()])]  # fmt: skip
     if errors:
         report += ["", "### Failed sources", *[f"- {e}" for e in errors]]

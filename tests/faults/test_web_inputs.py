@@ -546,3 +546,44 @@ def test_a_record_that_does_not_parse_is_counted_and_a_bug_in_extraction_fails_t
     monkeypatch.setattr(TrafilaturaWithDrops, "extract", buggy_extract)
     with pytest.raises(Exception, match="TypeError: a bug in our extractor"):
         extract(store)
+
+
+LIBRARY = (
+    "The city library opened a new reading room this spring, with long oak tables, quiet corners for study "
+    "and a small collection of rare maps that a family of sailors gave to the town last year."
+)
+
+
+def page_with_span_row(text: str, span: str) -> str:
+    """A page that makes trafilatura (1.11) raise: with deduplication on (as datatrove calls it) its own pass
+    drops the paragraphs repeated past its limit, the readability fallback it then keeps passes a TEI-style
+    `<row span=...>` through, and its text output reads the span with int() after its own error handling
+    (trafilatura issue #681): ValueError."""
+    paragraph = f"<p>{text}</p>"
+    return (
+        f"<!DOCTYPE html><html><head><title>Page</title></head><body><article>{paragraph}"
+        f'<row span="{span}"><cell>x</cell></row>{paragraph * 9}</article></body></html>'
+    )
+
+
+def test_a_page_the_extractor_cannot_parse_is_counted_and_the_others_come_out(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    pages = [
+        ("http://site.test/a", article_html(CAFE)),
+        ("http://site.test/broken-ru", page_with_span_row(MOSCOW, "x")),
+        ("http://site.test/broken-en", page_with_span_row(LIBRARY, "")),
+        ("http://site.test/b", article_html(CAFE + " Again.")),
+    ]
+    commit_warc(
+        store, tmp_path, warc_of([(url, "text/html; charset=utf-8", html.encode()) for url, html in pages])
+    )
+    m = extract(store).metrics
+    assert m["dropped/extract/extraction_error"] == 2  # each page that raised, under the parser's reason
+    assert m["dropped/extract"] == 2  # and under no other extract reason
+    dropped = extracted_docs(store, "dropped/extract")
+    assert {url: d["metadata"]["drop_reason"] for url, d in dropped.items()} == {
+        "http://site.test/broken-ru": "extraction_error",
+        "http://site.test/broken-en": "extraction_error",
+    }
+    assert set(extracted_docs(store, "kept")) == {"http://site.test/a", "http://site.test/b"}
+    assert m["docs_out"] == 2

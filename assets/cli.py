@@ -74,20 +74,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             instance=instance, partition_key=key, raise_on_error=False, tags=tags
         )
         run_ids.append(result.run_id)
+        failed_checks += _print_summary(result)
         if not result.success:
             _print_run_report(instance, run_ids, profile, invocation)
+            _print_failed_checks(failed_checks)
             print(
                 f"crucible: {job_name} FAILED after {time.time() - t0:.0f}s (run {result.run_id}); "
                 f"see `make ui` or the log above",
                 file=sys.stderr,
             )
-            return 1
-        failed_checks += _print_summary(result)
+            return EXIT_JOB_FAILED
         print(f"crucible: {job_name} done in {time.time() - t0:.0f}s", flush=True)
     print(f"crucible: whole graph done in {time.time() - started:.0f}s; `make ui` to browse runs and MLflow")
     _print_run_report(instance, run_ids, profile, invocation)
     _print_failed_checks(failed_checks)
-    return 0
+    return run_exit_code(failed_checks)
+
+
+EXIT_JOB_FAILED, EXIT_CHECK_FAILED = 1, 2
+
+
+def run_exit_code(failed_checks: list[str]) -> int:
+    """0, or EXIT_CHECK_FAILED when a check of ERROR severity failed (a quality gate the run did not pass);
+    failed WARN checks (e.g. `micro`, whose models are too small to learn) are printed but do not fail it."""
+    return EXIT_CHECK_FAILED if any(line.endswith("(ERROR)") for line in failed_checks) else 0
 
 
 def _print_run_report(instance, run_ids: list[str], profile, name: str) -> None:

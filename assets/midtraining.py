@@ -43,7 +43,7 @@ def local_checkpoint(store: ObjectStore, asset: str) -> Path:
     return fetch_committed(store, checkpoint_prefix(asset), cache)[1]
 
 
-def _heldout(store: ObjectStore) -> dict[str, list[str]]:
+def heldout_shards(store: ObjectStore) -> dict[str, list[str]]:
     cache = PROFILE.state_path / "cache" / "token_shards"
     paths = token_data.shard_paths(store, SHARDS_PREFIX, "heldout", cache)
     return {k: [str(p) for p in v] for k, v in paths.items()}
@@ -89,7 +89,7 @@ def _midtrain_asset(index: int):
             ctx.name,
             [shards.rows],
             run_dir,
-            heldout=_heldout(s),
+            heldout=heldout_shards(s),
             tokenizer_dir=tok,
             distributed=pre.distributed,
             torch_extensions_dir=PROFILE.state_path / "torch_extensions",
@@ -148,7 +148,7 @@ def _gate(cfg: EvalConfig, result: StageResult) -> list[tuple[str, bool, dict]]:
 
 
 def _evaluate(cfg: EvalConfig, s, _, run) -> StageResult:
-    tok, heldout = local_tokenizer(s), _heldout(s)
+    tok, heldout = local_tokenizer(s), heldout_shards(s)
     out_root = PROFILE.state_path / "runs" / "evals"
     per: dict[str, StageResult] = {}
     metrics: dict[str, float] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from assets.distill import DISTILLATIONS, TEACHER_STAGES
 from assets.factory import tracked_asset
-from assets.midtraining import _heldout, local_checkpoint
+from assets.midtraining import heldout_shards, local_checkpoint
 from assets.post_training import AGENTIC_TASKS_PREFIX, PARENT, TASKS_PREFIX, _local
 from assets.pretraining import SHARDS_PREFIX
 from assets.stage_config import launchpad_config
@@ -81,7 +81,9 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks"),
     )
     facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
-    text = _heldout(s) if is_committed(s, SHARDS_PREFIX) else None  # perplexity and passkey need the shards
+    text = (
+        heldout_shards(s) if is_committed(s, SHARDS_PREFIX) else None
+    )  # perplexity and passkey need the shards
     sets = build_heldout_sets(
         tok, cfg, text, read_tasks(tasks_dir / "heldout.jsonl"), facts,
         read_agentic_tasks(agentic_dir)["heldout"], read_agentic_facts(agentic_dir),

@@ -240,6 +240,10 @@ def _tokenize_prefix(
     lang_weights = None
     if run.source == "code" and config.code_language_weights:
         lang_weights = load_language_weights(store, config.code_quality_root, partition)
+        if lang_weights is None:  # said, not silent: the code mixture is then the corpus as deduplicated
+            log.warning("%s: no committed code quality output under %s/%s; code language weights not applied",
+                        prefix, config.code_quality_root, partition)  # fmt: skip
+            stats["code_language_weights_missing"] += 1
     files, counts, batch = [], Counter(), []
     for key in tqdm(document_keys(store, prefix), desc=f"tokenize {run.source}:{partition}", leave=False):
         version, docs = _read_doc_file(store, key)
@@ -263,6 +267,8 @@ def _tokenize_prefix(
             copies = 1
             if lang_weights is not None:
                 lang = str((doc.get("metadata") or {}).get("language", "")).lower()
+                if lang not in lang_weights:  # a language the quality stage did not weigh: one copy, counted
+                    stats[f"code_language_unweighted/{lang or 'unknown'}"] += 1
                 copies = copies_for_weight(lang_weights.get(lang, 1.0), doc_id, config.seed)
                 stats[f"code_language_copies/{lang or 'unknown'}"] += copies
                 stats[f"dropped/{run.source}/language_weight"] += copies == 0

@@ -48,9 +48,9 @@ class EvalConfig(BaseModel):
         [256, 512, 1024], description="Passkey prompt lengths (tokens); 1024 = 4x the pretraining context"
     )
     passkey_depths: list[float] = Field([0.1, 0.3, 0.5, 0.7, 0.9], description="Needle depths (0 = start)")
-    # 40 x 5 depths = 200 items per length: SE <= 0.035 per accuracy, so the SE of a gain between two
-    # checkpoints is <= 0.05 and a 10-point change is >= 2 SE (100 items: 0.071, a 10-point change 1.4 SE)
-    passkey_per_cell: int = Field(40, ge=1, description="Items per (length, depth) cell")
+    # 45 x 5 depths = 225 items per length: SE <= 0.034 per accuracy, so the SE of a gain between two
+    # checkpoints is <= 0.047 and a 10-point change is outside 2 SE (> 2.1 SE; 200 items: exactly 2 SE)
+    passkey_per_cell: int = Field(45, ge=1, description="Items per (length, depth) cell")
     passkey_choices: int = Field(4, ge=2, description="Candidate keys per item (chance = 1/choices)")
     passkey_digits: int = Field(5, ge=1, description="Digits per key")
     indexer_rows: int = Field(

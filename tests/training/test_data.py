@@ -168,6 +168,36 @@ def test_code_mixture_follows_the_quality_stage_weights(corpus):
     assert sampled["lua"] / sampled["python"] > 0.4  # 0.25 of the docs, about half of the python copies
 
 
+def test_languages_without_a_weight_and_a_missing_quality_output_are_counted_not_silent(
+    corpus, tmp_path, caplog
+):
+    """A language the quality stage did not weigh keeps one copy per doc and is counted; a code partition
+    without a committed quality output is built unweighted with a warning and a count."""
+    store, code = corpus["store"], corpus["code"]
+    python = [d for d in code if d["metadata"]["language"] == "Python"]
+    commit_records(store, "code/files/mixed-1", python, 1000)
+    train_code_quality(CodeQualityConfig(languages=[]), store, "mixed-1", tmp_path)  # Python only
+    commit_records(store, "code/files/mixed-1", code, 1000)  # a new version: Lua joins after the weights
+    config = MixtureConfig(weights={"code": 1.0}, heldout_fraction=0.0, shard_tokens=2048)
+    result = build_token_shards(
+        config, store, {"code": ["code/files/mixed-1/"]}, corpus["tok_dir"], "tokens/m"
+    )
+    n_lua = sum(d["metadata"]["language"] == "Lua" for d in code)
+    assert (
+        result.metrics["code_language_unweighted/lua"] == n_lua == result.metrics["code_language_copies/lua"]
+    )
+    assert "code_language_unweighted/python" not in result.metrics
+    assert "code_language_weights_missing" not in result.metrics
+
+    commit_records(store, "code/files/noq-1", code[:50], 1000)
+    with caplog.at_level("WARNING", logger="training.data"):
+        result = build_token_shards(
+            config, store, {"code": ["code/files/noq-1/"]}, corpus["tok_dir"], "tokens/n"
+        )
+    assert result.metrics["code_language_weights_missing"] == 1
+    assert "no committed code quality output" in caplog.text and "noq-1" in caplog.text
+
+
 def test_weights_of_another_shape_fail_naming_the_file_and_key(corpus, tmp_path):
     store = corpus["store"]
     commit_records(store, "code/files/flat-1", corpus["code"][:5], 1000)

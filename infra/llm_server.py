@@ -24,6 +24,7 @@ A model that also implements `TokenCompletionModel` (a policy checkpoint for RL 
     python -m infra.llm_server --gguf PATH [--port 0]          # prints "listening on http://HOST:PORT"
     python -m infra.llm_server --factory package.module:make   # any ChatModel
     python -m infra.llm_server --factory package.module:make --factory-arg path=DIR   # make(path="DIR")
+    python -m infra.llm_server --gguf PATH --answer-choices 0,1,2,3,4,5   # a judge that answers one digit
 """
 
 from __future__ import annotations
@@ -244,6 +245,31 @@ class TransformersChatModel:
         return ChatOutput(
             self.tokenizer.decode(new_ids, skip_special_tokens=True), len(ids), len(new_ids), logprobs, finish
         )
+
+
+class ChoiceAnswerModel:
+    """Every chat answered with one of `choices` (single tokens): the most likely one as the first answer token,
+    like a server-wide grammar (llama.cpp's `--grammar`) or vLLM's `guided_choice`. For a small judge that
+    answers a rubric in prose ("The document ...") where a client looks for a digit. The reported log-probs
+    are the model's own (log-softmax over the whole vocabulary) for the choices only, best first, so a client
+    reads the same distribution as `TransformersChatModel.next_token_logprobs`. Greedy: temperature ignored.
+    """
+
+    def __init__(self, model: TransformersChatModel, choices: list[str]):
+        for choice in choices:
+            model.token_id(choice)  # raises unless each choice is one token
+        self.model = model
+        self.name = model.name
+        self.choices = list(choices)
+
+    def chat(
+        self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0
+    ) -> ChatOutput:
+        logprobs, n_prompt = self.model.next_token_logprobs(messages, self.choices)
+        ranked = sorted(logprobs.items(), key=lambda kv: -kv[1])
+        best, best_logprob = ranked[0]
+        steps = [TokenLogprob(best, best_logprob, ranked[:top_logprobs])] if top_logprobs else None
+        return ChatOutput(best, n_prompt, 1, steps)
 
 
 _MATH_WORDS = re.compile(
@@ -710,13 +736,23 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY=VALUE",
         help="keyword argument (a string) for the --factory callable; repeatable",
     )
+    parser.add_argument(
+        "--answer-choices",
+        default=None,
+        metavar="A,B,...",
+        help="with --gguf / --hf-dir: answer every chat with one of these single tokens (ChoiceAnswerModel)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args(argv)
+    if args.answer_choices and not (args.gguf or args.hf_dir):
+        parser.error("--answer-choices needs --gguf or --hf-dir")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     if args.gguf or args.hf_dir:
         model: ChatModel = TransformersChatModel(args.gguf or args.hf_dir, threads=args.threads)
+        if args.answer_choices:
+            model = ChoiceAnswerModel(model, args.answer_choices.split(","))
     elif args.keyword_scorer:
         model = KeywordScorerModel()
     else:

@@ -123,26 +123,13 @@ def test_embedded_judge_separates_solved_problems_from_fortunes(tmp_path):
     8 champ-dataset solved problems vs 8 fortunes-min quotations and jokes."""
     import time
 
+    from judge_texts import solved_problems_and_fortunes  # tests/ is on sys.path
     from sklearn.metrics import roc_auc_score
 
     from classifiers.judge.judge_config import build_judge
-    from classifiers.judge.quality_gate import load_probe_set
-    from pipelines.knowledge.fortunes import read_fortunes
-    from pipelines.math.candidates import champ_candidates
     from pipelines.math.math_filter import judge_documents
 
-    probes = load_probe_set()
-    probe_refs, probe_starts = {p.get("ref") for p in probes}, {p["text"][:200] for p in probes}
-    good = [d for d in champ_candidates() if d["id"].removeprefix("champ:") not in probe_refs][:8]
-    fortunes = [
-        f
-        for path in sorted(fetch_doc_package("fortunes-min", CACHE).rglob("fortunes/*"))
-        if path.is_file() and not path.suffix
-        for f in read_fortunes(path, min_chars=200)
-        if f.text[:200] not in probe_starts
-    ]
-    junk = [{"text": f.text, "id": f"fortune:{f.collection}:{f.index}"} for f in fortunes[:8]]
-    assert len(good) == len(junk) == 8
+    good, junk = solved_problems_and_fortunes(CACHE)  # shared with tests/classifiers/test_judge_http.py
 
     started = time.monotonic()
     config = MathFilterConfig()  # tiny defaults: local SmolLM2 judge, edu_math_levels_v1, 1 thread

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from infra.settings import load_profile, validate_stage
+from pipelines.web.crawl import CrawlConfig
+
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 SINGLE = "ui-one"  # materialized from the launchpad
@@ -115,6 +118,11 @@ def launched(stack, page, site, partitions, artifacts) -> Launched:
     page.get_by_role("dialog").get_by_text(SINGLE, exact=True).click()
     page.get_by_text(f"partition: {SINGLE}").wait_for()
     page.locator(".CodeMirror-line", has_text="max_pages:").wait_for()
+    # the scaffold a user sees is the profile's values (micro: max_pages 40, timeout_s 5.0)
+    crawl = validate_stage(load_profile(), "web_crawl", CrawlConfig)
+    for key, value in (("max_pages", crawl.max_pages), ("timeout_s", crawl.timeout_s)):
+        line = page.locator(".CodeMirror-line", has_text=f"{key}:").first.inner_text()
+        assert float(line.split(":", 1)[1]) == value != CrawlConfig.model_fields[key].default, (key, line)
     _edit_config_line(page, "source", "seeds")
     _edit_config_line(page, "seeds", f'["{site}"]')
     _edit_config_line(page, "max_pages", str(MAX_PAGES))

@@ -17,6 +17,7 @@ shards stay one-per-source and a new weight needs no re-tokenization.
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
 import logging
 import math
@@ -67,6 +68,14 @@ class MixtureConfig(BaseModel):
     code_quality_root: str = Field("code/quality", description="Store prefix of the code quality stage")
     heldout_fraction: float = Field(0.02, ge=0.0, lt=1.0, description="Share of docs per source held out")
     heldout_max_docs: int = Field(500, ge=0, description="Cap on held-out docs per source")
+    # tiny's web source is ~110 docs: 2% held out one document, so its perplexity (and the short-context
+    # gate of checkpoint_evals) was measured on one 256-token row, and two runs differed by 1.06x vs 1.14x.
+    heldout_min_docs: int = Field(
+        16,
+        ge=0,
+        description="Hold out at least this many docs per source (those with the lowest doc-id hashes) when "
+        "heldout_fraction gives fewer, but never more than half a source's docs; unused if heldout_fraction=0",
+    )
     shard_tokens: int = Field(4_000_000, ge=1024, description="Tokens per shard file (docs never split)")
     max_docs_per_source: int | None = Field(None, ge=1, description="Read at most this many docs per source")
     min_doc_chars: int = Field(1, ge=0, description="Skip docs shorter than this many characters")
@@ -89,8 +98,9 @@ def _unit_hash(*parts: Any) -> float:
     return xxhash.xxh64_intdigest("\x1f".join(map(str, parts))) / 2**64
 
 
-def is_heldout(doc_id: str, fraction: float, seed: int) -> bool:
-    return fraction > 0 and _unit_hash("heldout", seed, doc_id) < fraction
+def heldout_hash(doc_id: str, seed: int) -> float:
+    """A doc's held-out draw: held out if below heldout_fraction (or among its source's lowest, to a minimum)."""
+    return _unit_hash("heldout", seed, doc_id)
 
 
 def group_key(doc: Mapping[str, Any]) -> str:
@@ -193,15 +203,16 @@ def _read_doc_file(store: ObjectStore, key: str) -> tuple[dict, list[dict]]:
     return {"key": key, "bytes": len(data), "xxh64": xxhash.xxh64_hexdigest(data)}, docs
 
 
-def _write_batch(tok, batch: list[tuple[str, dict]], eos_id: int, partition: str, buffers, counts) -> None:
-    """Tokenize a batch of (split, doc), append EOS to each doc and add it to its split's shard buffer."""
-    encodings = tok.encode_batch([doc["text"] for _, doc in batch], add_special_tokens=False)
-    for (split, doc), enc in zip(batch, encodings, strict=True):
+def _write_batch(tok, batch: list[tuple[str, str, dict]], eos_id: int, buffers, counts: Counter) -> None:
+    """Tokenize a batch of (split, partition, doc), append EOS to each doc and add it to its split's shard
+    buffer; counts[(name, partition)] counts tokens and docs per split."""
+    encodings = tok.encode_batch([doc["text"] for _, _, doc in batch], add_special_tokens=False)
+    for (split, partition, doc), enc in zip(batch, encodings, strict=True):
         ids = enc.ids + [eos_id]
         meta = {"id": str(doc.get("id", "")), "partition": partition, "group": group_key(doc)}
         buffers[split].add(ids, meta)
-        counts[f"{split}_tokens"] += len(ids)
-        counts[f"{split}_docs"] += 1
+        counts[(f"{split}_tokens", partition)] += len(ids)
+        counts[(f"{split}_docs", partition)] += 1
     batch.clear()
 
 
@@ -227,9 +238,13 @@ class _SourceRun:
     source: str
     buffers: dict[str, _ShardBuffer]
     inputs: list[dict] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
     docs_read: int = 0
     n_heldout: int = 0
+    # Candidates for heldout_min_docs: the non-held-out docs with the lowest held-out draws so far, as a
+    # max-heap of (-draw, doc id, partition, doc); a doc pushed out of it goes to train.
+    reserve: list = field(default_factory=list)
+    lang_weights: dict[str, dict | None] = field(default_factory=dict)
 
 
 def _tokenize_prefix(
@@ -244,7 +259,8 @@ def _tokenize_prefix(
             log.warning("%s: no committed code quality output under %s/%s; code language weights not applied",
                         prefix, config.code_quality_root, partition)  # fmt: skip
             stats["code_language_weights_missing"] += 1
-    files, counts, batch = [], Counter(), []
+    run.lang_weights[partition] = lang_weights
+    files, batch = [], []
     for key in tqdm(document_keys(store, prefix), desc=f"tokenize {run.source}:{partition}", leave=False):
         version, docs = _read_doc_file(store, key)
         files.append(version)
@@ -258,24 +274,26 @@ def _tokenize_prefix(
                 continue
             run.docs_read += 1
             doc_id = str(doc.get("id") or xxhash.xxh64_hexdigest(text))
-            if run.n_heldout < config.heldout_max_docs and is_heldout(
-                doc_id, config.heldout_fraction, config.seed
-            ):
-                run.n_heldout += 1
-                batch.append(("heldout", doc))
-                continue
-            copies = 1
-            if lang_weights is not None:
-                lang = str((doc.get("metadata") or {}).get("language", "")).lower()
-                if lang not in lang_weights:  # a language the quality stage did not weigh: one copy, counted
-                    stats[f"code_language_unweighted/{lang or 'unknown'}"] += 1
-                copies = copies_for_weight(lang_weights.get(lang, 1.0), doc_id, config.seed)
-                stats[f"code_language_copies/{lang or 'unknown'}"] += copies
-                stats[f"dropped/{run.source}/language_weight"] += copies == 0
-            batch.extend(("train", doc) for _ in range(copies))
+            draw = heldout_hash(doc_id, config.seed)
+            to_train: tuple | None = (doc_id, partition, doc)
+            if config.heldout_fraction > 0 and run.n_heldout < config.heldout_max_docs:
+                if draw < config.heldout_fraction:
+                    run.n_heldout += 1
+                    batch.append(("heldout", partition, doc))
+                    to_train = None
+                elif config.heldout_min_docs:  # docs_read breaks ties: dicts do not compare
+                    item = (-draw, doc_id, partition, run.docs_read, doc)
+                    if len(run.reserve) < config.heldout_min_docs:
+                        heapq.heappush(run.reserve, item)
+                        to_train = None
+                    else:
+                        _, *kept, _, doc_ = heapq.heappushpop(run.reserve, item)
+                        to_train = (*kept, doc_)
+            if to_train is not None:
+                batch.extend(_train_items(run, *to_train, config.seed, stats))
             if len(batch) >= config.encode_batch_size:
-                _write_batch(tok, batch, eos_id, partition, run.buffers, counts)
-    _write_batch(tok, batch, eos_id, partition, run.buffers, counts)
+                _write_batch(tok, batch, eos_id, run.buffers, run.counts)
+    _write_batch(tok, batch, eos_id, run.buffers, run.counts)
     run.inputs.append(
         {
             "prefix": prefix,
@@ -285,8 +303,37 @@ def _tokenize_prefix(
             "language_weights": lang_weights,
         }
     )
-    for name in ("train_tokens", "train_docs", "heldout_tokens", "heldout_docs"):
-        run.metrics[f"{name}/{run.source}/{partition}"] = float(counts[name])
+
+
+def _train_items(run: _SourceRun, doc_id: str, partition: str, doc: dict, seed: int, stats) -> list:
+    """A training doc as (split, partition, doc) items: one per copy its code-language weight asks for."""
+    lang_weights, copies = run.lang_weights.get(partition), 1
+    if lang_weights is not None:
+        lang = str((doc.get("metadata") or {}).get("language", "")).lower()
+        if lang not in lang_weights:  # a language the quality stage did not weigh: one copy, counted
+            stats[f"code_language_unweighted/{lang or 'unknown'}"] += 1
+        copies = copies_for_weight(lang_weights.get(lang, 1.0), doc_id, seed)
+        stats[f"code_language_copies/{lang or 'unknown'}"] += copies
+        stats[f"dropped/{run.source}/language_weight"] += copies == 0
+    return [("train", partition, doc)] * copies
+
+
+def _settle_reserve(run: _SourceRun, tok, eos_id: int, config: MixtureConfig, stats) -> None:
+    """Hold out the reserve's lowest draws until the source has heldout_min_docs held-out docs (at most half
+    its docs, within heldout_max_docs); the rest of the reserve goes to train."""
+    want = min(config.heldout_min_docs, config.heldout_max_docs, run.docs_read // 2) - run.n_heldout
+    batch = []
+    for i, (_, doc_id, partition, _, doc) in enumerate(
+        sorted(run.reserve, key=lambda x: x[:4], reverse=True)
+    ):
+        if i < want:
+            run.n_heldout += 1
+            batch.append(("heldout", partition, doc))
+        else:
+            batch.extend(_train_items(run, doc_id, partition, doc, config.seed, stats))
+    run.reserve.clear()
+    if batch:
+        _write_batch(tok, batch, eos_id, run.buffers, run.counts)
 
 
 def build_token_shards(
@@ -365,13 +412,16 @@ def _tokenize_sources(config, store, sources, tok, eos_id, dtype, staging, manif
         run = _SourceRun(source, buffers)
         for prefix in prefixes:
             _tokenize_prefix(run, prefix, store, tok, eos_id, config, stats)
+        _settle_reserve(run, tok, eos_id, config, stats)
         for buf in buffers.values():
             buf.flush()
-        for split in ("train", "heldout"):
-            metrics[f"{split}_tokens/{source}"] = sum(
-                v for k, v in run.metrics.items() if k.startswith(f"{split}_tokens/{source}/")
-            )
-        metrics.update(run.metrics)
+        for entry in run.inputs:
+            for name in ("train_tokens", "train_docs", "heldout_tokens", "heldout_docs"):
+                metrics[f"{name}/{source}/{entry['partition']}"] = float(
+                    run.counts[(name, entry["partition"])]
+                )
+        for name in ("train_tokens", "train_docs", "heldout_tokens", "heldout_docs"):
+            metrics[f"{name}/{source}"] = float(sum(v for (k, _), v in run.counts.items() if k == name))
         manifest["sources"][source] = {
             "inputs": run.inputs,
             "train_shards": buffers["train"].keys,

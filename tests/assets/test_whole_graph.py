@@ -79,13 +79,12 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
 
     # Eval numbers of a trained model (measured on micro, two runs: dense loss 5.17 / 5.12; perplexity at 64
     # tokens 131-219 for every source and checkpoint; stage 3 / base short perplexity 0.988 / 0.983). An
-    # untrained model has loss ln(512) = 6.24 and perplexity ~512. Which sources have held-out rows depends on
-    # the micro crawl (the second run had none for web: 11k web tokens), code always has.
+    # untrained model has loss ln(512) = 6.24 and perplexity ~512.
     vocab = 512
     assert base.data.metrics["dense/loss"] < math.log(vocab) - 0.5
     assert metrics["base_checkpoint/passkey/chance"] == 0.25
     sources = {k.rsplit("/", 1)[1] for k in metrics if k.startswith("base_checkpoint/ppl/ctx_64/")}
-    assert "code" in sources and len(sources) >= 2, sources
+    assert {"web", "code", "math"} <= sources, sources  # web too: it holds out heldout_min_docs docs
     for ckpt in ("base_checkpoint", "midtrain_stage1", "midtrain_stage2", "midtrain_stage3"):
         for source in sources:
             ppl = metrics[f"{ckpt}/ppl/ctx_64/{source}"]
@@ -96,6 +95,14 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
         assert 0.0 < metrics[f"{ckpt}/dsa/topk_mass"] <= metrics[f"{ckpt}/dsa/topk_mass_oracle"] + 1e-6
     # Midtraining keeps the short-context model: within the gate's bound (max_short_ppl_ratio 1.10).
     assert metrics["final_vs_base/short_ppl_ratio/max"] < 1.10
+    # Every source holds out at least heldout_min_docs docs (16; half of a smaller source), so each
+    # perplexity averages the rows its held-out text gives, up to ppl_max_tokens (1024 = 16 rows of 64).
+    for source in ("web", "code", "math"):
+        held = shards.data.metrics[f"heldout_docs/{source}"]
+        assert held >= min(16, (held + shards.data.metrics[f"train_docs/{source}"]) // 2), source
+        rows = max(1, min(1024, int(shards.data.metrics[f"heldout_tokens/{source}"])) // 64)
+        assert metrics[f"base_checkpoint/ppl_rows/ctx_64/{source}"] == rows, source
+        assert metrics[f"final_vs_base/short_ppl_rows/{source}"] == rows, source
 
     # The knowledge and rescue jobs feed the mixture: math tokens, and the rescued documents' tokens.
     for source in ("web", "code", "math"):

@@ -131,6 +131,46 @@ def test_shard_tokens_equal_doc_tokens_plus_eos(corpus):
     assert len(paths["web"]) > 1  # shard_tokens=2048 splits the source into several shards
 
 
+def test_a_small_source_still_holds_out_its_minimum_of_documents(corpus, tmp_path):
+    """2% of 60 docs is ~1 document: the held-out set is topped up to heldout_min_docs with the docs of the
+    lowest held-out draws (spread over both partitions), at most half a source, and none if the fraction is 0."""
+    from training.data import heldout_hash
+
+    store = LocalStore(tmp_path / "store")
+    parts = {"s1": list(_docs("small", 30, 7, url="https://a.org/x")), "s2": list(_docs("small", 30, 8))}
+    for name, docs in parts.items():
+        _commit_docs(store, f"web/filtered/{name}", {"kept/00000.jsonl.gz": docs})
+    docs = parts["s1"] + parts["s2"]
+    sources = {"web": ["web/filtered/s1/kept/", "web/filtered/s2/kept/"]}
+
+    def held(out: str, **cfg) -> tuple[list[str], dict]:
+        config = MixtureConfig(weights={"web": 1.0}, shard_tokens=2048, **cfg)
+        result = build_token_shards(config, store, sources, corpus["tok_dir"], out)
+        paths = shard_paths(store, result.outputs["manifest"], "heldout").get("web", [])
+        train = shard_paths(store, result.outputs["manifest"], "train")["web"]
+        train_ids = [m["id"] for p in train for m in load_shard_meta(p)]
+        held_ids = [m["id"] for p in paths for m in load_shard_meta(p)]
+        assert sorted(train_ids + held_ids) == sorted(d["id"] for d in docs)  # each doc once, in one split
+        return held_ids, result.metrics
+
+    by_draw = sorted((heldout_hash(d["id"], 0), d["id"]) for d in docs)
+    ids, metrics = held("t/a", heldout_fraction=0.02, heldout_min_docs=16)
+    assert sorted(ids) == sorted(i for _, i in by_draw[:16])
+    assert (
+        metrics["heldout_docs/web"] == 16 == metrics["heldout_docs/web/s1"] + metrics["heldout_docs/web/s2"]
+    )
+    assert metrics["train_docs/web/s1"] + metrics["train_docs/web/s2"] == 44
+    assert 0 < metrics["heldout_docs/web/s1"] < 16  # drawn over the whole source, not its first partition
+    assert held("t/b", heldout_fraction=0.02, heldout_min_docs=0)[0] == [i for _, i in by_draw if _ < 0.02]
+    assert sorted(held("t/c", heldout_fraction=0.02, heldout_min_docs=50)[0]) == sorted(
+        i for _, i in by_draw[:30]
+    )  # at most half of the source's 60 docs
+    assert held("t/d", heldout_fraction=0.0, heldout_min_docs=16)[0] == []
+    # a fraction that already gives more than the minimum is left alone
+    over = held("t/e", heldout_fraction=0.5, heldout_min_docs=16)[0]
+    assert sorted(over) == sorted(i for d, i in by_draw if d < 0.5)
+
+
 def test_manifest_records_inputs_and_versions(corpus):
     manifest = token_manifest(corpus["store"], corpus["result"].outputs["prefix"])
     web_inputs = manifest["sources"]["web"]["inputs"]

@@ -323,6 +323,13 @@ def test_compare_to_parent():
     # with each side's SE the gain gets its own: sqrt(0.03^2 + 0.04^2)
     gains = compare_to_parent({**parent, "passkey/se/1024": 0.03}, {**child, "passkey/se/1024": 0.04}, 256)
     assert gains["passkey_gain_se/1024"] == pytest.approx(0.05)
+    # the rows each ratio averages come along (the child's, at the short context only)
+    rows = {"ppl_rows/ctx_256/web": 1.0, "ppl_rows/ctx_256/code": 64.0, "ppl_rows/ctx_1024/web": 0.0}
+    with_rows = compare_to_parent(parent, {**child, **rows}, 256)
+    assert {k: v for k, v in with_rows.items() if "rows" in k} == {
+        "short_ppl_rows/web": 1.0,
+        "short_ppl_rows/code": 64.0,
+    }
 
 
 def test_context_extension_checks_gate_passkey_gain_and_short_ppl():
@@ -341,6 +348,12 @@ def test_context_extension_checks_gate_passkey_gain_and_short_ppl():
     assert outcome({**good, "short_ppl_ratio/max": 1.2})["short_ppl_within_margin"] is False
     # Missing numbers fail rather than pass.
     assert outcome({}) == {"passkey_gain_at_longest": False, "short_ppl_within_margin": False}
+    # a ratio over too few held-out rows is noise, not a pass: it fails and names the source
+    rows = {"short_ppl_rows/web": 1.0, "short_ppl_rows/code": 64.0}
+    assert outcome({**good, **rows})["short_ppl_within_margin"] is False
+    _, (_, _, ppl_meta) = context_extension_checks(cfg, {**good, **rows})
+    assert ppl_meta["too_few_rows"] == {"web": 1} and ppl_meta["min_rows"] == 1
+    assert outcome({**good, **rows, "short_ppl_rows/web": 16.0})["short_ppl_within_margin"] is True
     (_, _, meta), _ = context_extension_checks(EvalConfig(checks_warn_only=True), good)
     assert meta["warn_only"] is True and meta["length"] == 1024
 

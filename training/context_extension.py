@@ -190,11 +190,11 @@ class ContextExtensionConfig(BaseModel):
     # Replay is added, not swapped in: replacing 25% or 50% of the curriculum's recall rows with natural ones
     # kept short-context perplexity in tiny but the model no longer learned retrieval in the same steps.
     # Without replay, a tiny run of an earlier ladder ended at 1.23x the base's short-context perplexity.
-    # 8 rather than 4 (same data state and base): after the 256-token phase held-out code perplexity was
-    # 339 against 453 (base 430) and math 67 against 83 (base 110); the answer NLL of held-out passkey rows
-    # 1.75 against 1.72; the phases take ~25% longer.
+    # Not more: 8 rows (same data state and base) left web perplexity on 71 held-out rows at 220 after the
+    # 256-token phase against 187 after the 160-token one (base 159): tiny's web source is ~95 docs, 820x
+    # up-sampled by the mixture, and 8 rows x 600 steps replay it ~7 times, more than all of pretraining.
     curriculum_replay_rows: int = Field(
-        8,
+        4,
         ge=0,
         description="Natural corpus rows added to every recall-curriculum step's batch (replay of pretraining "
         "data against forgetting; the step's recall rows stay the phase's batch_size)",

@@ -242,7 +242,7 @@ class _SourceRun:
     docs_read: int = 0
     n_heldout: int = 0
     # Candidates for heldout_min_docs: the non-held-out docs with the lowest held-out draws so far, as a
-    # max-heap of (-draw, doc id, partition, doc); a doc pushed out of it goes to train.
+    # max-heap of (-draw, doc id, partition, read index, doc); a doc pushed out of it goes to train.
     reserve: list = field(default_factory=list)
     lang_weights: dict[str, dict | None] = field(default_factory=dict)
 
@@ -287,8 +287,8 @@ def _tokenize_prefix(
                         heapq.heappush(run.reserve, item)
                         to_train = None
                     else:
-                        _, *kept, _, doc_ = heapq.heappushpop(run.reserve, item)
-                        to_train = (*kept, doc_)
+                        _, out_id, out_partition, _, out_doc = heapq.heappushpop(run.reserve, item)
+                        to_train = (out_id, out_partition, out_doc)
             if to_train is not None:
                 batch.extend(_train_items(run, *to_train, config.seed, stats))
             if len(batch) >= config.encode_batch_size:

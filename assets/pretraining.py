@@ -129,6 +129,10 @@ def _pretrain(launch: PipesLaunch, cfg: PretrainConfig, s, _, run):
         }
     )
     data, eval_data, version = shard_specs(s, seed=cfg.dense.seed, repeat_share=cfg.repeat_share)
+    manifest = token_data.token_manifest(s, SHARDS_PREFIX)
+    tokens = {k: v["train_tokens"] for k, v in manifest["sources"].items() if k in data.kwargs["shard_paths"]}
+    weights, mixture_metrics = pretrain.pretrain_mixture(cfg, data.kwargs["weights"] or tokens, tokens)
+    data = DataSpec(factory=data.factory, kwargs={**data.kwargs, "weights": weights})
     # named by data and settings both: a rerun with other settings must not resume this run's checkpoints
     run_root = PROFILE.state_path / "runs" / "pretrain" / job_key(version, cfg.model_dump(mode="json"))
     result = pretrain.run_pretraining(
@@ -141,6 +145,7 @@ def _pretrain(launch: PipesLaunch, cfg: PretrainConfig, s, _, run):
         callbacks=[CALLBACK],
         launch=launch,
     )
+    result.metrics.update(mixture_metrics)
     hf_dir = Path(result.outputs["hf_dir"])
     result.outputs["checkpoint"] = s.uri(commit(s, "checkpoints/base", hf_dir).version_prefix)
     result.artifacts["checkpoint"] = hf_dir

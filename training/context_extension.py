@@ -26,9 +26,10 @@ from infra.committed import commit, fetch_file, read_committed
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
 from training.data import (
+    cap_source_epochs,
     iter_shard_documents,
-    mixture_weights,
     shard_paths,
+    source_epochs,
     targets_path,
     token_manifest,
     write_targets,
@@ -198,6 +199,16 @@ class ContextExtensionConfig(BaseModel):
         ge=0,
         description="Natural corpus rows added to every recall-curriculum step's batch (replay of pretraining "
         "data against forgetting; the step's recall rows stay the phase's batch_size)",
+    )
+    # Replay of pretraining data against forgetting, but not of one small source many times over: uncapped,
+    # tiny's ~95-document web source was ~50% of every natural row here, ~8 more passes on top of
+    # pretraining's 4, and its held-out perplexity rose as replay grew (it was being memorised, not kept).
+    max_source_epochs: float | None = Field(
+        1.0,
+        gt=0,
+        description="Cap on the passes over any one source's train tokens in the natural rows of the whole "
+        "context extension (main phases and curriculum replay); what a capped source gives up goes to the "
+        "others by their weights (None = the mixture's weights as they are)",
     )
     curriculum_multikey_share: float = Field(
         0.5, ge=0, le=1, description="Share of recall-curriculum rows that are multi-key (the rest passkey)"
@@ -494,6 +505,29 @@ def curriculum_replay(config: ContextExtensionConfig, phase: RecallPhase) -> int
     return config.curriculum_replay_rows if phase.replay_rows is None else phase.replay_rows
 
 
+def natural_tokens(config: ContextExtensionConfig) -> int:
+    """Natural-text tokens the context extension trains on: the main phases' non-synthetic rows and the
+    recall curriculum's replay rows of every stage (the indexer-only steps train no language model)."""
+    total = 0.0
+    for stage in config.stages:
+        total += stage.steps * stage.batch_size * stage.seq_len * (1.0 - config.synthetic_share)
+        total += sum(p.steps * curriculum_replay(config, p) * p.seq_len for p in stage.recall_curriculum)
+    return int(total)
+
+
+def midtrain_mixture(
+    config: ContextExtensionConfig, weights: Mapping[str, float], tokens: Mapping[str, int]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The weights natural rows are drawn with (the mixture's, capped at `max_source_epochs` passes per source
+    over the whole context extension) and their metrics: `mixture_midtrain/<source>` and
+    `source_epochs/<source>` (expected passes over all stages)."""
+    budget = natural_tokens(config)
+    capped = cap_source_epochs(weights, tokens, budget, config.max_source_epochs)
+    metrics = {f"mixture_midtrain/{s}": w for s, w in capped.items()}
+    metrics.update({f"source_epochs/{s}": e for s, e in source_epochs(capped, tokens, budget).items()})
+    return capped, metrics
+
+
 def _eval_filler(
     store: ObjectStore, shards_prefix: str, cache_dir: str | Path | None, eos_id: int
 ) -> FillerText | None:
@@ -537,7 +571,8 @@ def build_midtrain_shards(
     manifest = token_manifest(store, shards_prefix)
     train = shard_paths(store, shards_prefix, "train", cache_dir)
     docs_by_source = {s: list(iter_shard_documents(p)) for s, p in train.items()}
-    weights = mixture_weights(manifest.get("weights") or {s: 1.0 for s in train}, {s: 1 for s in train})
+    tokens = {s: sum(len(d) for d in docs) for s, docs in docs_by_source.items()}
+    weights, mixture_metrics = midtrain_mixture(config, manifest.get("weights") or tokens, tokens)
     tok = load_corpus_tokenizer(tokenizer_path)
     eos_id = manifest["tokenizer"]["eos_id"]
     # Synthetic rows hide their keys in training text (never the held-out text the passkey eval uses).
@@ -633,6 +668,7 @@ def build_midtrain_shards(
         out = commit(store, out_prefix, staging, meta=json.loads(json.dumps(stage_manifest, default=str)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    metrics.update(mixture_metrics)
     metrics.update({"rows": float(len(rows)), "tokens": float(rows.size), "seq_len": float(stage.seq_len)})
     table = [{"metric": k, "value": round(v, 4)} for k, v in sorted(metrics.items())]
     return StageResult(

@@ -456,6 +456,39 @@ def mixture_weights(weights: Mapping[str, float], available: Mapping[str, int]) 
     return {s: w / total for s, w in sorted(present.items()) if w > 0}
 
 
+def cap_source_epochs(
+    weights: Mapping[str, float], tokens: Mapping[str, int], budget_tokens: float, max_epochs: float | None
+) -> dict[str, float]:
+    """Mixture weights under which no source is drawn for more than `max_epochs` passes over its `tokens`
+    in a run that trains on `budget_tokens`: a capped source keeps its cap, and the share it gives up goes
+    to the others in proportion to their weights. When even that cannot hold every source to the cap (the
+    run is longer than `max_epochs` passes over all tokens), weights are token-proportional: every source
+    repeats equally, the least any mixture can. `max_epochs=None` returns `mixture_weights(weights, tokens)`."""
+    w = mixture_weights(weights, tokens)
+    if max_epochs is None or budget_tokens <= 0:
+        return w
+    cap = {s: max_epochs * tokens[s] / budget_tokens for s in w}
+    if sum(cap.values()) <= 1.0:
+        total = sum(tokens[s] for s in w)
+        return {s: tokens[s] / total for s in w}
+    fixed: dict[str, float] = {}
+    while True:
+        free = [s for s in w if s not in fixed]
+        mass, free_weight = 1.0 - sum(fixed.values()), sum(w[s] for s in free)
+        share = {s: mass * w[s] / free_weight for s in free}
+        over = [s for s in free if share[s] > cap[s]]
+        if not over:
+            return {s: fixed.get(s, share.get(s, 0.0)) for s in w}
+        fixed.update({s: cap[s] for s in over})
+
+
+def source_epochs(
+    weights: Mapping[str, float], tokens: Mapping[str, int], budget_tokens: float
+) -> dict[str, float]:
+    """Expected passes over each source's tokens in a run of `budget_tokens` drawn with `weights`."""
+    return {s: w * budget_tokens / tokens[s] for s, w in weights.items() if tokens.get(s)}
+
+
 # ---------------------------------------------------------------------------------------------- reading shards
 
 
@@ -717,12 +750,14 @@ __all__ = [
     "TokenBatches",
     "TokenStream",
     "build_token_shards",
+    "cap_source_epochs",
     "iter_shard_documents",
     "load_shard",
     "load_shard_meta",
     "mixture_weights",
     "partition_of",
     "shard_paths",
+    "source_epochs",
     "token_batches",
     "token_manifest",
     "heldout_batches",

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra.stage import StageResult, markdown_table
+from training.data import cap_source_epochs, source_epochs
 from training.distributed import DistributedConfig
 from training.job import DataSpec, Launch, TrainJobSpec, read_metrics, run_training_job
 from training.model import ModelConfig
@@ -77,6 +79,16 @@ class PretrainConfig(BaseModel):
         le=1,
         description="Share of training rows that repeat a passage after a gap (grows copy heads; 0 = off)",
     )
+    # Tiny's web source is ~95 documents (93k tokens) at weight 0.5 of a ~0.8M-token run: uncapped, pretraining
+    # alone passes over it ~4.4 times, and every later stage that replays the mixture adds more. Four passes of
+    # repeated data train about as well as fresh data (Muennighoff et al., 2023, "Scaling Data-Constrained
+    # Language Models"); beyond that a source is memorised rather than learned.
+    max_source_epochs: float | None = Field(
+        4.0,
+        gt=0,
+        description="Cap on the passes over any one source's train tokens in pretraining; what a capped source "
+        "gives up goes to the others by their weights (None = the mixture's weights as they are)",
+    )
     dense: TrainerConfig = Field(default_factory=_phase_default("dense"), description="Phase 1: dense LM")
     indexer_warmup: TrainerConfig = Field(
         default_factory=_phase_default("indexer_warmup"), description="Phase 2: DSA indexer warm-up"
@@ -90,6 +102,25 @@ class PretrainConfig(BaseModel):
         if isinstance(value, dict):  # partial YAML section: fill in this phase's defaults, fix its DSA mode
             return {**_merge(PHASE_DEFAULTS[info.field_name], value), "dsa_mode": info.field_name}
         return value
+
+
+def trained_tokens(cfg: PretrainConfig) -> int:
+    """Tokens the language model trains on: the dense and sparse phases (the indexer warm-up trains the
+    indexer only), over all processes."""
+    steps = sum(getattr(cfg, p).steps * getattr(cfg, p).grad_accum_steps for p in ("dense", "sparse"))
+    return steps * cfg.micro_batch_size * cfg.seq_len * cfg.distributed.nproc
+
+
+def pretrain_mixture(
+    cfg: PretrainConfig, weights: Mapping[str, float], tokens: Mapping[str, int]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The weights pretraining draws sources with (the mixture's, capped at `max_source_epochs` passes per
+    source) and their metrics: `mixture_pretrain/<source>` and `source_epochs/<source>`."""
+    budget = trained_tokens(cfg)
+    capped = cap_source_epochs(weights, tokens, budget, cfg.max_source_epochs)
+    metrics = {f"mixture_pretrain/{s}": w for s, w in capped.items()}
+    metrics.update({f"source_epochs/{s}": e for s, e in source_epochs(capped, tokens, budget).items()})
+    return capped, metrics
 
 
 def phase_spec(

@@ -93,6 +93,9 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
             acc, n = metrics[f"{ckpt}/passkey/acc/{length}"], metrics[f"{ckpt}/passkey/n/{length}"]
             assert n > 0 and abs(acc * n - round(acc * n)) < 1e-6, (ckpt, length, acc, n)
         assert 0.0 < metrics[f"{ckpt}/dsa/topk_mass"] <= metrics[f"{ckpt}/dsa/topk_mass_oracle"] + 1e-6
+    # Pretraining draws no source more than max_source_epochs (4) times over its train tokens.
+    epochs = {k.split("/", 1)[1]: v for k, v in base.data.metrics.items() if k.startswith("source_epochs/")}
+    assert {"web", "code", "math"} <= set(epochs) and max(epochs.values()) <= 4.0 + 1e-6, epochs
     # Midtraining keeps the short-context model: within the gate's bound (max_short_ppl_ratio 1.10).
     assert metrics["final_vs_base/short_ppl_ratio/max"] < 1.10
     # Every source holds out at least heldout_min_docs docs (16; half of a smaller source), so each

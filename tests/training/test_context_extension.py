@@ -458,6 +458,57 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
     assert kinds[0.0] == 1.0 and kinds[None] < 1.0  # the config's 0.5 draws multi-key rows too
 
 
+def test_a_small_source_is_replayed_at_most_max_source_epochs_over_the_whole_extension(tmp_path):
+    """Natural rows are drawn with the mixture's weights capped so that a tiny source is not repeated many
+    times over: built by the real token-shard producer, the web rows' share follows the capped weight, not 0.9."""
+    import gzip
+
+    from infra.committed import commit
+    from infra.store import LocalStore
+    from training.context_extension import RecallPhase, build_midtrain_shards, natural_tokens
+    from training.data import MixtureConfig, build_token_shards
+    from training.tokenizer import TokenizerConfig, train_tokenizer
+
+    store = LocalStore(tmp_path / "store")
+    rng = random.Random(0)
+    words = "river stone light paper code math sum prime graph node alpha beta".split()
+    texts = {"web": [20] * 6, "code": [200] * 60}
+    for source, lengths in texts.items():
+        (tmp_path / source / "kept").mkdir(parents=True)
+        with gzip.open(tmp_path / source / "kept/00000.jsonl.gz", "wt") as fh:
+            for i, n in enumerate(lengths):
+                fh.write(json.dumps({"id": f"{source}{i}", "text": " ".join(rng.choices(words, k=n))}) + "\n")
+        commit(store, f"{source}/s1", tmp_path / source)
+    tok = train_tokenizer(iter(words * 20), TokenizerConfig(vocab_size=300), tmp_path / "tok")
+    shards = build_token_shards(
+        MixtureConfig(weights={"web": 0.9, "code": 0.1}, heldout_fraction=0.0), store,
+        {"web": ["web/s1/kept/"], "code": ["code/s1/kept/"]}, tok, "tokens",
+    )  # fmt: skip
+    web_tokens = shards.metrics["train_tokens/web"]
+    stage = ContextStage(
+        name="s1", seq_len=512, steps=10, recall_curriculum=[RecallPhase(seq_len=256, steps=5, batch_size=2)]
+    )  # the passkey template alone is ~190 tokens of this 300-token vocabulary
+    config = ContextExtensionConfig(
+        base_seq_len=128, rows_per_stage=400, synthetic_share=0.0, stages=[stage], curriculum_replay_rows=2
+    )
+    assert natural_tokens(config) == 10 * 4 * 512 + 5 * 2 * 256  # main-phase rows and curriculum replay
+    result = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/c", tmp_path)
+    m = result.metrics
+    assert m["source_epochs/web"] == pytest.approx(1.0)
+    assert (
+        m["mixture_midtrain/web"] == pytest.approx(web_tokens / natural_tokens(config))
+        and m["mixture_midtrain/web"] < 0.2
+    )
+    web_share = m["rows/source/web"] / 400
+    p = m["mixture_midtrain/web"]
+    assert abs(web_share - p) < 4 * (p * (1 - p) / 400) ** 0.5
+    uncapped = config.model_copy(update={"max_source_epochs": None})
+    m = build_midtrain_shards(
+        uncapped, "s1", store, "tokens", tok / "tokenizer.json", "rows/u", tmp_path
+    ).metrics
+    assert m["mixture_midtrain/web"] == pytest.approx(0.9) and m["rows/source/web"] / 400 > 0.8
+
+
 def test_curriculum_replay_mixes_natural_rows_by_the_mixture():
     from training.context_extension import curriculum_rows, replay_rows
 

@@ -19,11 +19,13 @@ from training.data import (
     MixtureConfig,
     TokenBatches,
     build_token_shards,
+    cap_source_epochs,
     iter_shard_documents,
     load_corpus_tokenizer,
     load_shard_meta,
     partition_of,
     shard_paths,
+    source_epochs,
     token_manifest,
 )
 from training.tokenizer import EOS, TokenizerConfig, load_tokenizer, train_tokenizer
@@ -262,6 +264,26 @@ def test_mixture_proportions(corpus):
     total = sum(counts.values())
     for source, weight in weights.items():
         assert counts[source] / total == pytest.approx(weight, abs=0.03)
+
+
+def test_a_source_past_its_epoch_cap_gives_its_share_to_the_others():
+    tokens = {"web": 1_000, "math": 10_000, "code": 1_000_000}
+    weights = {"web": 0.5, "math": 0.3, "code": 0.2}
+    capped = cap_source_epochs(weights, tokens, 100_000, 4.0)
+    epochs = source_epochs(capped, tokens, 100_000)
+    assert sum(capped.values()) == pytest.approx(1.0)
+    assert epochs["web"] == pytest.approx(4.0) and capped["web"] == pytest.approx(0.04)
+    # the 0.46 web gives up goes to math and code 3:2, which pushes math past its own cap (0.576 > 0.4): capped too
+    assert epochs["math"] == pytest.approx(4.0) and capped["code"] == pytest.approx(1 - 0.04 - 0.4)
+    # a cap no source reaches changes nothing; None is the mixture as configured
+    assert cap_source_epochs(weights, tokens, 100, 4.0) == pytest.approx(weights)
+    assert cap_source_epochs(weights, tokens, 100_000, None) == pytest.approx(weights)
+    # uncapped sources keep their ratio to each other
+    three = cap_source_epochs({"web": 0.6, "math": 0.1, "code": 0.3}, tokens, 100_000, 4.0)
+    assert three["web"] == pytest.approx(0.04) and three["code"] / three["math"] == pytest.approx(3.0)
+    # a run longer than 4 passes over everything: every source repeats equally, the fewest passes possible
+    equal = source_epochs(cap_source_epochs(weights, tokens, 10_000_000, 4.0), tokens, 10_000_000)
+    assert len({round(e, 9) for e in equal.values()}) == 1 and equal["web"] < 10.0
 
 
 def test_batches_deterministic_and_resumable(corpus):

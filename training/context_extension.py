@@ -26,10 +26,9 @@ from infra.committed import commit, fetch_file, read_committed
 from infra.stage import StageResult, markdown_table
 from infra.store import LocalStore, ObjectStore
 from training.data import (
-    cap_source_epochs,
+    capped_mixture,
     iter_shard_documents,
     shard_paths,
-    source_epochs,
     targets_path,
     token_manifest,
     write_targets,
@@ -521,11 +520,7 @@ def midtrain_mixture(
     """The weights natural rows are drawn with (the mixture's, capped at `max_source_epochs` passes per source
     over the whole context extension) and their metrics: `mixture_midtrain/<source>` and
     `source_epochs/<source>` (expected passes over all stages)."""
-    budget = natural_tokens(config)
-    capped = cap_source_epochs(weights, tokens, budget, config.max_source_epochs)
-    metrics = {f"mixture_midtrain/{s}": w for s, w in capped.items()}
-    metrics.update({f"source_epochs/{s}": e for s, e in source_epochs(capped, tokens, budget).items()})
-    return capped, metrics
+    return capped_mixture(weights, tokens, natural_tokens(config), config.max_source_epochs, "midtrain")
 
 
 def _eval_filler(

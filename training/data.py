@@ -489,6 +489,21 @@ def source_epochs(
     return {s: w * budget_tokens / tokens[s] for s, w in weights.items() if tokens.get(s)}
 
 
+def capped_mixture(
+    weights: Mapping[str, float],
+    tokens: Mapping[str, int],
+    budget_tokens: float,
+    max_epochs: float | None,
+    stage: str,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`cap_source_epochs` and its metrics: `mixture_<stage>/<source>` (the weight drawn with) and
+    `source_epochs/<source>` (expected passes over the source's train tokens in the stage)."""
+    capped = cap_source_epochs(weights, tokens, budget_tokens, max_epochs)
+    metrics = {f"mixture_{stage}/{s}": w for s, w in capped.items()}
+    metrics.update({f"source_epochs/{s}": e for s, e in source_epochs(capped, tokens, budget_tokens).items()})
+    return capped, metrics
+
+
 # ---------------------------------------------------------------------------------------------- reading shards
 
 
@@ -751,6 +766,7 @@ __all__ = [
     "TokenStream",
     "build_token_shards",
     "cap_source_epochs",
+    "capped_mixture",
     "iter_shard_documents",
     "load_shard",
     "load_shard_meta",

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infra.stage import StageResult, markdown_table
-from training.data import cap_source_epochs, source_epochs
+from training.data import capped_mixture
 from training.distributed import DistributedConfig
 from training.job import DataSpec, Launch, TrainJobSpec, read_metrics, run_training_job
 from training.model import ModelConfig
@@ -116,11 +116,7 @@ def pretrain_mixture(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """The weights pretraining draws sources with (the mixture's, capped at `max_source_epochs` passes per
     source) and their metrics: `mixture_pretrain/<source>` and `source_epochs/<source>`."""
-    budget = trained_tokens(cfg)
-    capped = cap_source_epochs(weights, tokens, budget, cfg.max_source_epochs)
-    metrics = {f"mixture_pretrain/{s}": w for s, w in capped.items()}
-    metrics.update({f"source_epochs/{s}": e for s, e in source_epochs(capped, tokens, budget).items()})
-    return capped, metrics
+    return capped_mixture(weights, tokens, trained_tokens(cfg), cfg.max_source_epochs, "pretrain")
 
 
 def phase_spec(

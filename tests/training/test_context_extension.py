@@ -489,14 +489,15 @@ def test_a_small_source_is_replayed_at_most_max_source_epochs_over_the_whole_ext
         name="s1", seq_len=512, steps=10, recall_curriculum=[RecallPhase(seq_len=256, steps=5, batch_size=2)]
     )  # the passkey template alone is ~190 tokens of this 300-token vocabulary
     config = ContextExtensionConfig(
-        base_seq_len=128, rows_per_stage=400, synthetic_share=0.0, stages=[stage], curriculum_replay_rows=2
-    )
+        base_seq_len=128, rows_per_stage=400, synthetic_share=0.0, stages=[stage], curriculum_replay_rows=2,
+        max_source_epochs=2.0,
+    )  # fmt: skip
     assert natural_tokens(config) == 10 * 4 * 512 + 5 * 2 * 256  # main-phase rows and curriculum replay
     result = build_midtrain_shards(config, "s1", store, "tokens", tok / "tokenizer.json", "rows/c", tmp_path)
     m = result.metrics
-    assert m["source_epochs/web"] == pytest.approx(1.0)
+    assert m["source_epochs/web"] == pytest.approx(2.0)
     assert (
-        m["mixture_midtrain/web"] == pytest.approx(web_tokens / natural_tokens(config))
+        m["mixture_midtrain/web"] == pytest.approx(2 * web_tokens / natural_tokens(config))
         and m["mixture_midtrain/web"] < 0.2
     )
     web_share = m["rows/source/web"] / 400

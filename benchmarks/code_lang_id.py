@@ -359,47 +359,12 @@ def use_frozen_version(version: str) -> None:
     FROZEN_DEV = DATA_DIR / f"code_language_dev_{version}.json"
 
 
-# log files of the `unknown` label: test logs shipped in Debian packages (sshd, apache, postfix, haproxy,
-# simulation runs), pinned so that the frozen sets stay reproducible (v1 / v2 used this machine's own logs,
-# which change while it runs)
-PACKAGED_LOGS = {
-    ("fail2ban", "1.0.2-2"): "*/tests/files/logs/*",
-    ("python3-haproxy-log-analysis", "2.0~b0-4"): "*/tests/files/*",
-    ("votca-tutorials", "2022.1-1"): "*.log",
-}
-
-
-def packaged_log_files(cache_dir: Path) -> list[Path]:
-    """PACKAGED_LOGS, fetched once and unpacked to `cache_dir/unknown-logs/<package>_<version>/` (published by
-    rename: a killed run leaves no half-filled directory that looks complete)."""
-    import shutil
-    from fnmatch import fnmatch
-
-    from infra.code_sources import AptConfig, fetch_debian_binary
-    from pipelines.code.archives import iter_deb
-
-    out: list[Path] = []
-    for (package, version), pattern in PACKAGED_LOGS.items():
-        dest = cache_dir / "unknown-logs" / f"{package}_{version}"
-        if not dest.is_dir():
-            deb = fetch_debian_binary(AptConfig(cache_dir / "apt"), package, version, cache_dir).files[0]
-            tmp = dest.with_name(dest.name + ".partial")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            for m in iter_deb(deb):
-                if fnmatch(m.path, pattern) and m.size > 0:
-                    (tmp / f"{package}__{m.path.rsplit('/', 1)[-1]}").write_bytes(m.read())
-            tmp.rename(dest)
-        out += sorted(dest.iterdir())
-    return out
-
-
 def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: int) -> tuple[list[dict], dict]:
-    """Every labelled file of the `data` snapshots (`[STATE_DIR:]SNAPSHOT`) plus local `unknown` texts,
-    deduplicated by content (first project wins), at most `per_group_cap` files of one label per project, labels
-    with fewer than `min_files` files dropped. Returns files (text, label, group, path, how) and stats."""
-    from classifiers.code_language_protocol import UNKNOWN, text_sha256
-    from infra.code_sources import local_unknown_texts
+    """Every labelled file of the `data` snapshots (`[STATE_DIR:]SNAPSHOT`) plus the `unknown` texts, by the
+    pipeline's protocol (`pipelines/code/language_protocol.py`)."""
+    from pipelines.code.crawl import default_cache_dir
+    from pipelines.code.language_protocol import protocol_files as build
+    from pipelines.code.language_protocol import unknown_files
 
     profile = load_profile()
     stats: Counter = Counter()
@@ -408,44 +373,9 @@ def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: in
         state, _, snapshot = spec.rpartition(":")
         store = open_store(profile.store, Path(state) if state else profile.state_path)
         files += labelled_files(read_shards(store, f"code/raw/{snapshot}"), CodeLanguageIdConfig(), stats)
-    site = (
-        Path(sys.prefix)
-        / "lib"
-        / f"python{sys.version_info.major}.{sys.version_info.minor}"
-        / "site-packages"
-    )
-    from pipelines.code.crawl import default_cache_dir
-
-    for t in local_unknown_texts(site, packaged_log_files(default_cache_dir()), seed=seed):
-        files.append({"id": t.path, "text": t.text, "label": UNKNOWN, "group": t.group, "path": t.path,
-                      "how": t.kind})  # fmt: skip
-    seen: set[str] = set()
-    per_group: Counter = Counter()
-    kept = []
-    for f in sorted(files, key=lambda f: (f["group"], _hash_key(seed, f["path"]))):
-        sha = text_sha256(f["text"])
-        if sha in seen:
-            stats["dropped/duplicate_content"] += 1
-            continue
-        seen.add(sha)
-        # over the cap: kept for training only (if its project lands in train); held-out sets stay balanced
-        f["over_cap"] = per_group[f["group"], f["label"]] >= per_group_cap
-        stats["over_project_cap"] += f["over_cap"]
-        per_group[f["group"], f["label"]] += 1
-        kept.append(f)
-    counts = Counter(f["label"] for f in kept if not f["over_cap"])
-    kept = [f for f in kept if counts[f["label"]] >= min_files]
-    stats.update({f"dropped/label_under_{min_files}_files": sum(n for n in counts.values() if n < min_files)})
-    return kept, {
-        "stats": dict(stats),
-        "dropped_labels": sorted(lab for lab, n in counts.items() if n < min_files),
-    }
-
-
-def _hash_key(seed: int, s: str) -> int:
-    import hashlib
-
-    return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
+    kept, info = build(files + unknown_files(default_cache_dir(), seed), seed, per_group_cap, min_files)
+    info["stats"].update(stats)
+    return kept, info
 
 
 def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) -> dict:
@@ -459,9 +389,9 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
         frozen_set,
         load_frozen,
         split_groups,
-        text_sha256,
         write_frozen,
     )  # fmt: skip
+    from pipelines.code.language_protocol import drop_held_out_copies
 
     made = component_groups(files, min_groups=4)
     capped = [f for f in files if not f["over_cap"]]
@@ -484,13 +414,7 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
         f["split"] = where.get(f["group"], "train")
         if f["over_cap"] and f["split"] != "train":
             f["split"] = "over_cap"
-    # forks and vendored copies: a held-out file whose content is also in train is not held out
-    train_sha = {text_sha256(f["text"]) for f in files if f["split"] == "train"}
-    dropped = 0
-    for f in files:
-        if f["split"] != "train" and text_sha256(f["text"]) in train_sha:
-            f["split"] = "dropped"
-            dropped += 1
+    dropped = drop_held_out_copies(files)
     for name, path in (("test", FROZEN_TEST), ("dev", FROZEN_DEV)):
         frozen = frozen_set([f for f in files if f["split"] == name], name, seed)
         if path.exists():
@@ -512,6 +436,7 @@ def train_main(argv: list[str]) -> dict:
         load_frozen,
     )  # fmt: skip
     from classifiers.fasttext_train import FastTextParams
+    from pipelines.code.language_protocol import training_sample
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
     ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
@@ -536,17 +461,7 @@ def train_main(argv: list[str]) -> dict:
     files, info = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
     info.update(assign_splits(files, args.seed, args.extend_from))
     by = {s: [f for f in files if f["split"] == s] for s in ("train", "dev", "test")}
-    rng = random.Random(args.seed)
-    train: list[dict] = []
-    per_project: Counter = Counter()
-    pool = []
-    for f in by["train"]:  # files come in seeded hash order within a project
-        per_project[f["group"], f["label"]] += 1
-        if per_project[f["group"], f["label"]] <= args.train_group_cap:
-            pool.append(f)
-    for lab in sorted({f["label"] for f in pool}):
-        mine = [f for f in pool if f["label"] == lab]
-        train += rng.sample(mine, min(len(mine), args.max_train_per_label))
+    train = training_sample(files, args.train_group_cap, args.max_train_per_label, args.seed)
     labels = sorted({f["label"] for f in files})
     print(f"{len(labels)} labels; train {len(train)} files / {len({f['group'] for f in train})} groups, dev "
           f"{len(by['dev'])} / {len({f['group'] for f in by['dev']})}, test {len(by['test'])} / "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from classifiers.code_language_protocol import UNKNOWN
 from classifiers.code_language_rules import (
     AMBIGUOUS,
     Prior,
@@ -249,7 +250,7 @@ class LanguageDecision:
     prior: Prior
     content_language: str | None
     content_prob: float
-    reason: str  # prior | ambiguous_resolved | content_override | content_only | unknown
+    reason: str  # prior | ambiguous_resolved | content_override | content_only | not_code | unknown
 
 
 class CodeLanguageClassifier:
@@ -343,12 +344,14 @@ class CodeLanguageClassifier:
             return LanguageDecision(best, declared, prior, top, top_p, "ambiguous_resolved")
         if prior.language is not None:
             if top is not None and top != prior.language and top_p >= self.override_threshold:
-                if self.override_unambiguous:
+                if self.override_unambiguous and top != UNKNOWN:  # a named file stays code: flag it
                     return LanguageDecision(top, declared, prior, top, top_p, "content_override")
                 return LanguageDecision(
                     prior.language, declared, prior, top, top_p, "prior_content_disagrees"
                 )
             return LanguageDecision(prior.language, declared, prior, top, top_p, "prior")
+        if top == UNKNOWN:  # content that is no language (logs, prose, data): nothing to label it with
+            return LanguageDecision(None, declared, prior, top, top_p, "not_code")
         if top is not None and top_p >= self.min_confidence:
             return LanguageDecision(top, declared, prior, top, top_p, "content_only")
         return LanguageDecision(None, declared, prior, top, top_p, "unknown")

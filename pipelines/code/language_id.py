@@ -32,14 +32,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.code_language import CodeLanguageClassifier, train_code_language_model
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
+from classifiers.code_language_protocol import calibration_report, fit_temperature
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
 from infra.committed import commit
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
+from pipelines.code import language_protocol
+from pipelines.code.crawl import CodeCrawlConfig, crawl_code, default_cache_dir
 from pipelines.code.records import read_shards
 
 log = logging.getLogger(__name__)
+CALIBRATION = "calibration.json"  # the temperature fit on dev, with the label set (next to the model)
 
 
 class CodeLanguageIdConfig(BaseModel):
@@ -50,10 +54,33 @@ class CodeLanguageIdConfig(BaseModel):
         0.3, gt=0, lt=1, description="Target share of each language's files held out"
     )
     min_files_per_language: int = Field(
-        100, ge=1, description="Languages with fewer labelled files are left out"
+        60, ge=1, description="Languages with fewer labelled files are left out"
     )
     min_test_files: int = Field(20, ge=1, description="Languages with fewer held-out files are not scored")
-    max_train_files_per_language: int = Field(2500, ge=1, description="Cap per language (class balance)")
+    max_train_files_per_language: int = Field(1500, ge=1, description="Cap per language (class balance)")
+    label_snapshots: dict[str, str] = Field(
+        {
+            "code-langs-0001": "classifiers/data/code_language_extra.yaml",
+            "code-langs-0002": "classifiers/data/code_language_extra2.yaml",
+        },
+        description="Crawls that source the labels a corpus crawl lacks: snapshot -> manifest (repo-relative); "
+        "crawled into <in_prefix>/<snapshot> once, then reused",
+    )
+    unknown_label: bool = Field(
+        True, description="Train an `unknown` label on logs, prose, CSV, minified and encoded text"
+    )
+    frozen_version: str | None = Field(
+        "v3",
+        description="Hold out the frozen test / dev projects of classifiers/data/code_language_{test,dev}_<v>"
+        ".json: test never trains, dev scores the model and fits its temperature (null: split packages by "
+        "test_fraction)",
+    )
+    per_group_cap: int = Field(
+        60, ge=1, description="Held-out files of one label from one project (frozen split)"
+    )
+    train_group_cap: int = Field(
+        300, ge=1, description="Training files of one label from one project (frozen split)"
+    )
     heuristic_labels: bool = Field(
         True, description="Label ambiguous extensions (.h .m .pl .v .ts) by strong markers"
     )
@@ -63,8 +90,8 @@ class CodeLanguageIdConfig(BaseModel):
         description="Leave `@flow` files out (typed JS, between JS and TS: as JS labels they teach 'typed = JS')",
     )
     lr: float = Field(0.5, gt=0, description="fastText learning rate")
-    # 160 x 100 vs 80 x 64 on tiny's held-out packages: 0.9675 vs 0.9604 accuracy, ~3x the training time
-    epoch: int = Field(160, ge=1, description="fastText epochs")
+    # chosen on frozen dev v3 (70: 0.9221, 100: 0.9257, 140: 0.9344; classifiers/data/code_language_v5_results.md)
+    epoch: int = Field(140, ge=1, description="fastText epochs")
     dim: int = Field(100, ge=2, description="fastText vector size")
     word_ngrams: int = Field(
         2, ge=1, description="fastText word n-gram length over code tokens (3 overfits packages)"
@@ -214,22 +241,17 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     t0 = time.time()
     stats: Counter = Counter()
     files = labelled_files(read_shards(store, partition_prefix(config.in_prefix, snapshot)), config, stats)
-    counts = Counter(f["label"] for f in files)
-    keep = {lang for lang, n in counts.items() if n >= config.min_files_per_language}
-    stats["files/dropped_rare_language"] = sum(n for lang, n in counts.items() if lang not in keep)
-    files = [f for f in files if f["label"] in keep]
-    components = refine_single_group_languages(files)
-    test_groups = split_by_group(files, config.test_fraction, config.seed)
-    train = [f for f in files if f["group"] not in test_groups]
-    test = [f for f in files if f["group"] in test_groups]
+    if config.frozen_version:
+        train, test, components = _frozen_protocol_split(config, store, files, stats)
+        held_out = f"frozen dev projects ({config.frozen_version})"
+    else:
+        train, test, components = _package_split(config, files, stats)
+        held_out = "held-out packages"
+    keep = {f["label"] for f in train}
+    test_groups = {f["group"] for f in test}
     test_counts = Counter(f["label"] for f in test)
     scored = sorted(lang for lang in keep if test_counts[lang] >= config.min_test_files)
     not_scored = sorted(keep - set(scored))
-    # class balance: at most N training files per language (seeded)
-    by_lang: dict[str, list[dict]] = defaultdict(list)
-    for f in sorted(train, key=lambda f: _hash(config.seed, f["id"])):
-        by_lang[f["label"]].append(f)
-    train = [f for lang in sorted(by_lang) for f in by_lang[lang][: config.max_train_files_per_language]]
     log.info("language id: %d train files, %d held-out files in %d groups, %d languages", len(train), len(test),
              len(test_groups), len(keep))  # fmt: skip
     work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-langid-"))
@@ -242,9 +264,16 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     train_seconds = time.time() - t_train
     clf = CodeLanguageClassifier(model, config.override_threshold, config.min_confidence)
     eval_files = [f for f in test if f["label"] in scored]
+    temperature = 1.0
+    if config.frozen_version:  # calibrated on dev (`calibration.json`): what metadata fix and readers apply
+        dev_probs = clf.predict_content([f["text"] for f in test], k=-1)
+        temperature = fit_temperature(dev_probs, [f["label"] for f in test])
+        clf.temperature = temperature
     t_pred = time.time()
-    probs = clf.predict_content([f["text"] for f in eval_files], k=1)
+    probs = clf.predict_content([f["text"] for f in eval_files], k=-1)
     pred_seconds = time.time() - t_pred
+    confidence = [max(p.values(), default=0.0) for p in probs]
+    probs = [dict([max(p.items(), key=lambda kv: kv[1])]) if p else {} for p in probs]
     y_pred = [max(p, key=p.get) if p else "" for p in probs]
     report = classification_report([f["label"] for f in eval_files], y_pred, scored)
     by_source = accuracy_by_label_source(eval_files, y_pred)
@@ -257,38 +286,51 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
             f["label"] == p for f, p in zip(shebang_files, cut_pred, strict=True)
         ) / len(shebang_files)
     confusions = Counter((f["label"], p) for f, p in zip(eval_files, y_pred, strict=True) if f["label"] != p)
+    calibration = {"temperature": temperature, "labels": clf.languages, "frozen_version": config.frozen_version,
+                   **calibration_report([f["label"] for f in eval_files], y_pred, confidence)}  # fmt: skip
     report.extra.update({
         "snapshot": snapshot, "train_files": len(train), "test_groups": sorted(test_groups),
+        "train_groups": sorted({f["group"] for f in train}),
         "train_counts": dict(Counter(f["label"] for f in train)), "test_counts": dict(test_counts),
         "not_scored": not_scored, "top_confusions": [[t, p, n] for (t, p), n in confusions.most_common(25)],
         "files_per_second": len(eval_files) / max(pred_seconds, 1e-9), "train_seconds": train_seconds,
         "label_sources": {k: v for k, v in stats.items()}, "config": config.model_dump(),
-        "split_by_component": components, "accuracy_by_label_source": by_source,
+        "split_by_component": components, "accuracy_by_label_source": by_source, "held_out": held_out,
+        "calibration": calibration,
     })  # fmt: skip
-    plot_path = plot_confusion(
-        report, work / "confusion.png", f"code language ID, held-out packages ({snapshot})"
-    )
+    plot_path = plot_confusion(report, work / "confusion.png", f"code language ID, {held_out} ({snapshot})")
     eval_path = work / "eval.json"
     eval_path.write_text(json.dumps(report.to_json(), indent=1))
+    calibration_path = work / CALIBRATION
+    calibration_path.write_text(json.dumps(calibration, indent=1))
     heldout_path = work / "heldout.jsonl.gz"
     keys = ("id", "label", "group", "path", "how")
     heldout = "".join(json.dumps({k: f[k] for k in keys}) + "\n" for f in eval_files)
     heldout_path.write_bytes(gzip.compress(heldout.encode("utf-8"), mtime=0))  # same list, same bytes
-    files = {"model": model_path, "eval": eval_path, "confusion": plot_path, "heldout": heldout_path}
+    files = {"model": model_path, "eval": eval_path, "confusion": plot_path, "heldout": heldout_path,
+             "calibration": calibration_path}  # fmt: skip
     # one version (model of one format, its eval, its held-out list), switched in by the pointer last
     out = commit(store, partition_prefix(config.out_prefix, snapshot), {p.name: p for p in files.values()})
     outputs = {name: store.uri(out.key(path.name)) for name, path in files.items()}
     metrics = {"macro_f1": report.macro_f1, "languages_scored": float(len(scored)), "train_files": float(len(train)),
                "heldout_groups": float(len(test_groups)), "files_per_second": report.extra["files_per_second"],
                "train_seconds": train_seconds, "model_bytes": float(model_path.stat().st_size),
-               "seconds": time.time() - t0, **by_source}  # fmt: skip
+               "seconds": time.time() - t0, "labels": float(len(keep)), "temperature": temperature,
+               "ece": calibration["ece"], "confident_error_rate": calibration["confident_error_rate"],
+               **by_source}  # fmt: skip
     metrics.update({f"f1/{lang}": v["f1"] for lang, v in report.per_class.items()})
+    metrics.update(
+        {f"train_files/{lang}": float(n) for lang, n in Counter(f["label"] for f in train).items()}
+    )
     rows = [{"language": lang, "train": report.extra["train_counts"].get(lang, 0), "heldout": v["support"],
              "precision": f"{v['precision']:.3f}", "recall": f"{v['recall']:.3f}", "f1": f"{v['f1']:.3f}"}
             for lang, v in sorted(report.per_class.items())]  # fmt: skip
-    md = [f"## Code language ID `{snapshot}`", _headline(by_source, len(test_groups)),
+    md = [f"## Code language ID `{snapshot}`: {len(keep)} labels, scored on {held_out}",
+          _headline(by_source, len(test_groups)),
           f"All held-out files: accuracy {report.accuracy:.4f}, macro-F1 {report.macro_f1:.4f} over {len(scored)} "
-          f"languages, {len(eval_files)} files ({report.extra['files_per_second']:.0f} files/s).", "",
+          f"languages, {len(eval_files)} files ({report.extra['files_per_second']:.0f} files/s); temperature "
+          f"{temperature}, ECE {calibration['ece']}, errors at >= 0.99: {calibration['confident_errors']} of "
+          f"{calibration['confident_predictions']}.", "",
           markdown_table(_source_rows(by_source)), "", markdown_table(rows)]  # fmt: skip
     if components:
         md += [
@@ -307,11 +349,53 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         metrics=metrics, outputs=outputs, report_md="\n".join(md),
         sample=[{"id": f["id"], "path": f["path"], "label": f["label"], "predicted": p}
                 for f, p in list(zip(eval_files, y_pred, strict=True))[:10]],
-        artifacts={"model/" + model_path.name: model_path, "eval/eval.json": eval_path,
-                   "eval/confusion.png": plot_path},
+        artifacts={"model/" + model_path.name: model_path, "model/" + CALIBRATION: calibration_path,
+                   "eval/eval.json": eval_path, "eval/confusion.png": plot_path},
         data_version=hashlib.sha256(model_path.read_bytes()).hexdigest()[:16],
         extra={"model_path": model_path, "report": report},
     )  # fmt: skip
+
+
+def _package_split(config: CodeLanguageIdConfig, files: list[dict], stats: Counter):
+    """Train / held-out by package (`test_fraction`), rare languages dropped, at most N train files a language."""
+    counts = Counter(f["label"] for f in files)
+    keep = {lang for lang, n in counts.items() if n >= config.min_files_per_language}
+    stats["files/dropped_rare_language"] = sum(n for lang, n in counts.items() if lang not in keep)
+    files = [f for f in files if f["label"] in keep]
+    components = refine_single_group_languages(files)
+    test_groups = split_by_group(files, config.test_fraction, config.seed)
+    train = [f for f in files if f["group"] not in test_groups]
+    test = [f for f in files if f["group"] in test_groups]
+    by_lang: dict[str, list[dict]] = defaultdict(list)
+    for f in sorted(train, key=lambda f: _hash(config.seed, f["id"])):
+        by_lang[f["label"]].append(f)
+    train = [f for lang in sorted(by_lang) for f in by_lang[lang][: config.max_train_files_per_language]]
+    return train, test, components
+
+
+def _frozen_protocol_split(
+    config: CodeLanguageIdConfig, store: ObjectStore, files: list[dict], stats: Counter
+):
+    """The partition's files plus the label snapshots' (crawled here the first time) and the `unknown` texts;
+    train on all but the frozen test and dev projects, score on dev (`pipelines/code/language_protocol.py`)."""
+    for name, manifest in config.label_snapshots.items():
+        prefix = partition_prefix(config.in_prefix, name)
+        if not store.list(prefix + "/"):
+            log.info("language id: crawling label snapshot %s from %s", name, manifest)
+            crawl_code(CodeCrawlConfig(manifest=manifest), store, name)
+        files = files + labelled_files(read_shards(store, prefix), config, stats)
+    if config.unknown_label:
+        files = files + language_protocol.unknown_files(default_cache_dir(), config.seed)
+    files, info = language_protocol.protocol_files(
+        files, config.seed, config.per_group_cap, config.min_files_per_language
+    )
+    info.update(language_protocol.apply_frozen_split(files, config.frozen_version))
+    stats.update({k: v for k, v in info["stats"].items()})
+    stats.update({k: v for k, v in info.items() if isinstance(v, int)})
+    train = language_protocol.training_sample(
+        files, config.train_group_cap, config.max_train_files_per_language, config.seed
+    )
+    return train, [f for f in files if f["split"] == "dev"], info["split_by_component"]
 
 
 def _headline(by_source: dict[str, float], groups: int) -> str:

@@ -30,6 +30,7 @@ from infra.figures import plot_dir
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
+from pipelines.code.language_id import CALIBRATION
 from pipelines.code.records import ORIGINS, data_version, read_shards, sha256_hex, write_shards
 from pipelines.plots import BarPanel, bar_panels
 
@@ -123,8 +124,10 @@ def fix_records(
             meta = rec["metadata"]
             declared = meta.get("declared_language")
             decision = clf.decide(meta["path"], rec["text"], declared, p)
-            if decision.language is None:
-                stats["dropped/unknown_language"] += 1
+            if decision.language is None:  # `not_code`: the classifier's `unknown` label
+                stats[
+                    "dropped/not_code" if decision.reason == "not_code" else "dropped/unknown_language"
+                ] += 1
                 continue
             meta["language"] = decision.language
             meta["language_reason"] = decision.reason
@@ -169,6 +172,7 @@ def fix_metadata(
     stats: Counter = Counter()
     transitions: Counter = Counter()
     crawled = read_committed(store, src)
+    temperature = 1.0
     origins = load_origins(store, crawled.key(ORIGINS) if ORIGINS in crawled.files else None)
     with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:
         if model_path is None:
@@ -177,11 +181,14 @@ def fix_metadata(
             )
             name = "code_language.ftz" if "code_language.ftz" in lid.files else "code_language.bin"
             model_path = fetch_file(store, lid, name, Path(tmp) / name)
+            if CALIBRATION in lid.files:  # the temperature fit on the frozen dev set
+                temperature = json.loads(store.get_bytes(lid.key(CALIBRATION)))["temperature"]
         clf = CodeLanguageClassifier.load(
             model_path,
             override_threshold=config.override_threshold,
             min_confidence=config.min_confidence,
             override_unambiguous=config.override_unambiguous,
+            temperature=temperature,
         )  # fmt: skip
         kept: list[dict] = []
         languages = Counter()
@@ -197,8 +204,9 @@ def fix_metadata(
             {"extension": ext, "declared": old, "corrected": new, "files": n}
             for (ext, old, new), n in transitions.most_common()
         ]
+        # `labels`: the classifier's label set, which later stages (per-language quality) name languages by
         fix_stats = {"snapshot": snapshot, "stats": dict(stats), "languages": dict(languages),
-                     "corrections": corrections}  # fmt: skip
+                     "corrections": corrections, "labels": clf.languages}  # fmt: skip
         (Path(tmp) / "fix_stats.json").write_text(json.dumps(fix_stats, indent=2, sort_keys=True))
         out = commit(store, dst, Path(tmp), meta=fix_stats)
     keys = out.keys(".jsonl.gz")

@@ -37,7 +37,7 @@ from classifiers.code_quality import (
     train_quality_model,
 )
 from classifiers.fasttext_train import FastTextParams, classification_report
-from infra.committed import commit
+from infra.committed import commit, read_committed
 from infra.figures import plot_dir
 from infra.partition_keys import partition_prefix
 from infra.schemas import CodeSamplingWeights, LanguageSamplingWeight
@@ -105,6 +105,15 @@ def language_weights(chars: dict[str, int], temperature: float) -> dict[str, flo
     return {lang: (tempered[lang] / norm) / shares[lang] if shares[lang] else 0.0 for lang in chars}
 
 
+def check_languages_are_labels(languages: list[str], labels: list[str] | None, src: str) -> None:
+    """A language the code files can never carry (not a label of the classifier that fixed them, e.g. an old
+    name) would silently get no classifier: refuse it. Files written before labels were recorded pass."""
+    missing = sorted(set(languages) - set(labels)) if labels is not None else []
+    if missing:
+        raise ValueError(f"code_quality.languages: {missing} are not labels of the language classifier that "
+                         f"fixed {src} (its labels: {', '.join(labels)}); use those names")  # fmt: skip
+
+
 def train_code_quality(
     config: CodeQualityConfig, store: ObjectStore, snapshot: str, work_dir: Path | None = None
 ) -> StageResult:
@@ -112,7 +121,9 @@ def train_code_quality(
     and sampling weights. Returns per-language eval metrics and the model files."""
     t0 = time.time()
     work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-quality-"))
-    records = list(read_shards(store, partition_prefix(config.in_prefix, snapshot)))
+    src = partition_prefix(config.in_prefix, snapshot)
+    check_languages_are_labels(config.languages, read_committed(store, src).meta.get("labels"), src)
+    records = list(read_shards(store, src))
     judge = load_judge_labels(store, config.judge_labels) if config.judge_labels else None
     tested_packages = {
         (r["metadata"]["source"], r["metadata"]["package"])

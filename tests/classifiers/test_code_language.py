@@ -258,6 +258,23 @@ def test_a_strong_marker_outweighs_a_lukewarm_model_among_the_candidates(classif
     assert classifier.decide("include/view.h", CPP_HEADER, "C", {"Python": 0.9, "C++": 0.1}).language == "C++"
 
 
+def test_unknown_content_is_no_language_and_never_overrides_a_named_file(classifier):
+    log = "Jan 3 sshd[812]: Failed password for root from 10.0.0.7 port 22\n" * 20
+    # no name to go by and the content is `unknown`, however sure: not code (metadata fix drops it)
+    decision = classifier.decide("logs/auth", log, None, {"unknown": 0.999, "Shell": 0.001})
+    assert (decision.language, decision.reason) == (None, "not_code")
+    # a lukewarm language guess on the same file would have been kept
+    assert classifier.decide("logs/auth", log, None, {"Shell": 0.7, "unknown": 0.3}).language == "Shell"
+    # a `.py` file the model calls `unknown` stays Python, flagged (content overrides only into a language)
+    sure = classifier.override_unambiguous
+    classifier.override_unambiguous = True
+    try:
+        decision = classifier.decide("tool/run.py", log, "Python", {"unknown": 0.999})
+    finally:
+        classifier.override_unambiguous = sure
+    assert (decision.language, decision.reason) == ("Python", "prior_content_disagrees")
+
+
 # Lua written unlike the training template (no `function a.b(`, no pcall, no ipairs)
 LUA_MODULE = """local M = {}
 

@@ -52,7 +52,8 @@ def stage(tmp_path_factory):
                                        "MIT", None, None, "extension", "s1"))  # fmt: skip
     commit_records(store, "code/raw/s1", records, 1000)
     config = CodeLanguageIdConfig(min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
-                                  vocabulary_min_groups=0, test_fraction=0.3)  # fmt: skip
+                                  vocabulary_min_groups=0, test_fraction=0.3, frozen_version=None,
+                                  label_snapshots={}, unknown_label=False)  # fmt: skip
     return train_code_language_classifier(config, store, "s1"), store
 
 
@@ -113,19 +114,13 @@ def test_benchmark_defaults_to_the_code_snapshot_make_run_creates(monkeypatch):
 
 def test_packaged_logs_unpack_only_matching_members_of_the_cached_deb(tmp_path, monkeypatch):
     # the `unknown` label's logs come from a pinned .deb; a cached download is read without the network
-    import importlib.util
     import shutil
     import subprocess
 
-    from infra.settings import REPO_ROOT
+    from pipelines.code import language_protocol as protocol
 
     if shutil.which("dpkg-deb") is None:
         pytest.skip("needs dpkg-deb to build a package")
-    spec = importlib.util.spec_from_file_location(
-        "code_lang_id", REPO_ROOT / "benchmarks" / "code_lang_id.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     root = tmp_path / "pkg"
     logs = root / "usr/lib/python3/dist-packages/tool/tests/files/logs"
     logs.mkdir(parents=True)
@@ -141,10 +136,86 @@ def test_packaged_logs_unpack_only_matching_members_of_the_cached_deb(tmp_path, 
     deb = cache / "debian" / "logtool_1.0-1" / "logtool_1.0-1_all.deb"
     subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True,
                    capture_output=True)  # fmt: skip
-    monkeypatch.setattr(bench, "PACKAGED_LOGS", {("logtool", "1.0-1"): "*/tests/files/logs/*"})
-    files = bench.packaged_log_files(cache)
+    monkeypatch.setattr(protocol, "PACKAGED_LOGS", {("logtool", "1.0-1"): "*/tests/files/logs/*"})
+    files = protocol.packaged_log_files(cache)
     assert [f.name for f in files] == ["logtool__sshd"]  # the empty log and the code file are not taken
     assert "Failed password" in files[0].read_text()
     assert not list((cache / "unknown-logs").glob("*.partial"))  # published by rename
     deb.unlink()  # a second call reads the unpacked directory, not the package
-    assert bench.packaged_log_files(cache) == files
+    assert protocol.packaged_log_files(cache) == files
+
+
+def _commit(
+    store, snapshot: str, files_by_package: dict[str, list[tuple[str, str]]], source: str = "npm"
+) -> None:
+    records = [make_record(text, source, pkg, "1", path, len(text), sha256_hex(text.encode()), "MIT", None, None,
+                           "extension", snapshot)
+               for pkg, files in files_by_package.items() for path, text in files]  # fmt: skip
+    commit_records(store, f"code/raw/{snapshot}", records, 1000)
+
+
+def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_test_projects(
+    tmp_path, monkeypatch
+):
+    from classifiers.code_language_protocol import frozen_set, write_frozen
+    from pipelines.code import language_protocol as protocol
+    from pipelines.code.crawl import default_cache_dir
+    from pipelines.code.metadata_fix import MetadataFixConfig, fix_metadata
+    from pipelines.code.quality import CodeQualityConfig, train_code_quality
+
+    store = LocalStore(tmp_path / "store")
+    rng = random.Random(5)
+    _commit(store, "s1", {f"pkg{i}": _files(i, rng) for i in range(8)})
+    # a label snapshot: TypeScript and Verilog, which the partition's crawl has none of
+    labels = {f"hw{i}": [(f"rtl/core{j}.sv", snippet("Verilog", rng)) for j in range(6)]
+              + [(f"ui/view{j}.tsx", snippet("TypeScript", rng)) for j in range(6)] for i in range(6)}  # fmt: skip
+    _commit(store, "labels-1", labels, source="debian")
+    # the pinned packaged logs, already unpacked in the cache (no download); the rest of `unknown` is this machine's
+    for (package, version), _ in protocol.PACKAGED_LOGS.items():
+        logs = default_cache_dir() / "unknown-logs" / f"{package}_{version}"
+        logs.mkdir(parents=True)
+        (logs / f"{package}.log").write_text("".join(f"Jan {i % 28 + 1} sshd[{i}]: Failed password for root from "
+                                                     f"10.0.{i % 7}.{i} port 22\n" for i in range(300)))  # fmt: skip
+    unknown_groups = sorted({f["group"] for f in protocol.unknown_files(default_cache_dir(), seed=0)})
+    assert len(unknown_groups) >= 6
+    # the frozen split (what `benchmarks/code_lang_id.py train` writes once): test and dev projects of each label
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    test_groups = ["npm:pkg6", "debian:hw4", *unknown_groups[:3]]
+    dev_groups = ["npm:pkg7", "debian:hw5", *unknown_groups[3:6]]
+    for name, groups in (("test", test_groups), ("dev", dev_groups)):
+        write_frozen(frozen_set([{"group": g, "text": g, "label": "x"} for g in groups], name, 0),
+                     frozen / f"code_language_{name}_t1.json")  # fmt: skip
+    monkeypatch.setattr(protocol, "FROZEN_DIR", frozen)
+    config = CodeLanguageIdConfig(label_snapshots={"labels-1": "unused: already crawled"}, frozen_version="t1",
+                                  min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
+                                  vocabulary_min_groups=0, max_train_files_per_language=200)  # fmt: skip
+    result = train_code_language_classifier(config, store, "s1")
+
+    report = result.extra["report"].extra
+    assert {"TypeScript", "Verilog", "unknown", "Python", "Lua"} <= set(report["train_counts"])
+    assert not set(test_groups) & set(report["train_groups"])  # the frozen test projects never train
+    assert set(report["test_groups"]) <= set(dev_groups) and "npm:pkg7" in report["test_groups"]
+    assert {"Verilog", "unknown"} <= set(report["test_counts"])  # scored on the dev projects
+    assert report["held_out"] == "frozen dev projects (t1)"
+    lid = read_committed(store, "code/language_id/s1")
+    calibration = json.loads(store.get_bytes(lid.key("calibration.json")))
+    assert calibration["temperature"] == result.metrics["temperature"] != 1.0  # fit on dev (grid skips 1.0)
+    assert "unknown" in calibration["labels"] and 0 <= calibration["ece"] <= 1
+
+    # metadata fix applies the committed temperature: a file's language score is the calibrated probability
+    _commit(store, "s1", {f"pkg{i}": _files(i, rng) for i in range(2)})
+    fix_metadata(MetadataFixConfig(), store, "s1")
+    rec = next(r for r in read_shards(store, "code/files/s1") if r["metadata"]["path"].endswith(".lua"))
+    calibrated = CodeLanguageClassifier.load(
+        result.extra["model_path"], temperature=calibration["temperature"]
+    )
+    raw = CodeLanguageClassifier.load(result.extra["model_path"])
+    lang = rec["metadata"]["language"]
+    expected = round(calibrated.predict_content([rec["text"]], k=5)[0].get(lang, 0.0), 4)
+    assert rec["metadata"]["language_score"] == expected
+    assert round(raw.predict_content([rec["text"]], k=5)[0].get(lang, 0.0), 4) != expected
+    # per-language quality names languages by this label set: an old or misspelt name fails before any work
+    assert set(read_committed(store, "code/files/s1").meta["labels"]) == set(calibration["labels"])
+    with pytest.raises(ValueError, match=r"code_quality.languages: \['Bash'\] are not labels"):
+        train_code_quality(CodeQualityConfig(languages=["Lua", "Bash"]), store, "s1")

@@ -658,7 +658,10 @@ def protocol_bench_main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(prog="code_lang_id.py protocol")
     ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA)
-    ap.add_argument("--model-dir", type=Path, required=True, help="output of `code_lang_id.py train`")
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model-dir", type=Path, help="output of `code_lang_id.py train`")
+    model.add_argument("--model-snapshot", help="the committed `code_language_classifier` of this code snapshot "
+                                                "(what `make run` trains), fetched from the profile's store")  # fmt: skip
     ap.add_argument("--magika-venv", type=Path, default=None, help="default: <state dir>/bench-venv-magika")
     ap.add_argument("--per-group-cap", type=int, default=60)
     ap.add_argument("--min-files", type=int, default=60)
@@ -667,6 +670,8 @@ def protocol_bench_main(argv: list[str]) -> dict:
     args = ap.parse_args(argv)
     use_frozen_version(args.frozen_version)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.model_snapshot:
+        args.model_dir = fetch_committed_model(args.model_snapshot)
     files, _ = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
     assign_splits(files, args.seed)  # raises if the data no longer gives the frozen sets
     test = sorted((f for f in files if f["split"] == "test"), key=lambda f: f["id"])
@@ -717,6 +722,24 @@ def protocol_bench_main(argv: list[str]) -> dict:
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return result
+
+
+def fetch_committed_model(snapshot: str) -> Path:
+    """The committed model and calibration of `code_language_classifier` for `snapshot`, in a new directory."""
+    from infra.committed import fetch_file, read_committed
+    from pipelines.code.language_id import CALIBRATION
+
+    profile = load_profile()
+    store = open_store(profile.store, profile.state_path)
+    out = read_committed(store, f"code/language_id/{snapshot}")
+    if CALIBRATION not in out.files:
+        raise SystemExit(f"code/language_id/{snapshot} was trained without the frozen protocol (no {CALIBRATION}): "
+                         f"retrain it with `frozen_version` set")  # fmt: skip
+    dest = Path(tempfile.mkdtemp(prefix=f"code-lang-{snapshot}-"))
+    for name in ("code_language.bin", CALIBRATION):
+        fetch_file(store, out, name, dest / name)
+    print(f"model: code/language_id/{snapshot} version {out.version} -> {dest}")
+    return dest
 
 
 def frozen_digest_of(path: Path) -> str:

@@ -286,7 +286,10 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
             f["label"] == p for f, p in zip(shebang_files, cut_pred, strict=True)
         ) / len(shebang_files)
     confusions = Counter((f["label"], p) for f, p in zip(eval_files, y_pred, strict=True) if f["label"] != p)
+    # what `benchmarks/code_lang_id.py protocol --model-snapshot` reads to score this model on the frozen test set
     calibration = {"temperature": temperature, "labels": clf.languages, "frozen_version": config.frozen_version,
+                   "epoch": config.epoch, "dev_accuracy": round(report.accuracy, 4),
+                   "frozen_test_sha256": language_protocol.frozen_test_digest(config.frozen_version),
                    **calibration_report([f["label"] for f in eval_files], y_pred, confidence)}  # fmt: skip
     report.extra.update({
         "snapshot": snapshot, "train_files": len(train), "test_groups": sorted(test_groups),

@@ -115,6 +115,14 @@ def frozen_paths(version: str) -> dict[str, Path]:
     return {name: FROZEN_DIR / f"code_language_{name}_{version}.json" for name in ("test", "dev")}
 
 
+def frozen_test_digest(version: str | None) -> str | None:
+    """The recorded sha256 of frozen test set `version` (None without one)."""
+    if version is None:
+        return None
+    path = frozen_paths(version)["test"]
+    return path.with_suffix(".json.sha256").read_text().split()[0] if path.is_file() else None
+
+
 def apply_frozen_split(files: list[dict], version: str) -> dict:
     """Set each file's `split` from the frozen test / dev projects of `version` (their hashes checked): a file of
     a test or dev project is held out (an over-cap one is not used at all), every other file trains. The split is

@@ -202,6 +202,12 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     calibration = json.loads(store.get_bytes(lid.key("calibration.json")))
     assert calibration["temperature"] == result.metrics["temperature"] != 1.0  # fit on dev (grid skips 1.0)
     assert "unknown" in calibration["labels"] and 0 <= calibration["ece"] <= 1
+    # what the protocol benchmark needs to score this model on the frozen test set, the one it was kept from
+    assert (
+        calibration["frozen_test_sha256"]
+        == (frozen / "code_language_test_t1.json.sha256").read_text().split()[0]
+    )
+    assert calibration["epoch"] == 5 and calibration["dev_accuracy"] == round(result.metrics["accuracy"], 4)
 
     # metadata fix applies the committed temperature: a file's language score is the calibrated probability
     _commit(store, "s1", {f"pkg{i}": _files(i, rng) for i in range(2)})

@@ -6,7 +6,7 @@ from assets.factory import Check, tracked_asset
 from assets.partitions import code_snapshots
 from assets.stage_config import launchpad_config
 from infra.settings import load_profile
-from pipelines.code import crawl, language_id, metadata_fix, quality
+from pipelines.code import crawl, language_id, language_protocol, metadata_fix, quality
 from pipelines.code.crawl import CodeCrawlConfig
 from pipelines.code.language_id import CodeLanguageIdConfig
 from pipelines.code.metadata_fix import MetadataFixConfig
@@ -44,7 +44,7 @@ code_language_classifier = tracked_asset(
     "fastText content classifier trained on unambiguous extensions, evaluated on held-out packages.",
     config=LanguageIdConfig,
     stage=lambda cfg, s, snapshot, run: language_id.train_code_language_classifier(cfg, s, snapshot),
-    code_modules=[language_id],
+    code_modules=[language_id, language_protocol],
     group="code",
     partitions=code_snapshots,
     deps=["code_raw_files"],

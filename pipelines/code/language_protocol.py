@@ -55,15 +55,20 @@ def packaged_log_files(cache_dir: Path) -> list[Path]:
 
 
 def unknown_files(cache_dir: Path, seed: int) -> list[dict]:
-    """The `unknown` label's texts as protocol files (text, label, group, path, how)."""
-    site = (
-        Path(sys.prefix)
-        / "lib"
-        / f"python{sys.version_info.major}.{sys.version_info.minor}"
-        / "site-packages"
-    )
-    return [{"id": t.path, "text": t.text, "label": UNKNOWN, "group": t.group, "path": t.path, "how": t.kind}
-            for t in local_unknown_texts(site, packaged_log_files(cache_dir), seed=seed)]  # fmt: skip
+    """The `unknown` label's texts as protocol files (text, label, group, path, how). Paths are relative to the
+    cache and to site-packages: files are ordered by a hash of their path, so an absolute one would make the
+    training sample (and the model) depend on where the state directory or the venv lives."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = Path(sys.prefix) / "lib" / version / "site-packages"
+
+    def portable(path: str) -> str:
+        for root, name in ((cache_dir, "cache"), (site, "site-packages")):
+            if path.startswith(f"{root}/"):
+                return f"{name}/{path[len(str(root)) + 1 :]}"
+        return path
+
+    return [{"id": portable(t.path), "text": t.text, "label": UNKNOWN, "group": t.group, "path": portable(t.path),
+             "how": t.kind} for t in local_unknown_texts(site, packaged_log_files(cache_dir), seed=seed)]  # fmt: skip
 
 
 def _hash_key(seed: int, s: str) -> int:

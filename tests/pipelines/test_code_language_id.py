@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import sys
 from pathlib import PurePosixPath
 
 import pytest
@@ -176,8 +177,12 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
         logs.mkdir(parents=True)
         (logs / f"{package}.log").write_text("".join(f"Jan {i % 28 + 1} sshd[{i}]: Failed password for root from "
                                                      f"10.0.{i % 7}.{i} port 22\n" for i in range(300)))  # fmt: skip
-    unknown_groups = sorted({f["group"] for f in protocol.unknown_files(default_cache_dir(), seed=0)})
+    unknown = protocol.unknown_files(default_cache_dir(), seed=0)
+    unknown_groups = sorted({f["group"] for f in unknown})
     assert len(unknown_groups) >= 6
+    # paths order the files (and so the training sample): none may name where this state or venv lives
+    assert {f["path"].split("/", 1)[0] for f in unknown if f["how"] == "log"} == {"cache"}
+    assert not [f for f in unknown if str(default_cache_dir()) in f["path"] or sys.prefix in f["path"]]
     # the frozen split (what `benchmarks/code_lang_id.py train` writes once): test and dev projects of each label
     frozen = tmp_path / "frozen"
     frozen.mkdir()

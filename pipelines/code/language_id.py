@@ -34,7 +34,7 @@ from classifiers.code_language import CodeLanguageClassifier, train_code_languag
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
 from classifiers.code_language_protocol import calibration_report, fit_temperature
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
-from infra.committed import commit
+from infra.committed import commit, is_committed
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -383,7 +383,7 @@ def _frozen_protocol_split(
     train on all but the frozen test and dev projects, score on dev (`pipelines/code/language_protocol.py`)."""
     for name, manifest in config.label_snapshots.items():
         prefix = partition_prefix(config.in_prefix, name)
-        if not store.list(prefix + "/"):
+        if not is_committed(store, prefix):  # a killed crawl leaves files but no pointer: crawl again
             log.info("language id: crawling label snapshot %s from %s", name, manifest)
             crawl_code(CodeCrawlConfig(manifest=manifest), store, name)
         files = files + labelled_files(read_shards(store, prefix), config, stats)

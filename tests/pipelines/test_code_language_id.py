@@ -13,7 +13,7 @@ import pytest
 from code_snippets import snippet
 
 from classifiers.code_language import CodeLanguageClassifier
-from infra.committed import read_committed
+from infra.committed import is_committed, read_committed
 from infra.store import LocalStore
 from pipelines.code.language_id import CodeLanguageIdConfig, train_code_language_classifier
 from pipelines.code.records import commit_records, make_record, read_shards, sha256_hex
@@ -192,7 +192,10 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
         write_frozen(frozen_set([{"group": g, "text": g, "label": "x"} for g in groups], name, 0),
                      frozen / f"code_language_{name}_t1.json")  # fmt: skip
     monkeypatch.setattr(protocol, "FROZEN_DIR", frozen)
-    config = CodeLanguageIdConfig(label_snapshots={"labels-1": "unused: already crawled"}, frozen_version="t1",
+    # a second label snapshot whose earlier crawl was killed: files under its prefix, no committed pointer
+    store.put_bytes("code/raw/labels-2/v-0123456789abcdef/part-00000.jsonl.gz", b"half-written")
+    snapshots = {"labels-1": "unused: already crawled", "labels-2": "pipelines/code/manifests/micro.yaml"}
+    config = CodeLanguageIdConfig(label_snapshots=snapshots, frozen_version="t1",
                                   min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
                                   vocabulary_min_groups=0, max_train_files_per_language=200)  # fmt: skip
     result = train_code_language_classifier(config, store, "s1")
@@ -200,6 +203,9 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     report = result.extra["report"].extra
     assert {"TypeScript", "Verilog", "unknown", "Python", "Lua"} <= set(report["train_counts"])
     assert not set(test_groups) & set(report["train_groups"])  # the frozen test projects never train
+    assert (
+        is_committed(store, "code/raw/labels-2") and "git:crucible" in report["train_groups"]
+    )  # crawled anew
     assert set(report["test_groups"]) <= set(dev_groups) and "npm:pkg7" in report["test_groups"]
     assert {"Verilog", "unknown"} <= set(report["test_counts"])  # scored on the dev projects
     assert report["held_out"] == "frozen dev projects (t1)"

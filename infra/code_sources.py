@@ -344,6 +344,18 @@ def _chunks(text: str, lines_per_chunk: int, max_chunks: int) -> list[str]:
     ]
 
 
+def site_packages_dir() -> Path:
+    """This interpreter's site-packages (where `local_unknown_texts` finds CSV, bundles and libraries)."""
+    import sys
+
+    return (
+        Path(sys.prefix)
+        / "lib"
+        / f"python{sys.version_info.major}.{sys.version_info.minor}"
+        / "site-packages"
+    )
+
+
 def local_unknown_texts(site_packages: Path, log_files: list[Path], doc_root: Path = Path("/usr/share/doc"),
                         max_per_group: int = 20, seed: int = 0) -> list[LocalText]:  # fmt: skip
     """Text that is none of the code labels, from this machine's installed packages: Debian copyright files and

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sys
 from collections import Counter
 from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path
 
 from classifiers.code_language_protocol import UNKNOWN, component_groups, load_frozen, text_sha256
-from infra.code_sources import AptConfig, fetch_debian_binary, local_unknown_texts
+from infra.code_sources import AptConfig, fetch_debian_binary, local_unknown_texts, site_packages_dir
 from infra.settings import REPO_ROOT
 from pipelines.code.archives import iter_deb
 
@@ -58,8 +57,7 @@ def unknown_files(cache_dir: Path, seed: int) -> list[dict]:
     """The `unknown` label's texts as protocol files (text, label, group, path, how). Paths are relative to the
     cache and to site-packages: files are ordered by a hash of their path, so an absolute one would make the
     training sample (and the model) depend on where the state directory or the venv lives."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = Path(sys.prefix) / "lib" / version / "site-packages"
+    site = site_packages_dir()
 
     def portable(path: str) -> str:
         for root, name in ((cache_dir, "cache"), (site, "site-packages")):

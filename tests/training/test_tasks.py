@@ -149,3 +149,19 @@ def test_math_verifier_scores_unparsable_answers_zero_instead_of_raising(answer)
     verdict = suite.verify(task, f"Answer: {answer}")
     assert verdict.reward == 0.0 and verdict.reason
     assert not equivalent(answer, "15*x")
+
+
+def test_code_train_split_keeps_every_family_at_every_level():
+    """Held-out takes no family away from train: with the default sizes every level keeps most of its train
+    tasks and every family has train prompts (a level of 8 distinct prompts once left train 3 tasks)."""
+    from collections import Counter
+
+    from training.tasks.code import FAMILIES
+
+    sets = build_task_sets(TaskSuitesConfig())
+    train = [t for t in sets["train"] if t.domain == "code"]
+    per_level = Counter(t.difficulty for t in train)
+    assert min(per_level[level] for level in (1, 2, 3, 4)) >= 150, per_level
+    families = Counter(t.meta["family"] for t in train)
+    assert set(families) == set(FAMILIES) and min(families.values()) >= 5, families
+    assert all(t.difficulty == FAMILIES[t.meta["family"]][0] for t in train)

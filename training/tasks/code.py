@@ -1,6 +1,7 @@
 """Code: small Python functions written from a one-line spec, checked by hidden unit tests that run in the
-sandbox (infra/sandbox.py). Difficulty grows with the function family: constants, then two arguments, then
-strings and lists, then loops."""
+sandbox (infra/sandbox.py). Each level has its own function families (constants, then two arguments, then
+predicates and strings, then lists), most with a constant k in the spec, so every level has hundreds of distinct
+prompts: enough for a train split and a held-out split that share none."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from collections.abc import Callable
 from infra.sandbox import SandboxLimits, run_python
 from training.tasks.base import Split, Task, Verdict, split_seed, task_id
 
-NAMES = ["f", "g", "h", "calc", "solve", "compute", "transform", "apply"]
+# 24 names: a family without a constant still has 24 prompts, so held-out cannot take all of them from train
+NAMES = [
+    "f", "g", "h", "calc", "solve", "compute", "transform", "apply", "combine", "convert", "check", "measure",
+    "pick", "build", "make", "find", "handle", "update", "score", "evaluate", "process", "step", "run", "fn",
+]  # fmt: skip
 _CODE_BLOCK = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
 _LIMITS = SandboxLimits(wall_s=5, cpu_s=2, memory_mb=256, output_bytes=8192)
 
@@ -27,6 +32,12 @@ FAMILIES: dict[str, Family] = {
     "add_const": (1, "returns x plus {k}", "return x + {k}", lambda r, k: [((x,), x + k) for x in _ints(r)]),
     "mul_const": (1, "returns x times {k}", "return x * {k}", lambda r, k: [((x,), x * k) for x in _ints(r)]),
     "sub_const": (1, "returns x minus {k}", "return x - {k}", lambda r, k: [((x,), x - k) for x in _ints(r)]),
+    "floor_div": (
+        1,
+        "returns x divided by {k}, rounded down",
+        "return x // {k}",
+        lambda r, k: [((x,), x // k) for x in _ints(r)],
+    ),
     "add2": (
         2,
         "returns a plus b",
@@ -45,6 +56,24 @@ FAMILIES: dict[str, Family] = {
         "return min(a, b)",
         lambda r, k: [((a, b), min(a, b)) for a, b in _pairs(r)],
     ),
+    "add2_const": (
+        2,
+        "returns a plus b plus {k}",
+        "return a + b + {k}",
+        lambda r, k: [((a, b), a + b + k) for a, b in _pairs(r)],
+    ),
+    "scale_add": (
+        2,
+        "returns a times {k} plus b",
+        "return a * {k} + b",
+        lambda r, k: [((a, b), a * k + b) for a, b in _pairs(r)],
+    ),
+    "sub2_const": (
+        2,
+        "returns a minus b plus {k}",
+        "return a - b + {k}",
+        lambda r, k: [((a, b), a - b + k) for a, b in _pairs(r)],
+    ),
     "is_even": (
         3,
         "returns True if x is even, else False",
@@ -58,6 +87,30 @@ FAMILIES: dict[str, Family] = {
         "return s[::-1]",
         lambda r, k: [((w,), w[::-1]) for w in _words(r)],
     ),
+    "divisible": (
+        3,
+        "returns True if x is divisible by {k}, else False",
+        "return x % {k} == 0",
+        lambda r, k: [((x,), x % k == 0) for x in _ints(r) + [k * r.randint(-3, 3)]],
+    ),
+    "square_const": (
+        3,
+        "returns x squared plus {k}",
+        "return x * x + {k}",
+        lambda r, k: [((x,), x * x + k) for x in _ints(r)],
+    ),
+    "repeat": (
+        3,
+        "returns the string s repeated {k} times",
+        "return s * {k}",
+        lambda r, k: [((w,), w * k) for w in _words(r)],
+    ),
+    "prefix": (
+        3,
+        "returns the first {k} characters of the string s",
+        "return s[:{k}]",
+        lambda r, k: [((w,), w[:k]) for w in _words(r)],
+    ),
     "sum_list": (
         4,
         "returns the sum of the list xs",
@@ -70,8 +123,30 @@ FAMILIES: dict[str, Family] = {
         "return sum(1 for v in xs if v > 0)",
         lambda r, k: [((xs,), sum(1 for v in xs if v > 0)) for xs in _lists(r)],
     ),
+    "count_above": (
+        4,
+        "returns how many numbers in the list xs are greater than {k}",
+        "return sum(1 for v in xs if v > {k})",
+        lambda r, k: [((xs,), sum(1 for v in xs if v > k)) for xs in _lists(r)],
+    ),
+    "scale_list": (
+        4,
+        "returns the list xs with every number multiplied by {k}",
+        "return [v * {k} for v in xs]",
+        lambda r, k: [((xs,), [v * k for v in xs]) for xs in _lists(r)],
+    ),
+    "max_or_const": (
+        4,
+        "returns the largest number in the list xs, or {k} if xs is empty",
+        "return max(xs) if xs else {k}",
+        lambda r, k: [((xs,), max(xs) if xs else k) for xs in _lists(r) + [[]]],
+    ),
 }
-_ARGS = {"add2": "a, b", "max2": "a, b", "min2": "a, b", "reverse": "s", "sum_list": "xs", "count_pos": "xs"}
+_ARGS = {
+    **dict.fromkeys(("add2", "max2", "min2", "add2_const", "scale_add", "sub2_const"), "a, b"),
+    **dict.fromkeys(("reverse", "repeat", "prefix"), "s"),
+    **dict.fromkeys(("sum_list", "count_pos", "count_above", "scale_list", "max_or_const"), "xs"),
+}
 
 
 def _pairs(rng: random.Random) -> list[tuple[int, int]]:
@@ -97,14 +172,14 @@ def extract_code(response: str) -> str | None:
 
 class CodeSuite:
     domain = "code"
-    version = "code-v1"
+    version = "code-v2"
 
     def __init__(self, limits: SandboxLimits = _LIMITS):
         self.limits = limits
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
         rng = random.Random(split_seed(split, seed) * 17 + difficulty)
-        families = [name for name, fam in FAMILIES.items() if fam[0] <= difficulty]
+        families = [name for name, fam in FAMILIES.items() if fam[0] == difficulty]
         tasks: dict[str, Task] = {}
         for _ in range(n * 20):
             if len(tasks) >= n:

@@ -10,10 +10,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from training.sft import error_correction_trajectory, failed_tool_call_trajectory
 from training.tasks.base import Task, TaskSuite
+from training.tasks.code import FAMILIES
+
+# One composition per level of skills the SFT families teach (// ; minus then plus ; square then plus ; count
+# with a comparison): chosen before any RL run. With every family in SFT the tiny model solves all held-out code
+# greedily, which leaves Reasoning RL nothing to learn.
+RL_ONLY_FAMILIES = ("floor_div", "sub2_const", "square_const", "count_above")
 
 
 class SftDataConfig(BaseModel):
@@ -26,6 +32,18 @@ class SftDataConfig(BaseModel):
     definition_chats: int = Field(300, ge=0, description="Chats asking what a corpus term means")
     repeats: int = Field(1, ge=1, description="Copies of each task's worked solution")
     seed: int = Field(0, description="Seed of error injection and order")
+    rl_only_families: list[str] = Field(
+        default_factory=lambda: list(RL_ONLY_FAMILIES),
+        description="Code families (training/tasks/code.py) with no SFT row: learned only in Reasoning RL",
+    )
+
+    @field_validator("rl_only_families")
+    @classmethod
+    def _known_families(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(FAMILIES))
+        if unknown:
+            raise ValueError(f"unknown code famil(ies) {unknown}; the families are {sorted(FAMILIES)}")
+        return value
 
 
 def _wrong_step(task: Task, rng: random.Random) -> str:
@@ -48,6 +66,8 @@ def build_sft_trajectories(
     """Rows {"kind", "task_id", "messages"}; returns them shuffled and their counts per kind."""
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
+    rl_only = set(cfg.rl_only_families)
+    tasks = [t for t in tasks if not (t.domain == "code" and t.meta.get("family") in rl_only)]
     for _ in range(cfg.repeats):
         for task in tasks:
             solution = suites[task.domain].solution(task)

@@ -165,3 +165,18 @@ def test_code_train_split_keeps_every_family_at_every_level():
     families = Counter(t.meta["family"] for t in train)
     assert set(families) == set(FAMILIES) and min(families.values()) >= 5, families
     assert all(t.difficulty == FAMILIES[t.meta["family"]][0] for t in train)
+
+
+def test_sft_rows_leave_out_the_rl_only_code_families():
+    from training.sft_data import SftDataConfig, build_sft_trajectories
+
+    code = [t for t in build_task_sets(TaskSuitesConfig(train_per_level=40, heldout_per_level=5))["train"]
+            if t.domain == "code"]  # fmt: skip
+    cfg = SftDataConfig(definition_chats=0, rl_only_families=["floor_div", "count_above"])
+    rows, kinds = build_sft_trajectories(code, suites(), [], cfg)
+    family = {t.id: t.meta["family"] for t in code}
+    kept = {family[r["task_id"]] for r in rows}
+    assert kept and not kept & {"floor_div", "count_above"}
+    assert kinds["code"] == sum(family[t.id] not in {"floor_div", "count_above"} for t in code)
+    with pytest.raises(ValueError, match="unknown code famil.*'flor_div'"):
+        SftDataConfig(rl_only_families=["flor_div"])

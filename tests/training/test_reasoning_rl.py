@@ -149,3 +149,27 @@ def test_sampled_pass_at_1_is_the_mean_of_task_rates_with_its_standard_error():
     assert out["sampled_pass_at_1/a"] == 0.5 and out["sampled_pass_at_1/b"] == 0.25
     assert out["sampled_pass_at_1_se/a"] == pytest.approx((0.25 / 3) ** 0.5)  # sample variance 0.25, n = 3
     assert out["sampled_pass_at_1_se/b"] == 0.0
+
+
+def test_a_domain_with_too_few_kept_prompts_is_left_out_of_training(setup):
+    """Batches give every domain the same share: 2 kept prompts of a domain would take half of each step here
+    (a quarter on tiny, where 2 knowledge prompts were memorised in 20 steps). Below `min_domain_prompts` the
+    domain sits out; the other domain trains."""
+    tok, cfg, tasks = setup
+    rare = [Task(f"r{i}", "rare", f"pick a color rare {i}", "e", 1, "train") for i in range(2)]
+    rare_suite = SaysE()
+    rare_suite.domain = "rare"
+    rows: list[dict] = []
+    config = ReasoningRLConfig(
+        steps=2, prompts_per_step=4, group_size=4, max_new_tokens=4, max_turns=1, learning_rate=3e-3,
+        eval_every=2, eval_tasks_per_domain=2, filter_samples=4, filter_prompts_per_domain=8,
+        min_domain_prompts=3,
+    )  # fmt: skip
+    train_reasoning_rl(
+        build_model(cfg, seed=0), tok, tasks + rare, tasks + rare, {"color": SaysE(), "rare": rare_suite},
+        config, lambda m, s: rows.append(dict(m)),
+    )  # fmt: skip
+    filt = next(r for r in rows if "filter/pool" in r)
+    assert 0 < filt["filter/kept/rare"] < 3 <= filt["filter/kept/color"], filt
+    steps = [r for r in rows if "reward/mean" in r]
+    assert len(steps) == 2 and all("reward/rare" not in r and "reward/color" in r for r in steps)

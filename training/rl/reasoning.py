@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,12 @@ class ReasoningRLConfig(PolicyUpdateConfig):
         4, ge=0, description="Difficulty filter: samples per train prompt before RL (0 = off)"
     )
     filter_prompts_per_domain: int = Field(64, ge=1, description="Train prompts per domain the filter scores")
+    min_domain_prompts: int = Field(
+        8,
+        ge=1,
+        description="A domain the filter keeps fewer prompts of is left out of training: every batch gives each "
+        "domain the same share, so 2 kept prompts would take a quarter of every step and be memorised",
+    )
     seed: int = Field(0, description="Seed of prompt order and sampling")
 
 
@@ -292,7 +298,14 @@ def _filtered_train(
     rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
     kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
     log_metrics(_filter_metrics(pool, rates, kept), 0)
-    left_out = sorted({t.domain for t in pool} - {t.domain for t in kept})
+    counts = Counter(t.domain for t in kept)
+    few = sorted(d for d, n in counts.items() if n < cfg.min_domain_prompts)
+    if few and len(few) < len(counts):
+        log.warning("difficulty filter: fewer than %d prompts kept for %s (%s); left out of training "
+                    "(reasoning_rl.min_domain_prompts)", cfg.min_domain_prompts, ", ".join(few),
+                    ", ".join(f"{d}: {counts[d]}" for d in few))  # fmt: skip
+        kept = [t for t in kept if t.domain not in few]
+    left_out = sorted({t.domain for t in pool} - {t.domain for t in kept} - set(few))
     if not kept:
         log.warning("difficulty filter: no prompt is solved sometimes by the starting policy; training on the "
                     "whole pool, where every group has zero advantage (check the SFT checkpoint)")  # fmt: skip

@@ -18,7 +18,7 @@ from infra.sandbox import SandboxLimits, run_python
 from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify
 from training.agentic.protocol import EnvironmentCrash
 from training.tasks.base import Split, Task, Verdict, split_seed, task_id
-from training.tasks.code import FAMILIES, NAMES, extract_code
+from training.tasks.code import ARGS, FAMILIES, NAMES, extract_code
 
 TOOLS = {"read": ("path",), "run_tests": ()}
 MODULES = ("mod.py", "calc.py", "util.py", "core.py", "ops.py", "lib.py", "num.py", "fns.py")
@@ -34,7 +34,6 @@ WRONG_OPERATOR = {
 }
 CONSTANT_FAMILIES = ("add_const", "sub_const", "mul_const")
 HELPERS = ("max2", "min2", "add2", "square", "is_even")
-_ARGS = {"add2": "a, b", "max2": "a, b", "min2": "a, b"}
 
 # Runs in the sandbox as main.py next to the module; prints one report line tagged with a per-run nonce.
 _RUNNER = """
@@ -68,7 +67,7 @@ print({nonce!r} + json.dumps(report))
 
 
 def _function(name: str, family: str, body: str) -> str:
-    return f"def {name}({_ARGS.get(family, 'x')}):\n    {body}\n"
+    return f"def {name}({ARGS.get(family, 'x')}):\n    {body}\n"
 
 
 def _outputs(source: str, fn: str, inputs: list[tuple]) -> list[Any]:

@@ -142,7 +142,7 @@ FAMILIES: dict[str, Family] = {
         lambda r, k: [((xs,), max(xs) if xs else k) for xs in _lists(r) + [[]]],
     ),
 }
-_ARGS = {
+ARGS = {  # parameter list per family (default "x")
     **dict.fromkeys(("add2", "max2", "min2", "add2_const", "scale_add", "sub2_const"), "a, b"),
     **dict.fromkeys(("reverse", "repeat", "prefix"), "s"),
     **dict.fromkeys(("sum_list", "count_pos", "count_above", "scale_list", "max_or_const"), "xs"),
@@ -187,7 +187,7 @@ class CodeSuite:
             family = rng.choice(families)
             level, spec, body, tests_for = FAMILIES[family]
             k, name = rng.randint(2, 9), rng.choice(NAMES)
-            args = _ARGS.get(family, "x")
+            args = ARGS.get(family, "x")
             prompt = f"Write a Python function `{name}({args})` that {spec.format(k=k)}."
             tests = "\n".join(f"assert {name}{a!r} == {e!r}" for a, e in tests_for(rng, k))
             tests = tests.replace(",)", ")")

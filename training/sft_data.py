@@ -17,8 +17,9 @@ from training.tasks.base import Task, TaskSuite
 from training.tasks.code import FAMILIES
 
 # One composition per level of skills the other families teach (// ; minus then plus ; square then plus ; count
-# with a comparison), for `rl_only_families`. Off by default: on tiny the model never solved three of the four
-# without SFT rows (sampled pass rate 0), so Reasoning RL had no reward to learn them from.
+# with a comparison), for `rl_only_families`. Off by default. With no SFT row at all the tiny model never solved
+# three of the four (sampled pass rate 0), so Reasoning RL had no reward to learn them from: `rl_family_rows`
+# keeps a few worked solutions per family as a foothold.
 RL_ONLY_FAMILIES = ("floor_div", "sub2_const", "square_const", "count_above")
 
 
@@ -37,6 +38,11 @@ class SftDataConfig(BaseModel):
         description="Code families (training/tasks/code.py) with no SFT row, left to Reasoning RL (e.g. "
         + ", ".join(RL_ONLY_FAMILIES)
         + ")",
+    )
+    rl_family_rows: int = Field(
+        0,
+        ge=0,
+        description="SFT rows kept per rl_only_families family: a foothold, so RL samples some reward",
     )
 
     @field_validator("rl_only_families")
@@ -59,6 +65,20 @@ def _wrong_step(task: Task, rng: random.Random) -> str:
     return "I am not sure."
 
 
+def _rl_only_cut(tasks: Sequence[Task], families: set[str], keep: int) -> list[Task]:
+    """`tasks` with at most `keep` code tasks of each family in `families` (the first ones, in order)."""
+    kept: Counter = Counter()
+    out = []
+    for t in tasks:
+        family = t.meta.get("family") if t.domain == "code" else None
+        if family in families:
+            if kept[family] >= keep:
+                continue
+            kept[family] += 1
+        out.append(t)
+    return out
+
+
 def build_sft_trajectories(
     tasks: Sequence[Task],
     suites: dict[str, TaskSuite],
@@ -68,8 +88,7 @@ def build_sft_trajectories(
     """Rows {"kind", "task_id", "messages"}; returns them shuffled and their counts per kind."""
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
-    rl_only = set(cfg.rl_only_families)
-    tasks = [t for t in tasks if not (t.domain == "code" and t.meta.get("family") in rl_only)]
+    tasks = _rl_only_cut(tasks, set(cfg.rl_only_families), cfg.rl_family_rows)
     for _ in range(cfg.repeats):
         for task in tasks:
             solution = suites[task.domain].solution(task)

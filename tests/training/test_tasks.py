@@ -3,6 +3,8 @@ and reject wrong or hostile ones (code runs in the real sandbox)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from infra.sandbox import sandbox_available
@@ -154,7 +156,6 @@ def test_math_verifier_scores_unparsable_answers_zero_instead_of_raising(answer)
 def test_code_train_split_keeps_every_family_at_every_level():
     """Held-out takes no family away from train: with the default sizes every level keeps most of its train
     tasks and every family has train prompts (a level of 8 distinct prompts once left train 3 tasks)."""
-    from collections import Counter
 
     from training.tasks.code import FAMILIES
 
@@ -180,3 +181,11 @@ def test_sft_rows_leave_out_the_rl_only_code_families():
     assert kinds["code"] == sum(family[t.id] not in {"floor_div", "count_above"} for t in code)
     with pytest.raises(ValueError, match="unknown code famil.*'flor_div'"):
         SftDataConfig(rl_only_families=["flor_div"])
+
+    foothold = SftDataConfig(
+        definition_chats=0, rl_only_families=["floor_div", "count_above"], rl_family_rows=2
+    )
+    rows, _ = build_sft_trajectories(code, suites(), [], foothold)
+    per_family = Counter(family[r["task_id"]] for r in rows)
+    assert per_family["floor_div"] == per_family["count_above"] == 2
+    assert per_family["add_const"] == sum(family[t.id] == "add_const" for t in code) > 2

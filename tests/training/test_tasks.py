@@ -173,7 +173,7 @@ def test_sft_rows_leave_out_the_rl_only_code_families():
 
     code = [t for t in build_task_sets(TaskSuitesConfig(train_per_level=40, heldout_per_level=5))["train"]
             if t.domain == "code"]  # fmt: skip
-    cfg = SftDataConfig(definition_chats=0, rl_only_families=["floor_div", "count_above"])
+    cfg = SftDataConfig(definition_chats=0, rl_only_families=["floor_div", "count_above"], rl_family_rows=0)
     rows, kinds = build_sft_trajectories(code, suites(), [], cfg)
     family = {t.id: t.meta["family"] for t in code}
     kept = {family[r["task_id"]] for r in rows}

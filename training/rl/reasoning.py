@@ -53,7 +53,9 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     filter_samples: int = Field(
         4, ge=0, description="Difficulty filter: samples per train prompt before RL (0 = off)"
     )
-    filter_prompts_per_domain: int = Field(64, ge=1, description="Train prompts per domain the filter scores")
+    filter_prompts_per_domain: int = Field(
+        256, ge=1, description="Train prompts per domain the filter scores"
+    )
     min_domain_prompts: int = Field(
         8,
         ge=1,

@@ -221,12 +221,16 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
     metrics = {k: v for k, v in result["metrics"].items() if isinstance(v, int | float)}
     rows = [
         {
-            "domain": k.split("/")[-1],
+            "domain": d,
+            PARENT: round(metrics.get(f"compare/{PARENT}/pass_at_1/{d}", float("nan")), 3),
             "pass_at_1": round(v, 3),
-            "se": round(metrics.get(k.replace("pass_at_1", "pass_at_1_se"), 0), 3),
+            "se": round(metrics.get(f"heldout/pass_at_1_se/{d}", 0), 3),
+            "gain vs SFT (paired)": f"{metrics.get(f'heldout/paired_gain/{d}', float('nan')):+.3f} +- "
+            f"{metrics.get(f'heldout/paired_gain_se/{d}', float('nan')):.3f}",
+            "fixed / broken": f"{metrics.get(f'heldout/fixed/{d}', 0):.0f} / {metrics.get(f'heldout/broken/{d}', 0):.0f}",
         }
         for k, v in sorted(metrics.items())
-        if k.startswith("heldout/pass_at_1/")
+        if k.startswith("heldout/pass_at_1/") and (d := k.split("/")[-1])
     ]
     history = read_metrics(Path(spec.run_dir))
     plot = plot_history(history, RL_PANELS, Path(spec.run_dir) / "reasoning_rl_curves.png", "Reasoning RL")

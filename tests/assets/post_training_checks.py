@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from infra.committed import fetch_committed, read_committed
 from infra.settings import load_profile
@@ -59,6 +60,9 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     assert sorted({m.step for m in history}) == [1, 2]
     held = tracker.client.get_metric_history(rl_run.info.run_id, "heldout/pass_at_1/math")
     assert sorted({m.step for m in held}) == [0, 2]
+    # the gain over the SFT model is paired per task: the same tasks at step 0 and at the end
+    first, last = (next(m.value for m in held if m.step == s) for s in (0, 2))
+    assert metrics["heldout/paired_gain/math"] == pytest.approx(last - first)
     assert {m.step for m in tracker.client.get_metric_history(sft_run.info.run_id, "loss")}
     assert "reasoning_rl_curves.png" in {
         a.path.rsplit("/", 1)[-1] for a in tracker.client.list_artifacts(rl_run.info.run_id, "plots")

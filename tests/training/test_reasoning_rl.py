@@ -55,6 +55,11 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.3, (first, last)
     assert final["heldout/pass_at_1/color"] >= 0.75  # greedy decoding now says blue
+    step0 = next(m for s, m in rows if s == 0 and "heldout/pass_at_1/color" in m)
+    assert "heldout/paired_gain/color" not in step0  # step 0 is the reference
+    gain = final["heldout/pass_at_1/color"] - step0["heldout/pass_at_1/color"]
+    assert final["heldout/paired_gain/color"] == pytest.approx(gain) and gain > 0.3
+    assert final["heldout/fixed/color"] - final["heldout/broken/color"] == pytest.approx(gain * 8)
     # sampled pass@1 (4 samples per held-out task at the rollout temperature) at step 0 and at the end
     sampled = [
         m["heldout/sampled_pass_at_1/color"] for s, m in rows if "heldout/sampled_pass_at_1/color" in m
@@ -94,19 +99,21 @@ def test_a_resumed_run_reaches_the_weights_of_an_uninterrupted_one(setup, tmp_pa
     )  # fmt: skip
     suites = {"color": SaysE()}
 
-    def run(steps: int, ckpt) -> tuple[torch.nn.Module, list[int]]:
+    def run(steps: int, ckpt) -> tuple[torch.nn.Module, list[int], dict]:
         model, logged = build_model(cfg, seed=0), []
         c = config.model_copy(update={"steps": steps})
-        train_reasoning_rl(
+        final = train_reasoning_rl(
             model, tok, tasks, tasks, suites, c, lambda m, s: logged.append(s), checkpoint_dir=ckpt
         )
-        return model, logged
+        return model, logged, final
 
-    whole, _ = run(4, None)
-    killed, _ = run(3, tmp_path)  # saves step 2, then dies at step 3 (its step-3 update is lost)
+    whole, _, whole_final = run(4, None)
+    killed, _, _ = run(3, tmp_path)  # saves step 2, then dies at step 3 (its step-3 update is lost)
     assert resume_step(tmp_path) == 2
-    resumed, logged = run(4, tmp_path)
+    resumed, logged, final = run(4, tmp_path)
     assert min(logged) == 3  # no step-0 eval, no filter rerun: it starts after the checkpoint
+    # the step-0 rewards came back with the checkpoint, so the gain is still paired with the parent's
+    assert final["heldout/paired_gain/color"] == whole_final["heldout/paired_gain/color"]
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert not torch.equal(killed.lm_head.weight, whole.lm_head.weight)  # steps 3-4 do move the weights
@@ -139,6 +146,19 @@ def test_a_domain_the_filter_finds_never_solved_is_left_out_not_the_whole_filter
     assert filt["filter/kept/never"] == 0 and 0 < filt["filter/kept/color"] <= 8
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 2 and all("reward/never" not in r and "reward/color" in r for r in steps)
+
+
+def test_paired_gain_is_the_mean_per_task_difference_with_its_standard_error():
+    from training.rl.reasoning import paired_gain
+
+    tasks = [Task(f"t{i}", d, "", "", 1, "heldout") for i, d in enumerate(["a", "a", "a", "a", "b", "b"])]
+    before = {"t0": 0.0, "t1": 1.0, "t2": 1.0, "t3": 0.0, "t4": 1.0, "t5": 1.0}
+    after = {"t0": 1.0, "t1": 1.0, "t2": 0.0, "t3": 1.0, "t4": 1.0, "t5": 1.0}
+    out = paired_gain(before, after, tasks + [Task("t9", "a", "", "", 1, "heldout")])  # t9: in neither
+    assert out["paired_gain/a"] == 0.25  # differences +1, 0, -1, +1
+    assert out["paired_gain_se/a"] == pytest.approx((((0.75**2) * 2 + 0.25**2 + 1.25**2) / 3 / 4) ** 0.5)
+    assert (out["fixed/a"], out["broken/a"]) == (2.0, 1.0)
+    assert out["paired_gain/b"] == 0.0 and out["paired_gain_se/b"] == 0.0  # both solved twice: no noise
 
 
 def test_sampled_pass_at_1_is_the_mean_of_task_rates_with_its_standard_error():

@@ -68,7 +68,7 @@ class ReasoningRLConfig(PolicyUpdateConfig):
 Log = Callable[[dict[str, float], int], None]
 
 
-def pass_at_1(
+def greedy_rewards(
     engine: RolloutEngine,
     tokenizer: Any,
     tasks: Sequence[Task],
@@ -76,7 +76,7 @@ def pass_at_1(
     max_new_tokens: int,
     max_turns: int,
 ) -> dict[str, float]:
-    """Greedy pass_at_1 per domain with its standard error: `pass_at_1/<domain>`, `pass_at_1_se/<domain>`, `n/<domain>`."""
+    """Each task's greedy reward, by task id."""
     trajs = rollout(
         engine,
         tokenizer,
@@ -88,15 +88,52 @@ def pass_at_1(
         max_turns,
         group_prefix="eval-",
     )
+    return {t.prompt_id: t.reward for t in trajs}
+
+
+def pass_at_1_of(rewards: dict[str, float], tasks: Sequence[Task]) -> dict[str, float]:
+    """Greedy pass_at_1 per domain with its standard error: `pass_at_1/<domain>`, `pass_at_1_se/<domain>`, `n/<domain>`."""
     by_domain: dict[str, list[float]] = defaultdict(list)
-    for t in trajs:
-        by_domain[t.task].append(t.reward)
+    for t in tasks:
+        by_domain[t.domain].append(rewards[t.id])
     out = {}
-    for domain, rewards in sorted(by_domain.items()):
-        p = sum(rewards) / len(rewards)
+    for domain, r in sorted(by_domain.items()):
+        p = sum(r) / len(r)
         out[f"pass_at_1/{domain}"] = p
-        out[f"pass_at_1_se/{domain}"] = math.sqrt(p * (1 - p) / len(rewards))
-        out[f"n/{domain}"] = float(len(rewards))
+        out[f"pass_at_1_se/{domain}"] = math.sqrt(p * (1 - p) / len(r))
+        out[f"n/{domain}"] = float(len(r))
+    return out
+
+
+def pass_at_1(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    suites: dict[str, TaskSuite],
+    max_new_tokens: int,
+    max_turns: int,
+) -> dict[str, float]:
+    """Greedy pass_at_1 per domain with its standard error (see `pass_at_1_of`)."""
+    rewards = greedy_rewards(engine, tokenizer, tasks, suites, max_new_tokens, max_turns)
+    return pass_at_1_of(rewards, tasks)
+
+
+def paired_gain(before: dict[str, float], after: dict[str, float], tasks: Sequence[Task]) -> dict[str, float]:
+    """Per domain, the mean of after - before over the same tasks and its standard error (paired: the tasks both
+    checkpoints solve or both fail add no noise), with the tasks fixed and broken: `paired_gain/<domain>`,
+    `paired_gain_se/<domain>`, `fixed/<domain>`, `broken/<domain>`. Tasks missing from either side are skipped."""
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        if t.id in before and t.id in after:
+            by_domain[t.domain].append(after[t.id] - before[t.id])
+    out = {}
+    for domain, d in sorted(by_domain.items()):
+        mean = sum(d) / len(d)
+        var = sum((x - mean) ** 2 for x in d) / (len(d) - 1) if len(d) > 1 else 0.0
+        out[f"paired_gain/{domain}"] = mean
+        out[f"paired_gain_se/{domain}"] = math.sqrt(var / len(d))
+        out[f"fixed/{domain}"] = float(sum(x > 0 for x in d))
+        out[f"broken/{domain}"] = float(sum(x < 0 for x in d))
     return out
 
 
@@ -194,6 +231,9 @@ class _ReasoningStage:
         )
         self.train: list[Task] = []
         self._batches = None
+        self.initial_rewards: dict[
+            str, float
+        ] = {}  # step 0's greedy rewards: later evals are paired with them
 
     def batches(self):
         if self._batches is None:
@@ -202,7 +242,12 @@ class _ReasoningStage:
 
     def evaluate(self, step: int) -> dict[str, float]:
         cfg, engine, tok = self.cfg, self.engine, self.tokenizer
-        out = pass_at_1(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
+        rewards = greedy_rewards(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
+        out = pass_at_1_of(rewards, self.heldout)
+        if step == 0:
+            self.initial_rewards = rewards
+        elif self.initial_rewards:
+            out.update(paired_gain(self.initial_rewards, rewards, self.heldout))
         if cfg.eval_samples:  # the same seeds at every eval: differences between steps are the policy's
             rates = sampled_pass_rates(
                 engine,
@@ -222,11 +267,12 @@ class _ReasoningStage:
                                      self.log_metrics)  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_ids": [t.id for t in self.train]}
+        return {"train_ids": [t.id for t in self.train], "initial_rewards": self.initial_rewards}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         by_id = {t.id: t for t in self.all_train}
         self.train = [by_id[i] for i in state["train_ids"]]
+        self.initial_rewards = state.get("initial_rewards", {})  # older checkpoints: no paired gain
 
     def skip(self, steps: int) -> None:
         for _ in range(steps):

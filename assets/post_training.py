@@ -228,6 +228,9 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
             "gain vs SFT (paired)": f"{metrics.get(f'heldout/paired_gain/{d}', float('nan')):+.3f} +- "
             f"{metrics.get(f'heldout/paired_gain_se/{d}', float('nan')):.3f}",
             "fixed / broken": f"{metrics.get(f'heldout/fixed/{d}', 0):.0f} / {metrics.get(f'heldout/broken/{d}', 0):.0f}",
+            "sampled pass_at_1": round(metrics.get(f"heldout/sampled_pass_at_1/{d}", float("nan")), 3),
+            "sampled gain (paired)": f"{metrics.get(f'heldout/sampled_paired_gain/{d}', float('nan')):+.3f} +- "
+            f"{metrics.get(f'heldout/sampled_paired_gain_se/{d}', float('nan')):.3f}",
         }
         for k, v in sorted(metrics.items())
         if k.startswith("heldout/pass_at_1/") and (d := k.split("/")[-1])
@@ -237,7 +240,8 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
     return StageResult(
         metrics=metrics,
         outputs={"checkpoint": _publish_checkpoint(s, "reasoning_rl_checkpoint", hf_dir)},
-        report_md="## Reasoning RL: held-out pass_at_1 (greedy)\n\n" + markdown_table(rows),
+        report_md="## Reasoning RL: held-out pass_at_1 (greedy, and sampled at the rollout temperature)\n\n"
+        + markdown_table(rows),
         artifacts={
             "checkpoint": hf_dir,
             "samples.json": Path(spec.run_dir) / "samples.json",

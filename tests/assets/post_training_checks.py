@@ -63,6 +63,9 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     # the gain over the SFT model is paired per task: the same tasks at step 0 and at the end
     first, last = (next(m.value for m in held if m.step == s) for s in (0, 2))
     assert metrics["heldout/paired_gain/math"] == pytest.approx(last - first)
+    sampled = tracker.client.get_metric_history(rl_run.info.run_id, "heldout/sampled_pass_at_1/code")
+    first, last = (next(m.value for m in sampled if m.step == s) for s in (0, 2))
+    assert metrics["heldout/sampled_paired_gain/code"] == pytest.approx(last - first)
     assert {m.step for m in tracker.client.get_metric_history(sft_run.info.run_id, "loss")}
     assert "reasoning_rl_curves.png" in {
         a.path.rsplit("/", 1)[-1] for a in tracker.client.list_artifacts(rl_run.info.run_id, "plots")

@@ -65,6 +65,9 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
         m["heldout/sampled_pass_at_1/color"] for s, m in rows if "heldout/sampled_pass_at_1/color" in m
     ]
     assert len(sampled) == 2 and sampled[1] > sampled[0] + 0.3, sampled
+    # same seeds at both evals, paired per task: the gain is the change in sampled pass@1
+    assert final["heldout/sampled_paired_gain/color"] == pytest.approx(sampled[1] - sampled[0])
+    assert 0 <= final["heldout/sampled_paired_gain_se/color"] < final["heldout/sampled_paired_gain/color"]
     for name, before in indexer_before.items():
         assert torch.equal(dict(model.named_parameters())[name], before), name
     assert not torch.equal(model.get_input_embeddings().weight, emb_before)
@@ -113,7 +116,8 @@ def test_a_resumed_run_reaches_the_weights_of_an_uninterrupted_one(setup, tmp_pa
     resumed, logged, final = run(4, tmp_path)
     assert min(logged) == 3  # no step-0 eval, no filter rerun: it starts after the checkpoint
     # the step-0 rewards came back with the checkpoint, so the gain is still paired with the parent's
-    assert final["heldout/paired_gain/color"] == whole_final["heldout/paired_gain/color"]
+    for key in ("paired_gain", "sampled_paired_gain"):
+        assert final[f"heldout/{key}/color"] == whole_final[f"heldout/{key}/color"]
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     assert not torch.equal(killed.lm_head.weight, whole.lm_head.weight)  # steps 3-4 do move the weights

@@ -231,9 +231,9 @@ class _ReasoningStage:
         )
         self.train: list[Task] = []
         self._batches = None
-        self.initial_rewards: dict[
-            str, float
-        ] = {}  # step 0's greedy rewards: later evals are paired with them
+        # step 0's greedy rewards and sampled pass rates: later evals are paired with them
+        self.initial_rewards: dict[str, float] = {}
+        self.initial_rates: dict[str, float] = {}
 
     def batches(self):
         if self._batches is None:
@@ -260,6 +260,11 @@ class _ReasoningStage:
                 f"held-out eval step {step}",
             )
             out.update(sampled_pass_at_1(rates, self.heldout))
+            if step == 0:
+                self.initial_rates = rates
+            elif self.initial_rates:
+                gain = paired_gain(self.initial_rates, rates, self.heldout)
+                out.update({f"sampled_{k}": v for k, v in gain.items() if k.startswith("paired_gain")})
         return out
 
     def prepare(self) -> None:
@@ -267,12 +272,17 @@ class _ReasoningStage:
                                      self.log_metrics)  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_ids": [t.id for t in self.train], "initial_rewards": self.initial_rewards}
+        return {
+            "train_ids": [t.id for t in self.train],
+            "initial_rewards": self.initial_rewards,
+            "initial_rates": self.initial_rates,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         by_id = {t.id: t for t in self.all_train}
         self.train = [by_id[i] for i in state["train_ids"]]
         self.initial_rewards = state.get("initial_rewards", {})  # older checkpoints: no paired gain
+        self.initial_rates = state.get("initial_rates", {})
 
     def skip(self, steps: int) -> None:
         for _ in range(steps):

@@ -3,6 +3,7 @@ RL (GRPO + IcePop) from SFT. Each checkpoint is a registered model version with 
 checkpoint and to the task-suite version it trained on (both read through committed outputs)."""
 
 import json
+import logging
 from pathlib import Path
 
 from assets.factory import Launches, tracked_asset
@@ -32,7 +33,9 @@ from training.tasks import suites as task_suites_module
 from training.tasks.suites import (
     TaskSuitesConfig,
     build_task_sets,
+    frozen_test_sha256,
     read_tasks,
+    sha256_of_test_set,
     suite_version,
     suites,
     write_tasks,
@@ -40,6 +43,7 @@ from training.tasks.suites import (
 from training.tokenizer import load_tokenizer
 
 PROFILE = load_profile()
+log = logging.getLogger(__name__)
 TaskSuitesRunConfig = launchpad_config("task_suites", TaskSuitesConfig, PROFILE)
 SftDataRunConfig = launchpad_config("sft_data", SftDataConfig, PROFILE)
 SftRunConfig = launchpad_config("sft", SftConfig, PROFILE)
@@ -90,19 +94,30 @@ def _build_task_suites(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
     out = _work("task_suites") / "out"
     write_tasks(sets["train"], out / "train.jsonl")
     write_tasks(sets["heldout"], out / "heldout.jsonl")
+    write_tasks(sets["test"], out / "test.jsonl")
     (out / "facts.jsonl").write_text("".join(json.dumps(list(f)) + "\n" for f in facts))
     version = suite_version(sets)
+    test_sha = sha256_of_test_set(sets["test"])
+    frozen = test_sha == frozen_test_sha256()
+    run.set_tags({"crucible.test_sha256": test_sha, "crucible.test_frozen": frozen})
+    if not frozen:  # other levels or counts than tiny's: fine for a run, but say its test scores are its own
+        log.warning("task_suites: the test set (%d tasks, sha256 %s) is not the frozen one of "
+                    "training/tasks/frozen_test.json; its scores compare only with runs on the same test set",
+                    len(sets["test"]), test_sha[:12])  # fmt: skip
     counts = {}
     for split, tasks in sets.items():
         for t in tasks:
             key = f"{split}/{t.domain}/level{t.difficulty}"
             counts[key] = counts.get(key, 0) + 1
-    commit(s, TASKS_PREFIX, out, meta={"suite_version": version, "counts": counts})
+    meta = {"suite_version": version, "counts": counts, "test_sha256": test_sha, "test_frozen": frozen}
+    commit(s, TASKS_PREFIX, out, meta=meta)
     rows = [{"split/domain/level": k, "tasks": v} for k, v in sorted(counts.items())]
     return StageResult(
-        metrics={f"tasks/{k}": float(v) for k, v in counts.items()} | {"facts": float(len(facts))},
+        metrics={f"tasks/{k}": float(v) for k, v in counts.items()}
+        | {"facts": float(len(facts)), "test_frozen": float(frozen)},
         outputs={"task_suites": s.uri(TASKS_PREFIX)},
-        report_md=f"## Task suites {version}\n\n{markdown_table(rows)}",
+        report_md=f"## Task suites {version}\n\ntest set sha256 `{test_sha}`"
+        f"{' (frozen)' if frozen else ' (NOT the frozen tiny test set)'}\n\n{markdown_table(rows)}",
         sample=[t.to_json() for t in sets["heldout"][:: max(1, len(sets["heldout"]) // 8)]],
         data_version=version,
     )
@@ -210,6 +225,7 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
         model=model_cfg,
         train_tasks=str(tasks_dir / "train.jsonl"),
         heldout_tasks=str(tasks_dir / "heldout.jsonl"),
+        test_tasks=str(tasks_dir / "test.jsonl") if (tasks_dir / "test.jsonl").exists() else None,
         facts=str(tasks_dir / "facts.jsonl"),
         config=cfg,
         threads=distributed.threads_per_process or None,
@@ -235,13 +251,17 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
         for k, v in sorted(metrics.items())
         if k.startswith("heldout/pass_at_1/") and (d := k.split("/")[-1])
     ]
+    suites_meta = read_committed(s, TASKS_PREFIX).meta
+    run.set_tags({"crucible.test_sha256": suites_meta.get("test_sha256", ""),
+                  "crucible.test_frozen": suites_meta.get("test_frozen", False)})  # fmt: skip
     history = read_metrics(Path(spec.run_dir))
     plot = plot_history(history, RL_PANELS, Path(spec.run_dir) / "reasoning_rl_curves.png", "Reasoning RL")
     return StageResult(
         metrics=metrics,
         outputs={"checkpoint": _publish_checkpoint(s, "reasoning_rl_checkpoint", hf_dir)},
         report_md="## Reasoning RL: held-out pass_at_1 (greedy, and sampled at the rollout temperature)\n\n"
-        + markdown_table(rows),
+        + markdown_table(rows)
+        + _test_table(metrics, suites_meta),
         artifacts={
             "checkpoint": hf_dir,
             "samples.json": Path(spec.run_dir) / "samples.json",
@@ -249,6 +269,35 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
         },
         data_version=key,
         history=history,
+    )
+
+
+def _test_table(metrics: dict[str, float], suites_meta: dict) -> str:
+    """The test set's scores (taken once, after training), parent (SFT) vs Reasoning RL, paired per task."""
+
+    def gain(key: str, d: str) -> str:
+        return f"{metrics.get(f'test/{key}/{d}', float('nan')):+.3f} +- {metrics.get(f'test/{key}_se/{d}', float('nan')):.3f}"
+
+    rows = [
+        {
+            "domain": d,
+            "SFT": round(metrics.get(f"test/parent/pass_at_1/{d}", float("nan")), 3),
+            "Reasoning RL": round(metrics[k], 3),
+            "gain (paired)": gain("paired_gain", d),
+            "SFT sampled": round(metrics.get(f"test/parent/sampled_pass_at_1/{d}", float("nan")), 3),
+            "RL sampled": round(metrics.get(f"test/sampled_pass_at_1/{d}", float("nan")), 3),
+            "sampled gain (paired)": gain("sampled_paired_gain", d),
+        }
+        for k in sorted(metrics)
+        if k.startswith("test/pass_at_1/") and (d := k.split("/")[-1])
+    ]
+    if not rows:
+        return ""
+    sha = suites_meta.get("test_sha256", "")
+    frozen = "the frozen tiny test set" if suites_meta.get("test_frozen") else "not the frozen tiny test set"
+    return (
+        f"\n\n## Test set (sha256 `{sha[:12]}`, {frozen}), scored once after training\n\n"
+        + markdown_table(rows)
     )
 
 

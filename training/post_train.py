@@ -100,6 +100,9 @@ class RLJobSpec(BaseModel):
     model: ModelConfig
     train_tasks: str = Field(description="JSONL of train tasks")
     heldout_tasks: str = Field(description="JSONL of held-out tasks")
+    test_tasks: str | None = Field(
+        None, description="JSONL of the test tasks, scored once at the end for the policy and its parent"
+    )
     facts: str | None = Field(None, description="JSONL of [term, definition] for the knowledge suite")
     config: ReasoningRLConfig
     threads: int | None = Field(None, description="torch threads in the child (None = torch's default)")
@@ -165,12 +168,30 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
         on_sample=on_sample, checkpoint_dir=checkpoints,
     )  # fmt: skip
     (run_dir / "samples.json").write_text(json.dumps(samples))
+    tested = _score_test(spec, model, tok, registry)
+    log_metrics(tested, spec.config.steps)
     extra = {n: Path(spec.init_from) / n for n in ("tokenizer.json", "tokenizer_config.json")}
     hf = export_hf(model, run_dir / "hf", extra)
     compared = {f"compare/{n}/{k}": v for n in spec.compare for k, v in samples[f"compare/{n}"].items()}
-    result = {"metrics": {**final, **compared}, "hf_dir": str(hf), "step": spec.config.steps}
+    result = {"metrics": {**final, **compared, **tested}, "hf_dir": str(hf), "step": spec.config.steps}
     write_result(run_dir, result)
     return result
+
+
+def _score_test(spec: RLJobSpec, model, tok, registry) -> dict[str, float]:
+    """The test set, once, after training: the policy and its parent (`spec.init_from`)."""
+    from training.model import load_model
+    from training.rl.frozen_test import score_test_set
+    from training.rollout.engine import LocalRolloutEngine, engine_dtype
+    from training.tasks.suites import read_tasks
+
+    if not spec.test_tasks:
+        return {}
+    tasks = read_tasks(Path(spec.test_tasks))
+    dtype = engine_dtype(spec.config.engine_dtype, next(model.parameters()).device)  # as the RL engine's
+    policy = LocalRolloutEngine(model, dtype=dtype, pad_id=tok.pad_token_id)
+    parent = LocalRolloutEngine(load_model(spec.init_from, spec.model), dtype=dtype, pad_id=tok.pad_token_id)
+    return score_test_set(policy, parent, tok, tasks, registry, spec.config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,6 +63,15 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     # the gain over the SFT model is paired per task: the same tasks at step 0 and at the end
     first, last = (next(m.value for m in held if m.step == s) for s in (0, 2))
     assert metrics["heldout/paired_gain/math"] == pytest.approx(last - first)
+    # the test set, scored once after training for the RL policy and its parent (SFT), paired per task; micro's
+    # test set is its own (3 per level), so the run says it is not the frozen tiny one
+    for domain in ("math", "code", "tool"):
+        mine, theirs = metrics[f"test/pass_at_1/{domain}"], metrics[f"test/parent/pass_at_1/{domain}"]
+        assert metrics[f"test/paired_gain/{domain}"] == pytest.approx(mine - theirs)
+    assert "test/pass_at_1/knowledge" not in metrics
+    assert metrics["test/n/math"] == 6 and metrics["test/n/code"] == 3
+    assert len(rl_run.data.tags["crucible.test_sha256"]) == 64
+    assert rl_run.data.tags["crucible.test_frozen"] == "False"
     sampled = tracker.client.get_metric_history(rl_run.info.run_id, "heldout/sampled_pass_at_1/code")
     first, last = (next(m.value for m in sampled if m.step == s) for s in (0, 2))
     assert metrics["heldout/sampled_paired_gain/code"] == pytest.approx(last - first)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from training.model import ModelConfig, build_model
+from training.rl.frozen_test import score_test_set
 from training.rl.reasoning import ReasoningRLConfig, mixed_batches, resume_step, train_reasoning_rl
+from training.rollout.engine import LocalRolloutEngine
 from training.tasks.base import Task, Verdict
 from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 
@@ -68,6 +70,18 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     # same seeds at both evals, paired per task: the gain is the change in sampled pass@1
     assert final["heldout/sampled_paired_gain/color"] == pytest.approx(sampled[1] - sampled[0])
     assert 0 <= final["heldout/sampled_paired_gain_se/color"] < final["heldout/sampled_paired_gain/color"]
+    # the test set, scored once after training, policy vs parent: on the held-out tasks it reproduces the
+    # loop's own greedy eval and paired gain, and pairs the sampled rates the same way
+    parent = LocalRolloutEngine(build_model(cfg, seed=0), dtype=torch.bfloat16, pad_id=1)
+    policy = LocalRolloutEngine(model, dtype=torch.bfloat16, pad_id=1)
+    tested = score_test_set(policy, parent, tok, tasks, {"color": SayBlue()}, config)
+    assert tested["test/pass_at_1/color"] == final["heldout/pass_at_1/color"]
+    assert tested["test/parent/pass_at_1/color"] == step0["heldout/pass_at_1/color"]
+    assert tested["test/paired_gain/color"] == pytest.approx(final["heldout/paired_gain/color"])
+    assert tested["test/sampled_paired_gain/color"] == pytest.approx(
+        tested["test/sampled_pass_at_1/color"] - tested["test/parent/sampled_pass_at_1/color"]
+    )
+    assert tested["test/sampled_paired_gain/color"] > 0.3
     for name, before in indexer_before.items():
         assert torch.equal(dict(model.named_parameters())[name], before), name
     assert not torch.equal(model.get_input_embeddings().weight, emb_before)

@@ -17,6 +17,8 @@ from training.tasks.suites import (
     build_task_sets,
     difficulty_filter,
     eval_subset,
+    frozen_test_sha256,
+    sha256_of_test_set,
     suite_version,
     suites,
 )
@@ -35,6 +37,25 @@ def test_sets_are_deterministic_and_heldout_prompts_never_in_train():
     assert {t.domain for t in a["heldout"]} == {"math", "code", "tool", "knowledge"}
     other = build_task_sets(config.model_copy(update={"seed": 1}), FACTS)
     assert suite_version(other) != suite_version(a)
+
+
+def test_the_tiny_test_set_is_the_frozen_one_and_shares_no_prompt_with_train_or_heldout():
+    sets = build_task_sets(TaskSuitesConfig(), FACTS)
+    test = sets["test"]
+    # a generator change that moves the test set must be a deliberate new frozen_test.json
+    assert sha256_of_test_set(test) == frozen_test_sha256()
+    seen = {t.prompt for t in sets["train"]} | {t.prompt for t in sets["heldout"]}
+    assert not seen & {t.prompt for t in test}
+    assert {t.split for t in test} == {"test"} and len({t.id for t in test}) == len(test)
+    per = Counter((t.domain, t.difficulty) for t in test)
+    assert {d for d, _ in per} == {"math", "code", "tool"}  # knowledge: see TEST_DOMAINS
+    assert all(n == 25 for n in per.values()) and ("math", 1) not in per  # one-digit sums: all 100 taken
+    # train and held-out do not depend on the test set: a checkpoint's suite version stays put
+    without = build_task_sets(TaskSuitesConfig(test_per_level=0), FACTS)
+    assert without["test"] == [] and suite_version(without) == suite_version(sets)
+    assert sha256_of_test_set(build_task_sets(TaskSuitesConfig(test_per_level=24), FACTS)["test"]) != (
+        frozen_test_sha256()
+    )
 
 
 def test_unknown_domain_is_a_config_error():

@@ -7,10 +7,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
-Split = Literal["train", "heldout"]
+Split = Literal["train", "heldout", "test"]
 # Held-out tasks come from their own seed stream and any prompt that also appears in train is dropped from
-# train, so a held-out score never measures memorised prompts.
+# train, so a held-out score never measures memorised prompts. Test tasks (scored once per model version,
+# never used to choose anything) have a third stream; any prompt also in train or held-out is dropped.
 HELDOUT_SEED_OFFSET = 1_000_003
+TEST_SEED_OFFSET = 2_000_029
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def task_id(domain: str, prompt: str) -> str:
 
 
 def split_seed(split: Split, seed: int) -> int:
-    return seed + HELDOUT_SEED_OFFSET if split == "heldout" else seed
+    return seed + {"train": 0, "heldout": HELDOUT_SEED_OFFSET, "test": TEST_SEED_OFFSET}[split]
 
 
 ANSWER_RE = re.compile(r"(?:final answer|answer)\s*[:=]\s*(.+?)\s*(?:$|\n|<\|)", re.IGNORECASE)

@@ -16,6 +16,10 @@ from training.tasks.math import MathSuite
 from training.tasks.tools import ToolSuite
 
 DOMAINS = ("math", "code", "tool", "knowledge")
+# Knowledge has no test split: its held-out questions already name terms no train question names, and a third
+# partition of the facts would take terms out of train (and change every checkpoint trained on it).
+TEST_DOMAINS = ("math", "code", "tool")
+FROZEN_TEST = Path(__file__).with_name("frozen_test.json")
 
 
 class TaskSuitesConfig(BaseModel):
@@ -34,6 +38,12 @@ class TaskSuitesConfig(BaseModel):
     )
     train_per_level: int = Field(200, ge=1, description="Train tasks per domain and level")
     heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per domain and level")
+    test_per_level: int = Field(
+        25,
+        ge=0,
+        description="Test tasks per domain and level (math, code, tool): scored once per model version, never "
+        "used to choose anything; the tiny set's hash is frozen in training/tasks/frozen_test.json",
+    )
     max_facts: int = Field(
         2000, ge=0, description="Dictionary / rescued-knowledge facts used for knowledge tasks"
     )
@@ -46,28 +56,49 @@ def suites(facts: Sequence[tuple[str, str]] = ()) -> dict[str, TaskSuite]:
 def build_task_sets(
     config: TaskSuitesConfig, facts: Sequence[tuple[str, str]] = ()
 ) -> dict[Split, list[Task]]:
-    """Train and held-out tasks of every configured domain and level; no train prompt is a held-out prompt."""
+    """Train, held-out and test tasks of every configured domain and level; no train prompt is a held-out
+    prompt, and no test prompt is a train or held-out one (train and held-out do not depend on the test set)."""
     unknown = sorted(set(config.levels) - set(DOMAINS))
     if unknown:
         raise ValueError(f"task_suites.levels: unknown domain(s) {unknown}; domains are {list(DOMAINS)}")
     registry = suites(facts[: config.max_facts])
-    out: dict[Split, list[Task]] = {"train": [], "heldout": []}
+    out: dict[Split, list[Task]] = {"train": [], "heldout": [], "test": []}
     for domain, levels in config.levels.items():
         for level in levels:
             for split, n in (("train", config.train_per_level), ("heldout", config.heldout_per_level)):
                 out[split] += registry[domain].generate(split, n, config.seed, level)
     heldout_prompts = {t.prompt for t in out["heldout"]}
     out["train"] = [t for t in out["train"] if t.prompt not in heldout_prompts]
+    seen = heldout_prompts | {t.prompt for t in out["train"]}
+    for domain, levels in config.levels.items():
+        for level in levels if domain in TEST_DOMAINS and config.test_per_level else []:
+            # over-generate: small prompt spaces (one-digit sums) collide with train and held-out often
+            fresh = registry[domain].generate("test", 8 * config.test_per_level, config.seed, level)
+            out["test"] += [t for t in fresh if t.prompt not in seen][: config.test_per_level]
     return out
 
 
 def suite_version(tasks: dict[Split, list[Task]]) -> str:
-    """Content hash of both splits (what a checkpoint's lineage names)."""
+    """Content hash of the train and held-out splits (what a checkpoint's lineage names); the test split has
+    its own, `sha256_of_test_set`."""
     h = hashlib.sha256()
     for split in ("train", "heldout"):
         for t in tasks[split]:
             h.update(f"{split}\t{t.id}\t{t.answer}\n".encode())
     return h.hexdigest()[:16]
+
+
+def sha256_of_test_set(tasks: Sequence[Task]) -> str:
+    """Content hash of a test set: every task's id, reference answer and verifier data, in order."""
+    h = hashlib.sha256()
+    for t in tasks:
+        h.update(json.dumps([t.id, t.answer, t.meta], sort_keys=True).encode() + b"\n")
+    return h.hexdigest()
+
+
+def frozen_test_sha256() -> str:
+    """The committed hash of the tiny profile's test set (`TaskSuitesConfig()`'s)."""
+    return json.loads(FROZEN_TEST.read_text())["sha256"]
 
 
 def verify(task: Task, response: str, registry: dict[str, TaskSuite]) -> Verdict:

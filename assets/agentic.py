@@ -97,6 +97,9 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
             "parent (reasoning_rl_distilled)": f"{metrics[f'parent/success/{d}']:.3f} ± {metrics[f'parent/success_se/{d}']:.3f}",
             "agentic RL": f"{metrics[f'heldout/success/{d}']:.3f} ± {metrics[f'heldout/success_se/{d}']:.3f}",
             "n": int(metrics[f"heldout/n/{d}"]),
+            "gain (paired)": f"{metrics.get(f'heldout/paired_gain/{d}', float('nan')):+.3f} ± "
+            f"{metrics.get(f'heldout/paired_gain_se/{d}', float('nan')):.3f}",
+            "fixed / broken": f"{metrics.get(f'heldout/fixed/{d}', 0):.0f} / {metrics.get(f'heldout/broken/{d}', 0):.0f}",
         }
         for d in sorted(k.split("/")[-1] for k in metrics if k.startswith("heldout/success/"))
     ]

@@ -261,3 +261,31 @@ def test_later_turns_reach_their_rollouts_replica_only_with_affinity_routing(set
     rate = stats["same_replica_turns"] / stats["later_turns"]
     # round-robin over 5 rollouts and 2 replicas moves every second turn to the other replica
     assert rate == (1.0 if router == "affinity" else 0.0), rate
+
+
+def test_the_difficulty_filter_keeps_tasks_solved_sometimes_and_leaves_out_families_never_or_always_solved(
+    setup,
+):
+    from training.agentic.job import _filtered
+
+    tok, _, cfg, _ = setup
+    model = build_model(cfg, seed=0)
+    envs = color_environments() | {
+        "never": color_environments(target="@@never@@")["color"],
+        "always": color_environments(target="")["color"],  # "" is in every answer
+    }
+    tasks = [Task(f"{d}{i}", d, f"pick a color {i}", "", 1, "train") for d in envs for i in range(8)]
+    config = AgenticRLConfig(
+        max_new_tokens=4, max_turns=1, filter_samples=4, filter_tasks_per_domain=6, min_domain_prompts=2,
+        task_ratios={"color": 1.0, "never": 1.0, "always": 1.0},
+    )  # fmt: skip
+    logged: list[dict] = []
+    kept = _filtered(model, tok, tasks, envs, config, lambda m, s: logged.append(m))
+    (metrics,) = logged
+    assert metrics["filter/pool"] == 18  # 6 of each family's 8
+    assert metrics["filter/never_solved"] >= 6 and metrics["filter/always_solved"] >= 6
+    assert metrics["filter/kept/never"] == metrics["filter/kept/always"] == 0
+    # an untrained model puts an "e" in about half its answers: most color tasks are solved sometimes
+    assert metrics["filter/kept/color"] >= 3 and {t.domain for t in kept} == {"color"}
+    assert len(kept) == metrics["filter/kept"] == metrics["filter/kept/color"]
+    assert _filtered(model, tok, tasks, envs, config.model_copy(update={"filter_samples": 0}), print) == tasks

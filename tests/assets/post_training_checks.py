@@ -101,6 +101,11 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
         for who in ("parent/success/", "heldout/success/"):
             assert 0.0 <= am[f"{who}{d}"] <= 1.0
         assert am[f"heldout/n/{d}"] + am[f"heldout/env_failures/{d}"] == 2
+        # the gain over the parent, paired per task over the 2 held-out tasks (none failed in micro's envs)
+        assert am[f"heldout/env_failures/{d}"] == am[f"parent/env_failures/{d}"] == 0
+        gain = am[f"heldout/success/{d}"] - am[f"parent/success/{d}"]
+        assert am[f"heldout/paired_gain/{d}"] == pytest.approx(gain)
+        assert am[f"heldout/fixed/{d}"] - am[f"heldout/broken/{d}"] == pytest.approx(gain * 2)
         assert am[f"services/{d}/started"] >= 1
     assert am["policy_version"] == 2  # micro: 2 steps, a push after each
     assert am["buffer/received"] >= 8

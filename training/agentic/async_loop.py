@@ -87,6 +87,13 @@ class AgenticRLConfig(BaseModel):
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
     eval_tasks_per_domain: int = Field(150, ge=1, description="Held-out tasks scored per family")
+    filter_samples: int = Field(
+        4, ge=0, description="Difficulty filter: rollouts per train task before RL (0 = off)"
+    )
+    filter_tasks_per_domain: int = Field(64, ge=1, description="Train tasks per family the filter scores")
+    min_domain_prompts: int = Field(
+        8, ge=1, description="A family the filter keeps fewer tasks of is left out of training"
+    )
     seed: int = Field(0, description="Seed of task order and sampling")
 
 
@@ -459,18 +466,58 @@ def heldout_success(
     model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
     cfg: AgenticRLConfig, pad_id: int,
 ) -> dict[str, float]:  # fmt: skip
-    """Greedy held-out success per family with its standard error: `success/<d>`, `success_se/<d>`, `n/<d>`;
-    environment failures are counted (`env_failures/<d>`) and left out of the rate."""
-    engine = LocalRolloutEngine(model, dtype=torch.float32, pad_id=pad_id)
+    """Greedy held-out success per family with its standard error (see `success_of`)."""
+    return success_of(greedy_trajectories(model, tokenizer, tasks, environments, cfg, pad_id))
+
+
+def greedy_trajectories(
+    model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
+    cfg: AgenticRLConfig, pad_id: int,
+) -> list[Trajectory]:  # fmt: skip
+    """One greedy rollout per task (fp32 engine, in-process environments)."""
     params = SamplingParams(cfg.max_new_tokens, temperature=0.0, seed=cfg.seed)
+    return _rollouts(model, tokenizer, tasks, environments, cfg, pad_id, torch.float32, params, 1, "heldout")
+
+
+def _rollouts(
+    model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
+    cfg: AgenticRLConfig, pad_id: int, dtype: torch.dtype, params: SamplingParams, group: int, prefix: str,
+) -> list[Trajectory]:  # fmt: skip
+    engine = LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
     driver = RolloutDriver(
         lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, environments, params, cfg.max_turns,
         env_threads=cfg.env_threads,
     )  # fmt: skip
     try:
-        trajs = driver.run(list(tasks), 1, "heldout")
+        return driver.run(list(tasks), group, prefix)
     finally:
         driver.close()
+
+
+def sampled_pass_rates(
+    model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
+    cfg: AgenticRLConfig, pad_id: int, samples: int,
+) -> dict[str, float]:  # fmt: skip
+    """Each task's pass rate over `samples` rollouts at the rollout temperature and precision; environment
+    failures are left out (a task with only failures has no rate)."""
+    dtype = engine_dtype(cfg.engine_dtype, next(model.parameters()).device)
+    params = SamplingParams(cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed + 7)
+    trajs = _rollouts(model, tokenizer, tasks, environments, cfg, pad_id, dtype, params, samples, "filter")
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        if t.status != "env_failure":
+            rewards[t.prompt_id].append(t.reward)
+    return {k: sum(v) / len(v) for k, v in rewards.items()}
+
+
+def rewards_by_task(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Each task's reward, environment failures left out (they say nothing about the policy)."""
+    return {t.prompt_id: t.reward for t in trajs if t.status != "env_failure"}
+
+
+def success_of(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Success per family with its standard error: `success/<d>`, `success_se/<d>`, `n/<d>`; environment
+    failures are counted (`env_failures/<d>`) and left out of the rate."""
     out: dict[str, float] = {}
     by_domain: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:

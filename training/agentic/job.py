@@ -68,7 +68,13 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     import torch
 
     from infra.agentic_services import agentic_services
-    from training.agentic.async_loop import WorkerSpec, heldout_success, train_agentic_rl
+    from training.agentic.async_loop import (
+        WorkerSpec,
+        greedy_trajectories,
+        rewards_by_task,
+        success_of,
+        train_agentic_rl,
+    )
     from training.agentic.families import (
         agentic_suites,
         read_agentic_facts,
@@ -77,6 +83,7 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     )
     from training.checkpoint import export_hf
     from training.model import load_model
+    from training.rl.reasoning import paired_gain
     from training.tokenizer import load_tokenizer
 
     run_dir, cfg = Path(spec.run_dir), spec.config
@@ -91,10 +98,12 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     scored = heldout_subset(sets["heldout"], cfg.eval_tasks_per_domain)
     seen_in_sft = {t.id for t in read_agentic_sft_tasks(tasks_dir)}  # RL trains on the rest
     train = [t for t in sets["train"] if t.id not in seen_in_sft]
-    domains = sorted({t.domain for t in train} & {d for d, r in cfg.task_ratios.items() if r > 0})
     log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=0)  # a rerun starts over
+    train = _filtered(model, tok, train, local_envs, cfg, log_metrics)
+    domains = sorted({t.domain for t in train} & {d for d, r in cfg.task_ratios.items() if r > 0})
 
-    parent = heldout_success(model, tok, scored, local_envs, cfg, tok.pad_token_id)
+    parent_trajs = greedy_trajectories(model, tok, scored, local_envs, cfg, tok.pad_token_id)
+    parent = success_of(parent_trajs)
     log_metrics({f"parent/{k}": v for k, v in parent.items()}, 0)
     log.info("agentic RL: parent held-out %s", {k: round(v, 3) for k, v in parent.items() if "success/" in k})
     samples: dict[str, Any] = {}
@@ -124,7 +133,10 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
         for k in ("started", "finished", "env_failures", "throughput"):
             service_metrics[f"services/{d}/{k}"] = float(row[k])
     versions = sorted({(s["domain"], s["version"]) for s in stats["services"]})
-    after = heldout_success(model, tok, scored, local_envs, cfg, tok.pad_token_id)
+    after_trajs = greedy_trajectories(model, tok, scored, local_envs, cfg, tok.pad_token_id)
+    after = success_of(after_trajs)
+    # paired per task with the parent: tasks both solve or both fail add no noise to the gain
+    after |= paired_gain(rewards_by_task(parent_trajs), rewards_by_task(after_trajs), scored)
     heldout = {f"heldout/{k}": v for k, v in after.items()}
     log_metrics({**heldout, **service_metrics}, cfg.steps)
     (run_dir / "samples.json").write_text(json.dumps(samples))
@@ -138,6 +150,24 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     }
     write_result(run_dir, result)
     return result
+
+
+def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
+    """The difficulty filter (as Reasoning RL's): the train tasks the parent solves sometimes, from a seeded
+    sample of `filter_tasks_per_domain` per family; a family never (or always) solved is left out."""
+    from training.agentic.async_loop import sampled_pass_rates
+    from training.rl.reasoning import keep_sometimes_solved, per_domain
+
+    wanted = {d for d, r in cfg.task_ratios.items() if r > 0}
+    if not cfg.filter_samples:
+        return train
+    pool = per_domain([t for t in train if t.domain in wanted], cfg.filter_tasks_per_domain, cfg.seed)
+    log.info("agentic RL: difficulty filter over %d train tasks x %d rollouts", len(pool), cfg.filter_samples)
+    rates = sampled_pass_rates(model, tok, pool, envs, cfg, tok.pad_token_id, cfg.filter_samples)
+    kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, "agentic_rl")
+    log_metrics(metrics, 0)
+    log.info("agentic RL: difficulty filter kept %s", {k: v for k, v in metrics.items() if "kept/" in k})
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:

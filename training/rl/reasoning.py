@@ -352,29 +352,42 @@ def _filtered_train(
     has any is the whole pool kept, with a warning that this run cannot learn from it."""
     if not cfg.filter_samples:
         return train
-    pool = _per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
+    pool = per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
     rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
-    kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
-    log_metrics(_filter_metrics(pool, rates, kept), 0)
-    counts = Counter(t.domain for t in kept)
-    few = sorted(d for d, n in counts.items() if n < cfg.min_domain_prompts)
-    if few and len(few) < len(counts):
-        log.warning("difficulty filter: fewer than %d prompts kept for %s (%s); left out of training "
-                    "(reasoning_rl.min_domain_prompts)", cfg.min_domain_prompts, ", ".join(few),
-                    ", ".join(f"{d}: {counts[d]}" for d in few))  # fmt: skip
-        kept = [t for t in kept if t.domain not in few]
-    left_out = sorted({t.domain for t in pool} - {t.domain for t in kept} - set(few))
-    if not kept:
-        log.warning("difficulty filter: no prompt is solved sometimes by the starting policy; training on the "
-                    "whole pool, where every group has zero advantage (check the SFT checkpoint)")  # fmt: skip
-        return pool
-    if left_out:
-        log.warning("difficulty filter: no %s prompt is solved sometimes by the starting policy (%d samples "
-                    "each); left out of training", ", ".join(left_out), cfg.filter_samples)  # fmt: skip
+    kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, "reasoning_rl")
+    log_metrics(metrics, 0)
     return kept
 
 
-def _per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:
+def keep_sometimes_solved(
+    pool: list[Task], rates: dict[str, float], min_per_domain: int, stage: str
+) -> tuple[list[Task], dict[str, float]]:
+    """The difficulty filter's rule, for every RL stage: keep the tasks whose sampled pass rate is in (0, 1) and
+    leave out a domain with fewer than `min_per_domain` of them (every batch gives each domain the same share,
+    so a handful would be memorised). Only if nothing is left is the whole pool kept, with a warning that the
+    run cannot learn from it. Returns the kept tasks and the filter's metrics (`filter/...`)."""
+    kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]
+    metrics = _filter_metrics(pool, rates, kept)
+    counts = Counter(t.domain for t in kept)
+    few = sorted(d for d, n in counts.items() if n < min_per_domain)
+    if few and len(few) < len(counts):
+        log.warning("difficulty filter: fewer than %d tasks kept for %s (%s); left out of training "
+                    "(%s.min_domain_prompts)", min_per_domain, ", ".join(few),
+                    ", ".join(f"{d}: {counts[d]}" for d in few), stage)  # fmt: skip
+        kept = [t for t in kept if t.domain not in few]
+    left_out = sorted({t.domain for t in pool} - {t.domain for t in kept} - set(few))
+    if not kept:
+        log.warning("difficulty filter: no task is solved sometimes by the starting policy; training on the "
+                    "whole pool, where every group has zero advantage (check the parent checkpoint)")  # fmt: skip
+        return pool, metrics
+    if left_out:
+        log.warning("difficulty filter: no %s task is solved sometimes by the starting policy; left out of "
+                    "training", ", ".join(left_out))  # fmt: skip
+    return kept, metrics
+
+
+def per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:
+    """Up to `n` tasks of each domain, a seeded sample (the difficulty filter's pool)."""
     rng = random.Random(seed)
     by: dict[str, list[Task]] = defaultdict(list)
     for t in tasks:

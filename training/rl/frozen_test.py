@@ -18,14 +18,16 @@ from training.rl.reasoning import (
 from training.rollout.engine import RolloutEngine
 from training.tasks.base import Task, TaskSuite
 
-TEST_SEED_OFFSET = 13  # sampling seeds of test scoring, apart from the filter's (7) and held-out evals' (11)
+TEST_SAMPLING_SEED_OFFSET = (
+    13  # sampling seeds of test scoring, apart from the filter's (7) and held-out evals' (11)
+)
 
 
 def _scores(engine: RolloutEngine, tok: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig, who: str):
     rewards = greedy_rewards(engine, tok, tasks, suites, cfg.max_new_tokens, cfg.max_turns)
     rates = (
         sampled_pass_rates(
-            engine, tok, tasks, suites, cfg, cfg.eval_samples, TEST_SEED_OFFSET, f"test set, {who}"
+            engine, tok, tasks, suites, cfg, cfg.eval_samples, TEST_SAMPLING_SEED_OFFSET, f"test set, {who}"
         )
         if cfg.eval_samples
         else {}

@@ -158,9 +158,9 @@ def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     from training.agentic.async_loop import sampled_pass_rates
     from training.rl.reasoning import keep_sometimes_solved, per_domain
 
-    wanted = {d for d, r in cfg.task_ratios.items() if r > 0}
     if not cfg.filter_samples:
         return train
+    wanted = {d for d, r in cfg.task_ratios.items() if r > 0}
     pool = per_domain([t for t in train if t.domain in wanted], cfg.filter_tasks_per_domain, cfg.seed)
     log.info("agentic RL: difficulty filter over %d train tasks x %d rollouts", len(pool), cfg.filter_samples)
     rates = sampled_pass_rates(model, tok, pool, envs, cfg, tok.pad_token_id, cfg.filter_samples)

@@ -4,6 +4,7 @@ one teach it on prompts from their own training sets. `reasoning_rl_distilled` a
 are what the next RL stage starts from; `distilled_checkpoint` (after General RL) is the chain's last. Each
 checkpoint's lineage names its parent and every teacher."""
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from training.curves import plot_history
 from training.job import job_key, read_metrics, tree_digest
 from training.rl import distill
 from training.rl import distill_job as distill_job_module
-from training.rl.distill import DistillConfig
+from training.rl.distill import DistillConfig, latest_owner
 from training.tasks.suites import read_tasks, write_tasks
 
 PROFILE = load_profile()
@@ -79,7 +80,9 @@ def _checkpoint(s: ObjectStore, stage: str) -> Path | None:
 
 
 def _prompt_sets(s: ObjectStore, teachers: list[str], out: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """Each teacher's own training prompts (train.jsonl) and held-out prompts, written under `out`."""
+    """Each teacher's own training prompts (train.jsonl; a prompt several teachers trained on goes to the
+    latest of them, `distill.latest_owner`) and held-out prompts, written under `out`. A teacher left with no
+    prompt of its own is left out."""
     tasks_dir, agentic_dir = (
         _local(s, TASKS_PREFIX, "task_suites"),
         _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks"),
@@ -97,9 +100,10 @@ def _prompt_sets(s: ObjectStore, teachers: list[str], out: Path) -> tuple[dict[s
     if "general_rl" in teachers:
         general = _local(s, GENERAL_PROMPTS_PREFIX, "general_prompts")
         sets["general_rl"] = (read_tasks(general / "train.jsonl"), read_tasks(general / "heldout.jsonl"))
+    owned = latest_owner({name: sets[name][0] for name in teachers})
     train, heldout = {}, {}
-    for name in teachers:
-        train[name] = str(write_tasks(sets[name][0], out / name / "train.jsonl"))
+    for name in owned:
+        train[name] = str(write_tasks(owned[name], out / name / "train.jsonl"))
         heldout[name] = str(write_tasks(sets[name][1], out / name / "heldout.jsonl"))
     return train, heldout
 
@@ -120,7 +124,16 @@ def _distill(d: Distillation, launch: PipesLaunch, cfg: DistillConfig, s, run) -
     unknown = sorted(set(cfg.proportions) - set(teachers))
     proportions = {k: v for k, v in cfg.proportions.items() if k in teachers}
     cfg = cfg.model_copy(update={"proportions": proportions})
-    train, heldout = _prompt_sets(s, list(teachers), _work(d.asset) / "prompts")
+    prompts_dir = _work(d.asset) / "prompts"
+    shutil.rmtree(prompts_dir, ignore_errors=True)  # a teacher left out now must not leave its old file
+    train, heldout = _prompt_sets(s, list(teachers), prompts_dir)
+    idle = sorted(set(teachers) - set(train))
+    teachers = {name: path for name, path in teachers.items() if name in train}
+    if set(cfg.proportions) & set(idle):
+        raise ValueError(
+            f"distill.proportions gives a share to {sorted(set(cfg.proportions) & set(idle))}, which trained on "
+            "no prompt a later teacher did not also train on; drop them from proportions"
+        )
     tasks_dir = _local(s, TASKS_PREFIX, "task_suites")
     # every prompt set the job reads (General RL's when it teaches) decides the run dir with the checkpoints
     prompt_sets = [
@@ -130,7 +143,12 @@ def _distill(d: Distillation, launch: PipesLaunch, cfg: DistillConfig, s, run) -
     ]
     versions = [read_committed(s, p).version for p in prompt_sets]
     model_cfg, distributed = _model_cfg(parent)
-    key = job_key(cfg.model_dump(mode="json"), *[tree_digest(p) for p in teachers.values()], *versions)
+    key = job_key(
+        cfg.model_dump(mode="json"),
+        *[tree_digest(p) for p in teachers.values()],
+        *versions,
+        tree_digest(prompts_dir),  # which teacher teaches which prompt
+    )
     spec = distill_job_module.DistillJobSpec(
         run_dir=str(PROFILE.state_path / "runs" / d.asset / key),
         init_from=str(parent),
@@ -169,6 +187,8 @@ def _distill(d: Distillation, launch: PipesLaunch, cfg: DistillConfig, s, run) -
     plot = plot_history(history, DISTILL_PANELS, run_dir / "distill_curves.png", title)
     run.set_tags({"crucible.distill_parent": parent_stage, "crucible.distill_teachers": ",".join(teachers)})
     note = f"\n\nproportions ignored (no such teacher): {unknown}" if unknown else ""
+    if idle:
+        note += f"\n\nno prompts of their own (a later teacher trained on all of theirs): {', '.join(idle)}"
     return StageResult(
         metrics=metrics,
         outputs={"checkpoint": _publish_checkpoint(s, d.asset, hf_dir)},

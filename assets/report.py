@@ -24,6 +24,7 @@ from training.report import (
     GeneralScorer,
     ReportConfig,
     build_heldout_sets,
+    clear_recoveries,
     post_training_report,
     recovery_rows,
 )
@@ -99,14 +100,12 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         row
         for d in DISTILLATIONS
         if d.name in checkpoints and d.parent in checkpoints
-        for row in recovery_rows(result.scores, d.parent, d.name, [t for t in d.teachers if t != d.parent])
+        for row in recovery_rows(
+            result.scores, d.parent, d.name, [t for t in d.teachers if t != d.parent], result.items
+        )
     ]
     if recovery:
-        md += (
-            "\n\n### Each distillation against the same RL checkpoint without it (drop = the best earlier "
-            "teacher minus the RL checkpoint; recovered = distilled minus the RL checkpoint)\n\n"
-            + markdown_table(recovery)
-        )
+        md += _recovery_md(recovery)
     counts = {
         "texts": sum(len(r) for r in sets.text_rows.values()), "passkey": len(sets.passkey),
         "reasoning": len(sets.reasoning), "agentic": len(sets.agentic),
@@ -116,11 +115,34 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         md += "\n\nno committed General RL prompts / outcome reward model: general-reward components left out"
     if text is None:
         md += f"\n\nno committed token shards ({SHARDS_PREFIX}): perplexity and passkey left out"
+    items = out / "report_items.json"  # every checkpoint's per-item values: the paired SEs can be redone
+    items.write_text(json.dumps(result.items, sort_keys=True))
     return StageResult(
         metrics=result.flat_metrics(),
         report_md=md,
-        artifacts={"plots/post_training_report.png": result.plot},
+        artifacts={"plots/post_training_report.png": result.plot, "report_items.json": items},
         data_version=",".join(p.name for p in checkpoints.values()),
+    )
+
+
+def _recovery_md(rows: list[dict]) -> str:
+    clear = clear_recoveries(rows)
+    headline = (
+        "Drops larger than twice their paired SE that distillation recovered (within the teacher's SE or at "
+        "least half the drop): "
+        + (
+            "; ".join(
+                f"{r['metric']} after {r['RL stage']}: drop {r['drop']} ± {r['drop SE (paired)']}, "
+                f"recovered {r['recovered']} ± {r['recovered SE (paired)']} by {r['distilled']}"
+                for r in clear
+            )
+            or "none"
+        )
+    )
+    return (
+        "\n\n### Each distillation against the same RL checkpoint without it (drop = the best earlier "
+        "teacher minus the RL checkpoint; recovered = distilled minus the RL checkpoint; paired SEs over the "
+        "same held-out items)\n\n" + headline + "\n\n" + markdown_table(rows)
     )
 
 

@@ -151,12 +151,19 @@ def model_choice_scorer(model: torch.nn.Module, batch_size: int = 4) -> ChoiceSc
     return score
 
 
+def passkey_hits(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> list[bool]:
+    """Whether the scorer ranks each item's true key first."""
+    return [
+        int(np.argmax(scorer(item.prompt, item.choices))) == item.answer
+        for item in tqdm(items, desc="passkey", leave=False)
+    ]
+
+
 def passkey_accuracy(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> dict[str, float]:
     """Multiple-choice accuracy overall, per length and per (length, depth)."""
     hits: dict[tuple[int, float], list[bool]] = {}
-    for item in tqdm(items, desc="passkey", leave=False):
-        scores = scorer(item.prompt, item.choices)
-        hits.setdefault((item.length, item.depth), []).append(int(np.argmax(scores)) == item.answer)
+    for item, hit in zip(items, passkey_hits(scorer, items), strict=True):
+        hits.setdefault((item.length, item.depth), []).append(hit)
     metrics: dict[str, float] = {}
     for length in sorted({k[0] for k in hits}):
         cells = {d: h for (n, d), h in hits.items() if n == length}

@@ -31,7 +31,8 @@ from training.tasks.base import Task
 
 log = logging.getLogger(__name__)
 Score = tuple[float, float]  # (value, standard error)
-GeneralScorer = Callable[[torch.nn.Module, Any], Mapping[str, Score]]
+Items = dict[str, float]  # item id -> that item's value (0/1, a reward, a row's mean NLL)
+GeneralScorer = Callable[[torch.nn.Module, Any], Mapping[str, Mapping[str, float]]]  # component -> Items
 HIGHER_IS_BETTER = ("passkey/", "pass_at_1/", "success/", "general/")  # ppl/ is lower-is-better
 
 
@@ -77,10 +78,17 @@ class HeldoutSets:
 
 
 @dataclass
+class CheckpointScores:
+    scores: dict[str, Score] = field(default_factory=dict)  # metric -> (value, se)
+    items: dict[str, Items] = field(default_factory=dict)  # metric -> its per-item values (for paired SEs)
+
+
+@dataclass
 class Report:
     scores: dict[str, dict[str, Score]]  # checkpoint -> metric -> (value, se), checkpoints in chain order
     markdown: str
     plot: Path | None = None
+    items: dict[str, dict[str, Items]] = field(default_factory=dict)  # checkpoint -> metric -> Items
 
     def flat_metrics(self) -> dict[str, float]:
         """`<checkpoint>/<metric>` and `<checkpoint>/<metric>_se` for MLflow / Dagster metadata."""
@@ -128,17 +136,32 @@ def build_heldout_sets(
 
 
 @torch.no_grad()
-def perplexity_with_se(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> Score:
-    """exp(mean token NLL) over `rows` [N, T] (equal-length rows) and its delta-method SE over rows."""
+def row_nlls(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> list[float]:
+    """Each row's mean token NLL (rows [N, T] of equal length)."""
     per_row = []
     for i in range(0, len(rows), batch_size):
         batch = rows[i : i + batch_size]
         logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()
         nll = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")
         per_row += nll.mean(1).tolist()
+    return per_row
+
+
+def perplexity_of(per_row: Sequence[float]) -> Score:
+    """exp(mean row NLL) and its delta-method SE over rows."""
     mean = float(np.mean(per_row))
     se = float(np.std(per_row, ddof=1) / math.sqrt(len(per_row))) if len(per_row) > 1 else 0.0
     return math.exp(mean), math.exp(mean) * se
+
+
+def perplexity_with_se(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> Score:
+    return perplexity_of(row_nlls(model, rows, batch_size))
+
+
+def mean_with_se(items: Mapping[str, float]) -> Score:
+    """Mean over items and its standard error (sample variance)."""
+    v = np.array(list(items.values()), dtype=float)
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else 0.0
 
 
 def score_checkpoint(
@@ -147,40 +170,52 @@ def score_checkpoint(
     sets: HeldoutSets,
     cfg: ReportConfig,
     score_general: GeneralScorer | None = None,
-) -> dict[str, Score]:
-    """Every metric of the table for one model (left in eval mode)."""
+) -> CheckpointScores:
+    """Every metric of the table for one model (left in eval mode), with each metric's per-item values."""
     from training.dsa_indexer import set_dsa_mode
-    from training.evals import model_choice_scorer, passkey_accuracy
-    from training.rl.reasoning import pass_at_1
+    from training.evals import model_choice_scorer, passkey_hits
+    from training.rl.reasoning import greedy_rewards, pass_at_1_of
     from training.rollout.engine import LocalRolloutEngine
     from training.tasks.suites import suites
 
     model.eval()
     set_dsa_mode(model, "sparse_gather")  # native's top-k attention, computed faster on CPU (training.evals)
-    out: dict[str, Score] = {}
+    out = CheckpointScores()
     for source, rows in sorted(sets.text_rows.items()):
-        out[f"ppl/{source}"] = perplexity_with_se(model, rows, cfg.batch_size)
+        nlls = row_nlls(model, rows, cfg.batch_size)
+        out.scores[f"ppl/{source}"] = perplexity_of(nlls)
+        out.items[f"ppl/{source}"] = {str(i): x for i, x in enumerate(nlls)}
     if sets.passkey:
-        acc = passkey_accuracy(model_choice_scorer(model, cfg.batch_size), sets.passkey)
+        hits = passkey_hits(model_choice_scorer(model, cfg.batch_size), sets.passkey)
         n = max(item.length for item in sets.passkey)
-        out[f"passkey/{n}"] = (acc[f"passkey/acc/{n}"], acc[f"passkey/se/{n}"])
+        p = float(np.mean(hits))
+        out.scores[f"passkey/{n}"] = (p, math.sqrt(p * (1 - p) / len(hits)))  # binomial
+        out.items[f"passkey/{n}"] = {str(i): float(h) for i, h in enumerate(hits)}
     pad = tokenizer.pad_token_id
     if sets.reasoning:
         engine = LocalRolloutEngine(model, dtype=torch.float32, pad_id=pad)
         verifiers = sets.verifiers if sets.verifiers is not None else suites(sets.facts)
-        scores = pass_at_1(engine, tokenizer, sets.reasoning, verifiers, cfg.max_new_tokens, cfg.max_turns)
+        rewards = greedy_rewards(
+            engine, tokenizer, sets.reasoning, verifiers, cfg.max_new_tokens, cfg.max_turns
+        )
+        scores = pass_at_1_of(rewards, sets.reasoning)
         for domain in sorted({t.domain for t in sets.reasoning}):
-            out[f"pass_at_1/{domain}"] = (scores[f"pass_at_1/{domain}"], scores[f"pass_at_1_se/{domain}"])
+            key = f"pass_at_1/{domain}"
+            out.scores[key] = (scores[key], scores[f"pass_at_1_se/{domain}"])
+            out.items[key] = {t.id: rewards[t.id] for t in sets.reasoning if t.domain == domain}
     if sets.agentic:
-        out.update(_agentic_success(model, tokenizer, sets, cfg, pad))
+        _agentic_success(model, tokenizer, sets, cfg, pad, out)
     if score_general is not None:
-        for name, (value, se) in score_general(model, tokenizer).items():
-            out[f"general/{name}"] = (float(value), float(se))
+        for name, items in score_general(model, tokenizer).items():
+            out.scores[f"general/{name}"] = mean_with_se(items)
+            out.items[f"general/{name}"] = dict(items)
     return out
 
 
-def _agentic_success(model, tokenizer, sets: HeldoutSets, cfg: ReportConfig, pad: int) -> dict[str, Score]:
-    from training.agentic.async_loop import AgenticRLConfig, heldout_success
+def _agentic_success(
+    model, tokenizer, sets: HeldoutSets, cfg: ReportConfig, pad: int, out: CheckpointScores
+) -> None:
+    from training.agentic.async_loop import AgenticRLConfig, greedy_trajectories, rewards_by_task, success_of
     from training.agentic.families import agentic_suites
 
     envs = agentic_suites(sets.agentic_facts)
@@ -190,11 +225,25 @@ def _agentic_success(model, tokenizer, sets: HeldoutSets, cfg: ReportConfig, pad
         seed=cfg.seed,
         env_threads=4,
     )
-    scores = heldout_success(model, tokenizer, sets.agentic, envs, settings, pad)
-    return {
-        f"success/{d}": (scores[f"success/{d}"], scores[f"success_se/{d}"])
-        for d in sorted({t.domain for t in sets.agentic})
-    }
+    trajs = greedy_trajectories(model, tokenizer, sets.agentic, envs, settings, pad)
+    scores, rewards = success_of(trajs), rewards_by_task(trajs)
+    for d in sorted({t.domain for t in sets.agentic}):
+        out.scores[f"success/{d}"] = (scores[f"success/{d}"], scores[f"success_se/{d}"])
+        out.items[f"success/{d}"] = {
+            t.id: rewards[t.id] for t in sets.agentic if t.domain == d and t.id in rewards
+        }
+
+
+def paired_difference_se(metric: str, a: Score, a_items: Items, b: Score, b_items: Items) -> float | None:
+    """The standard error of a - b over the items both were scored on (paired: an item both get right or
+    both get wrong adds no noise). Perplexity by the delta method (d ppl = ppl · d mean NLL). None with
+    fewer than two shared items."""
+    shared = sorted(set(a_items) & set(b_items))
+    if len(shared) < 2:
+        return None
+    ga, gb = (a[0], b[0]) if metric.startswith("ppl/") else (1.0, 1.0)
+    d = np.array([ga * a_items[i] - gb * b_items[i] for i in shared])
+    return float(d.std(ddof=1) / math.sqrt(len(d)))
 
 
 def score_checkpoints(
@@ -203,9 +252,9 @@ def score_checkpoints(
     cfg: ReportConfig,
     score_general: GeneralScorer | None = None,
     tokenizer: Any = None,
-) -> dict[str, dict[str, Score]]:
-    """name -> HF dir (chain order kept) -> name -> metric -> (value, se). The tokenizer defaults to the
-    first checkpoint's (every stage of one chain shares it)."""
+) -> dict[str, CheckpointScores]:
+    """name -> HF dir (chain order kept) -> name -> its scores and per-item values. The tokenizer defaults to
+    the first checkpoint's (every stage of one chain shares it)."""
     from training.model import load_model
     from training.tokenizer import load_tokenizer
 
@@ -251,13 +300,15 @@ def recovery_rows(
     parent: str,
     distilled: str,
     teachers: Sequence[str] | None = None,
+    items: Mapping[str, Mapping[str, Items]] | None = None,
 ) -> list[dict[str, Any]]:
     """One distillation, per metric: its best teacher on that metric (of `teachers`; default every checkpoint
     before `parent`), the RL checkpoint `parent` it started from (without distillation) and `distilled` (the
     same parent with distillation); how much `parent` lost against that teacher (`drop`) and how much of it
     `distilled` won back (`recovered`); `within_se` when distilled is within the two SEs
-    (sqrt(se_teacher² + se_distilled²)) of the teacher. Signs are "better is positive" (perplexity flipped).
-    A metric no teacher has is left out."""
+    (sqrt(se_teacher² + se_distilled²)) of the teacher. With per-item values (`items`), the drop's and the
+    recovery's paired SEs over the shared items, and `clear drop` when the drop exceeds twice its SE. Signs
+    are "better is positive" (perplexity flipped). A metric no teacher has is left out."""
     names = list(scores)
     if parent not in scores or distilled not in scores:
         raise ValueError(
@@ -273,15 +324,40 @@ def recovery_rows(
         best = max(have, key=lambda n: sign * scores[n][metric][0])
         (b, b_se), (p, _), (d, d_se) = scores[best][metric], scores[parent][metric], scores[distilled][metric]
         drop, gain = sign * (b - p), sign * (d - p)
-        rows.append({
+        row = {
             "distilled": distilled, "metric": metric, "teacher": best, "teacher score": _cell(scores[best][metric]),
             "RL stage": parent, "without distillation": _cell(scores[parent][metric]),
             "with distillation": _cell(scores[distilled][metric]),
             "drop": round(drop, 4), "recovered": round(gain, 4),
             "recovered share": round(gain / drop, 2) if drop > 0 else "—",
             "within_se": abs(d - b) <= math.hypot(b_se, d_se),
-        })  # fmt: skip
+        }  # fmt: skip
+        if items is not None:
+            drop_se, gain_se = (
+                _paired_se(metric, scores, items, best, parent),
+                _paired_se(metric, scores, items, distilled, parent),
+            )
+            row["drop SE (paired)"] = round(drop_se, 4) if drop_se is not None else "—"
+            row["recovered SE (paired)"] = round(gain_se, 4) if gain_se is not None else "—"
+            row["clear drop"] = drop_se is not None and drop > 2 * drop_se
+        rows.append(row)
     return rows
+
+
+def _paired_se(metric: str, scores, items, a: str, b: str) -> float | None:
+    a_items, b_items = items.get(a, {}).get(metric), items.get(b, {}).get(metric)
+    if a_items is None or b_items is None:
+        return None
+    return paired_difference_se(metric, scores[a][metric], a_items, scores[b][metric], b_items)
+
+
+def clear_recoveries(rows: Sequence[Mapping[str, Any]], share: float = 0.5) -> list[Mapping[str, Any]]:
+    """The rows whose drop is clear (over twice its paired SE) and that distillation recovered: to within
+    the teacher's SE, or at least `share` of the drop."""
+    return [
+        r for r in rows
+        if r.get("clear drop") and (r["within_se"] or (r["recovered share"] != "—" and r["recovered share"] >= share))
+    ]  # fmt: skip
 
 
 def plot_report(scores: Mapping[str, Mapping[str, Score]], path: Path, title: str = "") -> Path:
@@ -316,6 +392,8 @@ def post_training_report(
     title: str = "post-training checkpoints on the same held-out sets (±1 SE)",
 ) -> Report:
     """Score every checkpoint, render the table and `out_dir/post_training_report.png`."""
-    scores = score_checkpoints(checkpoints, sets, cfg, score_general, tokenizer)
+    scored = score_checkpoints(checkpoints, sets, cfg, score_general, tokenizer)
+    scores = {name: c.scores for name, c in scored.items()}
     plot = plot_report(scores, Path(out_dir) / "post_training_report.png", title)
-    return Report(scores=scores, markdown=report_table(scores), plot=plot)
+    items = {name: c.items for name, c in scored.items()}
+    return Report(scores=scores, markdown=report_table(scores), plot=plot, items=items)

@@ -134,6 +134,25 @@ def test_batch_counts_follow_the_proportions():
         batch_counts({"z": 1}, ["a"], 4)
 
 
+def test_a_prompt_several_teachers_trained_on_goes_to_the_latest_of_them():
+    from training.rl.distill import latest_owner
+
+    def tasks(*ids):
+        return [Task(i, "math", f"q {i}", "1", 1, "train") for i in ids]
+
+    owned = latest_owner({
+        "sft": tasks("r1", "r2", "a1", "c1"),  # SFT saw the reasoning tasks, one agentic task and a chat
+        "reasoning_rl": tasks("r1", "r2", "r3"),
+        "agentic_rl": tasks("a1", "a2"),
+        "general_rl": tasks("r9"),
+    })  # fmt: skip
+    assert {n: [t.id for t in ts] for n, ts in owned.items()} == {
+        "sft": ["c1"], "reasoning_rl": ["r1", "r2", "r3"], "agentic_rl": ["a1", "a2"], "general_rl": ["r9"],
+    }  # fmt: skip
+    # a teacher a later one covers entirely teaches nothing and is left out
+    assert list(latest_owner({"sft": tasks("r1"), "reasoning_rl": tasks("r1", "r2")})) == ["reasoning_rl"]
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 
 
@@ -324,5 +343,6 @@ def test_the_results_table_shows_the_regression_and_its_recovery(setup, stages, 
     )
     scores = {n: s["pass_at_1/color"][0] for n, s in report.scores.items()}
     assert scores["sft"] > 0.9 and scores["later_rl"] < 0.1 and scores["distilled"] > 0.9, scores
-    (row,) = recovery_rows(report.scores, "later_rl", "distilled")
+    (row,) = recovery_rows(report.scores, "later_rl", "distilled", items=report.items)
     assert row["teacher"] == "sft" and row["drop"] > 0.8 and row["within_se"], row
+    assert row["clear drop"] and row["drop"] > 2 * row["drop SE (paired)"], row

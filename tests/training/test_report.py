@@ -84,8 +84,8 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     tok, dirs = chain
     cfg = ReportConfig(max_new_tokens=4, max_turns=1, agentic_max_new_tokens=8, agentic_max_turns=2)
 
-    def general(model, tokenizer):  # a stand-in for the general-reward scorer: one component
-        return {"helpfulness": (0.5, 0.1)}
+    def general(model, tokenizer):  # a stand-in for the general-reward scorer: one component, per prompt
+        return {"helpfulness": {"g1": 0.4, "g2": 0.6}}
 
     report = post_training_report(dirs, _sets(tok), cfg, tmp_path, score_general=general, tokenizer=tok)
     lines = report.markdown.splitlines()
@@ -111,6 +111,16 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     assert base["ppl/chat"][1] > 0  # a real SE over rows
     p = base["passkey/256"][0]
     assert base["passkey/256"][1] == pytest.approx((p * (1 - p) / 6) ** 0.5)
+    assert base["general/helpfulness"] == pytest.approx((0.5, 0.1))  # mean and SE of its per-prompt values
+
+    # per-item values behind every cell: their means are the cells (perplexity: exp of the mean row NLL)
+    items = report.items["sft"]
+    assert set(items) == set(metrics)
+    assert sum(items["pass_at_1/color"].values()) / 6 == sft["pass_at_1/color"][0]
+    assert np.exp(np.mean(list(items["ppl/chat"].values()))) == pytest.approx(sft["ppl/chat"][0])
+    assert len(items["passkey/256"]) == 6 and set(items["success/terminal"]) <= {
+        t.id for t in _sets(tok).agentic
+    }
 
 
 def test_missing_metrics_render_as_a_dash():
@@ -142,3 +152,54 @@ def test_recovery_rows_measure_the_drop_and_what_distillation_won_back():
     assert only["pass_at_1/math"]["drop"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="must both be checkpoints"):
         recovery_rows(scores, "general_rl", "distilled")
+
+
+def test_recovery_rows_pair_the_drop_and_the_recovery_over_the_same_items():
+    from training.report import clear_recoveries, mean_with_se, recovery_rows
+
+    ids = [str(i) for i in range(40)]
+    teacher = dict.fromkeys(ids, 1.0)
+    rl = {k: float(int(k) >= 8) for k in ids}  # the RL stage breaks 8 of 40
+    distilled = {k: float(int(k) >= 2) for k in ids}  # distillation wins 6 of them back
+    items = {n: {"pass_at_1/math": v} for n, v in (("sft", teacher), ("rl", rl), ("distilled", distilled))}
+    scores = {n: {"pass_at_1/math": mean_with_se(v["pass_at_1/math"])} for n, v in items.items()}
+    (row,) = recovery_rows(scores, "rl", "distilled", items=items)
+    d = np.array([teacher[k] - rl[k] for k in ids])
+    assert row["drop"] == pytest.approx(0.2) and row["recovered"] == pytest.approx(0.15)
+    assert row["drop SE (paired)"] == pytest.approx(d.std(ddof=1) / np.sqrt(40), abs=1e-4)
+    assert row["clear drop"] and row["recovered share"] == pytest.approx(0.75)
+    assert clear_recoveries([row]) == [row]
+    # a drop that is not over twice its SE is not a clear one, however it recovers
+    rl_small = dict(teacher, **{"0": 0.0})
+    items["rl"] = {"pass_at_1/math": rl_small}
+    scores["rl"] = {"pass_at_1/math": mean_with_se(rl_small)}
+    (row,) = recovery_rows(scores, "rl", "distilled", items=items)
+    assert not row["clear drop"] and clear_recoveries([row]) == []
+    # no per-item values: no paired columns
+    assert "clear drop" not in recovery_rows(scores, "rl", "distilled")[0]
+
+
+def test_paired_se_removes_the_noise_two_checkpoints_share():
+    """Same items for both: an item both get right adds nothing, so the paired SE of a small, consistent
+    difference is far below the unpaired sqrt(se_a² + se_b²); perplexity goes by the delta method."""
+    from training.report import mean_with_se, paired_difference_se, perplexity_of
+
+    rng = np.random.default_rng(0)
+    hard = rng.random(200) < 0.5  # what both checkpoints fail
+    a = {str(i): float(not h) for i, h in enumerate(hard)}
+    b = dict(a, **{k: 0.0 for k in list(a)[:40] if a[k] == 1.0})  # b breaks some of a's successes
+    sa, sb = mean_with_se(a), mean_with_se(b)
+    broken = sum(a[k] - b[k] for k in a)
+    diffs = np.array([a[k] - b[k] for k in a])
+    se = paired_difference_se("pass_at_1/math", sa, a, sb, b)
+    assert se == pytest.approx(diffs.std(ddof=1) / np.sqrt(200))
+    assert sa[0] - sb[0] == pytest.approx(broken / 200) and broken > 10
+    assert se < 0.5 * np.hypot(sa[1], sb[1]) and sa[0] - sb[0] > 2 * se
+    # only the shared items are paired; fewer than two shares nothing
+    assert paired_difference_se("x", sa, {"0": 1.0}, sb, {"0": 0.0}) is None
+    # perplexity: rows whose NLL rises by the same 0.1 everywhere differ with (almost) no paired noise
+    nll = {str(i): float(x) for i, x in enumerate(rng.normal(3.0, 0.5, 100))}
+    worse = {k: v + 0.1 for k, v in nll.items()}
+    pa, pb = perplexity_of(list(worse.values())), perplexity_of(list(nll.values()))
+    se = paired_difference_se("ppl/web", pa, worse, pb, nll)
+    assert pa[0] - pb[0] > 10 * se and pa[1] > 1.0  # unpaired SEs are large, the paired one is not

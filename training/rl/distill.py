@@ -81,6 +81,16 @@ def batch_counts(proportions: Mapping[str, float], teachers: Sequence[str], tota
     return {t: n for t, n in counts.items() if n > 0}
 
 
+def latest_owner(train_sets: Mapping[str, Sequence[Task]]) -> dict[str, list[Task]]:
+    """Each prompt to the last teacher (in the mapping's order: the chain's) whose training set holds it (by
+    task id), and teachers left with none dropped. The stage that trained on a prompt last knows it best; an
+    earlier teacher that saw it too (SFT saw every reasoning task's worked solution) would pull the student
+    back toward its older answer, undoing the later stage's gain instead of keeping it."""
+    owner = {t.id: name for name, tasks in train_sets.items() for t in tasks}
+    out = {name: [t for t in tasks if owner[t.id] == name] for name, tasks in train_sets.items()}
+    return {name: tasks for name, tasks in out.items() if tasks}
+
+
 class _Prompts:
     """Endless shuffled passes over one teacher's training set."""
 

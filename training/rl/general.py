@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +70,22 @@ def sample_and_score(
     return trajs, scored
 
 
+def reward_values(trajs: Sequence[Trajectory], tasks: Sequence[Task]) -> Iterator[tuple[str, str, float]]:
+    """(key, prompt id, value) of every response: its total, its category's total, each component."""
+    by_id = {t.id: t for t in tasks}
+    for t in trajs:
+        yield "total", t.prompt_id, t.reward
+        yield f"category/{category_of(by_id[t.prompt_id])}", t.prompt_id, t.reward
+        for c, v in t.reward_components.items():
+            yield c, t.prompt_id, v
+
+
 def reward_means(trajs: Sequence[Trajectory], tasks: Sequence[Task], with_se: bool) -> dict[str, float]:
     """Mean total (`reward/total`), per component and dimension, and per category; with standard errors over
     responses when `with_se` (`..._se`)."""
-    by_id = {t.id: t for t in tasks}
     values: dict[str, list[float]] = defaultdict(list)
-    for t in trajs:
-        values["total"].append(t.reward)
-        values[f"category/{category_of(by_id[t.prompt_id])}"].append(t.reward)
-        for c, v in t.reward_components.items():
-            values[c].append(v)
+    for key, _, v in reward_values(trajs, tasks):
+        values[key].append(v)
     out = {}
     for key, v in sorted(values.items()):
         mean = sum(v) / len(v)
@@ -217,17 +223,17 @@ def train_general_rl(
 
 def general_scorer(
     reward: HybridReward, prompts: Sequence[Task], max_new_tokens: int
-) -> Callable[[nn.Module, Any], dict[str, tuple[float, float]]]:
+) -> Callable[[nn.Module, Any], dict[str, dict[str, float]]]:
     """A scorer for the results table (training/report.py `score_general`): greedy answers of a checkpoint to
-    `prompts`, each reward component's mean and standard error, e.g. {"total": (0.61, 0.02), "orm": ...}."""
+    `prompts`, each reward component's value per prompt, e.g. {"total": {"g1": 0.61, ...}, "orm": ...}."""
 
-    def score(model: nn.Module, tokenizer: Any) -> dict[str, tuple[float, float]]:
+    def score(model: nn.Module, tokenizer: Any) -> dict[str, dict[str, float]]:
         engine = LocalRolloutEngine(model, pad_id=tokenizer.pad_token_id)
-        out = evaluate_general(engine, tokenizer, prompts, reward, max_new_tokens)
-        return {
-            k.removeprefix("reward/"): (v, out[k.replace("reward/", "reward_se/", 1)])
-            for k, v in out.items()
-            if k.startswith("reward/")
-        }
+        greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+        trajs, _ = sample_and_score(engine, tokenizer, prompts, 1, greedy, reward, "eval-")
+        out: dict[str, dict[str, float]] = defaultdict(dict)
+        for key, prompt_id, v in reward_values(trajs, prompts):
+            out[key][prompt_id] = v
+        return dict(out)
 
     return score

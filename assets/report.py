@@ -128,12 +128,13 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
 def _recovery_md(rows: list[dict]) -> str:
     clear = clear_recoveries(rows)
     headline = (
-        "Drops larger than twice their paired SE that distillation recovered (within the teacher's SE or at "
-        "least half the drop): "
+        "Drops larger than twice their paired SE that distillation recovered, by more than twice the "
+        "recovery's paired SE and by at least half the drop: "
         + (
             "; ".join(
                 f"{r['metric']} after {r['RL stage']}: drop {r['drop']} ± {r['drop SE (paired)']}, "
-                f"recovered {r['recovered']} ± {r['recovered SE (paired)']} by {r['distilled']}"
+                f"recovered {r['recovered']} ± {r['recovered SE (paired)']} ({r['recovered share']:.0%}) "
+                f"by {r['distilled']}"
                 for r in clear
             )
             or "none"

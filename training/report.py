@@ -352,11 +352,12 @@ def _paired_se(metric: str, scores, items, a: str, b: str) -> float | None:
 
 
 def clear_recoveries(rows: Sequence[Mapping[str, Any]], share: float = 0.5) -> list[Mapping[str, Any]]:
-    """The rows whose drop is clear (over twice its paired SE) and that distillation recovered: to within
-    the teacher's SE, or at least `share` of the drop."""
+    """The rows where both the drop and distillation's recovery are clear (each over twice its paired SE)
+    and the recovery is at least `share` of the drop."""
     return [
         r for r in rows
-        if r.get("clear drop") and (r["within_se"] or (r["recovered share"] != "—" and r["recovered share"] >= share))
+        if r.get("clear drop") and isinstance(r["recovered share"], float) and r["recovered share"] >= share
+        and isinstance(r["recovered SE (paired)"], float) and r["recovered"] > 2 * r["recovered SE (paired)"]
     ]  # fmt: skip
 
 

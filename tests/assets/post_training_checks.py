@@ -164,6 +164,11 @@ def _check_distillation_and_report(instance: dg.DagsterInstance, tracker: Tracke
     table_rows = [row for row in recovery.splitlines() if row.startswith("| ")][1:]  # without the header
     distilled_rows = {row.split("|")[1].strip() for row in table_rows}
     assert distilled_rows == {"reasoning_rl_distilled", "agentic_rl_distilled", "distilled"}, recovery
+    # paired SEs over the same items, from per-item values the run keeps as an artifact
+    assert "drop SE (paired)" in recovery and "Drops larger than twice their paired SE" in recovery
+    report_run = event.asset_materialization.metadata["mlflow_run_id"].value
+    items = json.loads(Path(tracker.client.download_artifacts(report_run, "report_items.json")).read_text())
+    assert set(items) == set(names) and len(items["distilled"]["pass_at_1/math"]) >= 2
     assert "plot/post_training_report" in event.asset_materialization.metadata
 
 

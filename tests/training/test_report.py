@@ -169,6 +169,9 @@ def test_recovery_rows_pair_the_drop_and_the_recovery_over_the_same_items():
     assert row["drop SE (paired)"] == pytest.approx(d.std(ddof=1) / np.sqrt(40), abs=1e-4)
     assert row["clear drop"] and row["recovered share"] == pytest.approx(0.75)
     assert clear_recoveries([row]) == [row]
+    # a clear drop recovered by less than half of it, or by less than twice the recovery's SE, is not
+    assert clear_recoveries([row], share=0.8) == []
+    assert clear_recoveries([dict(row, **{"recovered SE (paired)": 0.08})]) == []
     # a drop that is not over twice its SE is not a clear one, however it recovers
     rl_small = dict(teacher, **{"0": 0.0})
     items["rl"] = {"pass_at_1/math": rl_small}

@@ -69,6 +69,30 @@ def test_sampling_is_seeded_and_top_p_truncates(model):
     assert [g.token_ids for g in greedy] == [g.token_ids for g in nucleus]
 
 
+def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):
+    """With one seed per prompt a row samples the same tokens alone, in another batch or in another order;
+    with one seed for the batch it does not (its random stream depends on the rows before it)."""
+    engine = LocalRolloutEngine(model, dtype=torch.float32)
+    params = SamplingParams(max_new_tokens=12, seed=3)
+    seeds = tuple(100 + i for i in range(len(PROMPTS)))
+    whole = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, seed=3, row_seeds=seeds))
+    alone = [
+        engine.generate([p], SamplingParams(max_new_tokens=12, seed=3, row_seeds=(s,)))[0]
+        for p, s in zip(PROMPTS, seeds, strict=True)
+    ]
+    backwards = engine.generate(
+        PROMPTS[::-1], SamplingParams(max_new_tokens=12, seed=3, row_seeds=seeds[::-1])
+    )
+    assert (
+        [g.token_ids for g in whole] == [g.token_ids for g in alone] == [g.token_ids for g in backwards[::-1]]
+    )
+    shared = engine.generate(PROMPTS, params)
+    by_one = [engine.generate([p], params)[0] for p in PROMPTS]
+    assert [g.token_ids for g in shared] != [g.token_ids for g in by_one]
+    with pytest.raises(ValueError, match="2 row_seeds for 6 prompts"):
+        engine.generate(PROMPTS, SamplingParams(row_seeds=(1, 2)))
+
+
 def test_weight_sync_copies_casts_and_versions(model):
     engine = LocalRolloutEngine(model, dtype=torch.bfloat16)
     trained = build_model(ModelConfig.for_size("micro", vocab_size=300, index_topk=512), seed=5)

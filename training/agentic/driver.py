@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
+from training.agentic.gateway import request_seed
 from training.agentic.protocol import Environment, EnvironmentCrash, Episode
 from training.rollout.engine import Generation, SamplingParams
 from training.rollout.multiturn import TOOL_CALL, observation_ids, prompt_ids
@@ -175,7 +176,12 @@ class RolloutDriver:
     def _generate_batch(self) -> None:
         batch, self.waiting = self.waiting[: self.max_batch], self.waiting[self.max_batch :]
         self._waiting_since = 0.0  # the rest waited already: next poll may generate them at once
-        params = replace(self.params, seed=next(self._seed))
+        # a seed per (rollout, turn): which rollouts share a batch depends on when their environments answer
+        params = replace(
+            self.params,
+            seed=next(self._seed),
+            row_seeds=tuple(request_seed(self.params.seed, b.traj.id, b.turn) for b in batch),
+        )
         t0 = time.perf_counter()
         outs = self.generate([b.traj.id for b in batch], [b.traj.token_ids for b in batch], params)
         seconds = time.perf_counter() - t0

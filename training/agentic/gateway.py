@@ -263,7 +263,8 @@ class TitoGateway:
                     for r, idx in groups.items():
                         self._in_flight[r] -= len(idx)
                 raise
-            # one seed per batch, from its rollouts: the sample of a row depends on its batch, as in the engine
+            # one seed per batch, from its rollouts (engines that take no row seeds sample the batch with it), and
+            # one per row, from its rollout and turn, so a local engine's row does not depend on its batch
             seeds = {
                 r: request_seed(params.seed, ",".join(f"{todo[i][0]}:{todo[i][1]}" for i in idx), 0)
                 for r, idx in groups.items()
@@ -272,9 +273,10 @@ class TitoGateway:
             pending = []
             with ThreadPoolExecutor(max_workers=len(groups)) as pool:
                 futures = {
-                    r: pool.submit(self._run, r, [todo[i][2] for i in idx], replace(params, seed=seeds[r]))
+                    r: pool.submit(self._run, r, [todo[i][2] for i in idx], replace(params, seed=seeds[r],
+                                   row_seeds=tuple(request_seed(params.seed, *todo[i][:2]) for i in idx)))
                     for r, idx in groups.items()
-                }
+                }  # fmt: skip
             for replica, future in futures.items():
                 idx = groups[replica]
                 try:

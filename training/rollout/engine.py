@@ -26,6 +26,9 @@ class SamplingParams:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int = 0
+    # One seed per prompt: each row then samples from its own generator, so its tokens do not depend on
+    # which other prompts share the batch (empty = one generator seeded with `seed` for the whole batch)
+    row_seeds: tuple[int, ...] = ()
 
 
 @dataclass
@@ -101,7 +104,12 @@ class LocalRolloutEngine:
             ids[i, width - len(p) :] = torch.tensor(p)
             attention[i, width - len(p) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp_min(0)
+        if params.row_seeds and len(params.row_seeds) != n:
+            raise ValueError(
+                f"{len(params.row_seeds)} row_seeds for {n} prompts: give one per prompt or none"
+            )
         gen = torch.Generator().manual_seed(params.seed)
+        row_gens = [torch.Generator().manual_seed(r) for r in params.row_seeds]
         stops = torch.tensor(params.stop_token_ids or [-1])
         out_ids = torch.full((n, params.max_new_tokens), self.pad_id, dtype=torch.long)
         out_lp = torch.zeros((n, params.max_new_tokens))
@@ -125,7 +133,11 @@ class LocalRolloutEngine:
                 token = logits.argmax(-1)
             else:
                 probs = _top_p_filter(logits / temperature, params.top_p).softmax(-1)
-                token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+                if row_gens:
+                    token = torch.cat([torch.multinomial(probs[i : i + 1], 1, generator=g)[0]
+                                       for i, g in enumerate(row_gens)])  # fmt: skip
+                else:
+                    token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             token = torch.where(done, torch.full_like(token, self.pad_id), token)
             out_ids[:, t] = token
             out_lp[:, t] = logprobs_all.gather(1, token.unsqueeze(1)).squeeze(1)

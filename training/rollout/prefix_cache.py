@@ -136,7 +136,8 @@ class PrefixCachingEngine(LocalRolloutEngine):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts or any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token")
-        return [self._generate_one(p, params, row_seed(params.seed, i)) for i, p in enumerate(prompts)]
+        seeds = params.row_seeds or [row_seed(params.seed, i) for i in range(len(prompts))]
+        return [self._generate_one(p, params, seed) for p, seed in zip(prompts, seeds, strict=True)]
 
     def _generate_one(self, prompt_ids: list[int], params: SamplingParams, seed: int) -> Generation:
         """The local engine's sampling loop for one sequence, started from the cached prefix."""

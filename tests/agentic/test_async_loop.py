@@ -146,6 +146,26 @@ def test_sampled_rollouts_do_not_depend_on_which_rollouts_share_a_batch(setup):
     assert len(batched) == 12 and batched == one_by_one
     assert len({tuple(r) for r in batched.values()}) > 6  # a group's samples differ from each other
 
+    def lockstep_batches(latency_s: float) -> list[list[str]]:
+        """In lockstep the batches themselves (so the forward passes' float rounding) do not depend on timing."""
+        seen: list[list[str]] = []
+
+        def generate(ids, prompts, p):
+            seen.append(list(ids))
+            return engine.generate(prompts, p)
+
+        driver = RolloutDriver(generate, tok, color_environments(latency_s), SamplingParams(8, seed=5),
+                               max_turns=2, max_batch=5, env_threads=4, lockstep=True)  # fmt: skip
+        try:
+            driver.run(tasks[:4], 3, "g")
+        finally:
+            driver.close()
+        return seen
+
+    fast = lockstep_batches(0.0)
+    assert fast == lockstep_batches(0.02) and [len(b) for b in fast][:3] == [5, 5, 2]
+    assert fast[0] == sorted(fast[0])
+
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_environment(setup, tmp_path, mode):

@@ -486,7 +486,7 @@ def _rollouts(
     engine = LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
     driver = RolloutDriver(
         lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, environments, params, cfg.max_turns,
-        env_threads=cfg.env_threads,
+        env_threads=cfg.env_threads, lockstep=True,
     )  # fmt: skip
     try:
         return driver.run(list(tasks), group, prefix)

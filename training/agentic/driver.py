@@ -51,6 +51,7 @@ class RolloutDriver:
         max_batch: int = 32,
         env_threads: int = 16,
         batch_wait_s: float = 0.0,
+        lockstep: bool = False,
     ):
         stop = tuple(tokenizer.convert_tokens_to_ids(t) for t in (END_OF_TURN, EOS))
         self.generate, self.tokenizer, self.envs = generate, tokenizer, dict(environments)
@@ -62,6 +63,9 @@ class RolloutDriver:
         self.pool = ThreadPoolExecutor(env_threads, thread_name_prefix="env")
         self.waiting: list[_Live] = []  # waiting for the model
         self.batch_wait_s, self._waiting_since = batch_wait_s, 0.0
+        # lockstep: generate only once every environment call is back, the waiting rollouts in id order, so the
+        # batches (and the float rounding of their forward passes) are the same in every run
+        self.lockstep = lockstep
         self.env_calls: dict[Future, tuple[str, _Live]] = {}
         self.finished: list[Trajectory] = []
         self.paused = False
@@ -101,7 +105,7 @@ class RolloutDriver:
         if self.waiting and not self.paused and self._batch_ready():
             self._generate_batch()
         elif self.env_calls:
-            if self.waiting and not self.paused:  # wait no longer than the batching window
+            if self.waiting and not self.paused and not self.lockstep:  # no longer than the batching window
                 timeout = min(
                     timeout, max(0.0, self._waiting_since + self.batch_wait_s - time.perf_counter())
                 )
@@ -135,8 +139,8 @@ class RolloutDriver:
     def _batch_ready(self) -> bool:
         """Generate now, or wait a moment for more rollouts to come back from their environments: one batched
         call is much cheaper than several small ones (an engine without continuous batching)."""
-        if len(self.waiting) >= self.max_batch or not self.env_calls:
-            return True
+        if self.lockstep or len(self.waiting) >= self.max_batch or not self.env_calls:
+            return not (self.lockstep and self.env_calls)
         return time.perf_counter() - self._waiting_since >= self.batch_wait_s
 
     def _submit(self, kind: str, live: _Live, fn: Callable, *args: Any) -> None:
@@ -174,6 +178,8 @@ class RolloutDriver:
                 self._finish(live, value)
 
     def _generate_batch(self) -> None:
+        if self.lockstep:
+            self.waiting.sort(key=lambda live: live.traj.id)
         batch, self.waiting = self.waiting[: self.max_batch], self.waiting[self.max_batch :]
         self._waiting_since = 0.0  # the rest waited already: next poll may generate them at once
         # a seed per (rollout, turn): which rollouts share a batch depends on when their environments answer

@@ -134,8 +134,9 @@ def sample_student(
         from training.agentic.driver import RolloutDriver
 
         driver = RolloutDriver(
-            lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, environments, params, max_turns
-        )
+            lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, environments, params, max_turns,
+            lockstep=True,
+        )  # fmt: skip
         try:
             trajs += driver.run(agentic, 1, prefix + "agentic")
         finally:

@@ -154,10 +154,6 @@ def perplexity_of(per_row: Sequence[float]) -> Score:
     return math.exp(mean), math.exp(mean) * se
 
 
-def perplexity_with_se(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> Score:
-    return perplexity_of(row_nlls(model, rows, batch_size))
-
-
 def mean_with_se(items: Mapping[str, float]) -> Score:
     """Mean over items and its standard error (sample variance)."""
     v = np.array(list(items.values()), dtype=float)

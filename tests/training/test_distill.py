@@ -14,6 +14,7 @@ import torch
 from training.model import ModelConfig, build_model
 from training.rl.distill import DistillConfig, batch_counts, train_distill
 from training.rl.losses import (
+    exact_reverse_kl_distillation_loss,
     group_advantages,
     grpo_icepop_loss,
     on_policy_distillation_advantages,
@@ -118,6 +119,53 @@ def test_gradient_is_the_reverse_kl_gradient_and_moves_the_student_to_the_teache
     assert int(theta.argmax()) == 0  # the teacher's favourite symbol is now the student's
 
 
+def test_exact_estimator_is_the_reverse_kl_at_each_position_with_icepop_and_the_mask():
+    """The exact form's loss is the per-sequence mean of KL(π_θ || π_teacher) over the positions of each
+    response; its gradient is ∇KL; masked positions and positions IcePop drops add nothing."""
+    g = torch.Generator().manual_seed(3)
+    theta = torch.randn(2, 3, 5, generator=g, requires_grad=True)
+    teacher = torch.log_softmax(torch.randn(2, 3, 5, generator=g), -1)
+    mask = torch.tensor([[1.0, 1, 0], [1, 1, 1]])
+    logp_all = torch.log_softmax(theta, -1)
+    old = torch.full((2, 3), -1.0)
+    infer = old.clone()
+    infer[1, 2] = old[1, 2] - 5.0  # rho = e^5 > beta: IcePop drops this position
+    loss, stats = exact_reverse_kl_distillation_loss(logp_all, teacher, old, infer, mask, beta=2.0)
+    kl = [[_categorical_kl(theta[i, t].detach(), teacher[i, t]) for t in range(3)] for i in range(2)]
+    want = ((kl[0][0] + kl[0][1]) / 2 + (kl[1][0] + kl[1][1]) / 3) / 2  # row 1 still divides by its 3 tokens
+    assert loss.item() == pytest.approx(float(want), rel=1e-5)
+    (grad,) = torch.autograd.grad(loss, theta)
+    (g00,) = torch.autograd.grad(_categorical_kl(theta[0, 0], teacher[0, 0]) / 2 / 2, theta)
+    assert torch.allclose(grad[0, 0], g00[0, 0], atol=1e-6)
+    assert torch.all(grad[0, 2] == 0) and torch.all(grad[1, 2] == 0)  # masked; dropped by IcePop
+    assert stats.tokens == 5 and stats.masked_fraction == pytest.approx(1 / 5)
+
+
+def test_exact_estimator_has_the_sampled_ones_expected_gradient_without_its_noise():
+    """One-token policy, 16 answers per batch (the tiny batch): across batches the sampled loss's gradient
+    scatters around ∇KL, the exact one is ∇KL every time."""
+    teacher_logp = torch.log_softmax(torch.tensor([3.0, 0.0, 0.0, -1.0, 1.0]), -1)
+    theta = torch.tensor([0.0, 2.0, 0.0, 1.0, -1.0], requires_grad=True)
+    (g_true,) = torch.autograd.grad(_categorical_kl(theta, teacher_logp), theta)
+    gen = torch.Generator().manual_seed(0)
+    sampled, exact = [], []
+    for _ in range(200):
+        logp_all = torch.log_softmax(theta, -1)
+        tokens = torch.multinomial(logp_all.detach().exp(), 16, replacement=True, generator=gen)
+        logp = logp_all[tokens].unsqueeze(1)
+        old, ones = logp.detach(), torch.ones(16, 1)
+        s_loss, _ = on_policy_distillation_loss(logp, old, old, teacher_logp[tokens].unsqueeze(1), ones)
+        e_loss, _ = exact_reverse_kl_distillation_loss(
+            logp_all.expand(16, 1, 5), teacher_logp.expand(16, 1, 5), old, old, ones
+        )
+        sampled.append(torch.autograd.grad(s_loss, theta, retain_graph=True)[0])
+        exact.append(torch.autograd.grad(e_loss, theta)[0])
+    sampled, exact = torch.stack(sampled), torch.stack(exact)
+    assert torch.allclose(exact, g_true.expand_as(exact), atol=1e-6)
+    assert torch.allclose(sampled.mean(0), g_true, atol=0.1 * float(g_true.norm()))  # same expectation
+    assert float((sampled - g_true).norm(dim=1).mean()) > 0.3 * float(g_true.norm())  # but noisy at 16
+
+
 def test_batch_counts_follow_the_proportions():
     assert batch_counts({"a": 3, "b": 1}, ["a", "b"], 8) == {"a": 6, "b": 2}
     assert batch_counts({}, ["a", "b", "c"], 7) == {
@@ -204,7 +252,8 @@ def stages(setup):
     return teacher, drifted
 
 
-def test_distillation_moves_the_student_toward_the_teacher(setup, stages):
+@pytest.mark.parametrize("estimator", ["exact", "sampled"])
+def test_distillation_moves_the_student_toward_the_teacher(setup, stages, estimator):
     tok, cfg, train, heldout = setup
     teacher, drifted = stages
     student = copy.deepcopy(drifted)
@@ -212,7 +261,7 @@ def test_distillation_moves_the_student_toward_the_teacher(setup, stages):
     rows: list[tuple[int, dict]] = []
     config = DistillConfig(
         steps=25, prompts_per_step=8, max_new_tokens=4, max_turns=1, learning_rate=1e-3,
-        eval_every=25, eval_prompts_per_teacher=8, eval_tasks_per_domain=8,
+        eval_every=25, eval_prompts_per_teacher=8, eval_tasks_per_domain=8, estimator=estimator,
     )  # fmt: skip
     final = train_distill(
         student, tok, {"sft": teacher}, {"sft": train}, config, lambda m, s: rows.append((s, dict(m))),

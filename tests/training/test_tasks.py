@@ -162,6 +162,9 @@ def test_eval_subset_covers_every_level_of_each_domain():
     assert len({t.id for t in picked}) == len(picked) == 12
     # a cap above the pool takes everything once
     assert len(eval_subset(sets["heldout"], 1000)) == len(sets["heldout"])
+    # a per-domain exception: all 20 code tasks, math still capped at 6
+    wide = eval_subset(sets["heldout"], 6, {"code": 100})
+    assert sum(t.domain == "code" for t in wide) == 20 and sum(t.domain == "math" for t in wide) == 6
 
 
 @pytest.mark.parametrize("answer", ["15x1.", "15x1.2", "15x..1", "15x1 .", "x =.", "(((", "1/0", "x^^2"])

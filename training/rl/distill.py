@@ -5,7 +5,10 @@ training set in configured proportions, lets the student answer on-policy throug
 turn with tools: `training.rollout.multiturn` for the reasoning domains, the agentic `RolloutDriver` with
 in-process environments for the agentic families), scores the student's own tokens under the teacher of the
 prompt's set, and makes one update on Eq. 1 with the advantage replaced per token by
-Â_t = sg[log π_teacher(y_t) - log π_θ(y_t)] (group size 1).
+Â_t = sg[log π_teacher(y_t) - log π_θ(y_t)] (group size 1) (`estimator: sampled`), or on that advantage's
+expectation over the vocabulary at each sampled position, the exact per-position reverse KL (`estimator:
+exact`, the default: a batch of 16 on a CPU cannot average the one-token estimate's noise away as the
+report's 1024 do).
 
 The step loop, checkpoints and resume are `training.rl.loop`'s: `train_distill(...)` takes the student, the teachers, the prompt sets and a
 `log(metrics, step)` callback, and returns the final metrics."""
@@ -18,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import ConfigDict, Field
@@ -26,8 +29,8 @@ from torch import nn
 
 from training.dsa_indexer import set_dsa_mode
 from training.rl.loop import OnPolicyLoop, StepTimes
-from training.rl.losses import on_policy_distillation_loss
-from training.rl.policy import token_logprobs
+from training.rl.losses import exact_reverse_kl_distillation_loss, on_policy_distillation_loss
+from training.rl.policy import response_logprobs_all, response_targets, token_logprobs
 from training.rl.reasoning import pass_at_1
 from training.rl.settings import PolicyUpdateConfig
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
@@ -58,6 +61,11 @@ class DistillConfig(PolicyUpdateConfig):
         16, ge=1, description="Held-out prompts per teacher for greedy agreement and exact reverse KL"
     )
     eval_tasks_per_domain: int = Field(40, ge=1, description="Held-out tasks scored per domain (pass@1)")
+    estimator: Literal["exact", "sampled"] = Field(
+        "exact",
+        description="exact: the reverse KL over the vocabulary at each sampled position (Eq. 2 in expectation); "
+        "sampled: Eq. 2's one-token advantage inside Eq. 1",
+    )
     seed: int = Field(0, description="Seed of prompt order and sampling")
 
 
@@ -149,16 +157,27 @@ def teacher_logprobs(
     owner: Sequence[str],
     batch: dict[str, torch.Tensor],
     temperature: float,
+    full: bool = False,
 ) -> torch.Tensor:
-    """[B, T] log π_teacher of every sampled token, each row under the teacher whose set its prompt came from."""
-    out = torch.zeros_like(batch["mask"])
+    """[B, T] log π_teacher of every sampled token, each row under the teacher whose set its prompt came from;
+    with `full`, [B, T, V]: the teacher's log-softmax over the vocabulary at every response position."""
+    out = None
     for name, teacher in teachers.items():
         rows = torch.tensor([i for i, o in enumerate(owner) if o == name], dtype=torch.long)
         if len(rows) == 0:
             continue
         sub = {k: v[rows] for k, v in batch.items()}
         with torch.no_grad():
-            out[rows] = token_logprobs(teacher, sub, temperature)[0]
+            got = (
+                response_logprobs_all(teacher, sub, temperature)
+                if full
+                else token_logprobs(teacher, sub, temperature)[0]
+            )
+        if out is None:
+            out = got.new_zeros((len(owner), *got.shape[1:]))
+        out[rows] = got
+    if out is None:
+        raise ValueError(f"distillation: no teacher owns any row of the batch (owners {sorted(set(owner))})")
     return out
 
 
@@ -282,20 +301,27 @@ class _DistillStage:
     def loss(self, model: nn.Module, trajs: list[Trajectory], batch: dict[str, torch.Tensor]):
         cfg = self.cfg
         owner = [self.owner_of[t.prompt_id] for t in trajs]
-        logp_teacher = teacher_logprobs(self.teachers, owner, batch, cfg.temperature)
-        with torch.no_grad():
-            logp_old, _ = token_logprobs(model, batch, cfg.temperature)
-        logp, entropy = token_logprobs(model, batch, cfg.temperature)
-        loss, stats = on_policy_distillation_loss(
-            logp,
-            logp_old,
-            batch["logp_infer"],
-            logp_teacher,
-            batch["mask"],
-            cfg.beta,
-            cfg.eps_low,
-            cfg.eps_high,
-        )
+        exact = cfg.estimator == "exact"
+        teacher = teacher_logprobs(self.teachers, owner, batch, cfg.temperature, full=exact)
+        if exact:
+            logp_all = response_logprobs_all(model, batch, cfg.temperature)
+            targets = response_targets(batch).unsqueeze(-1)
+            logp = logp_all.gather(-1, targets).squeeze(-1)
+            logp_teacher = teacher.gather(-1, targets).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1).detach()
+            logp_old = logp.detach()  # one update per on-policy batch: θ_old is θ
+            loss, stats = exact_reverse_kl_distillation_loss(
+                logp_all, teacher, logp_old, batch["logp_infer"], batch["mask"], cfg.beta
+            )
+        else:
+            logp_teacher = teacher
+            with torch.no_grad():
+                logp_old, _ = token_logprobs(model, batch, cfg.temperature)
+            logp, entropy = token_logprobs(model, batch, cfg.temperature)
+            loss, stats = on_policy_distillation_loss(
+                logp, logp_old, batch["logp_infer"], logp_teacher, batch["mask"], cfg.beta, cfg.eps_low,
+                cfg.eps_high,
+            )  # fmt: skip
         return loss, _DistillOut(owner, logp_old, logp_teacher, entropy, stats)
 
     def metrics(

@@ -146,3 +146,29 @@ def on_policy_distillation_loss(
     """Eq. 1 with the advantage replaced per token by Eq. 2 (on-policy cross-stage distillation)."""
     adv = on_policy_distillation_advantages(logp_teacher, logp_old)
     return _icepop_ppo(logp, logp_old, logp_infer, adv, mask, beta, eps_low, eps_high)
+
+
+def exact_reverse_kl_distillation_loss(
+    logp_all: torch.Tensor,
+    logp_teacher_all: torch.Tensor,
+    logp_old: torch.Tensor,
+    logp_infer: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float = 2.0,
+) -> tuple[torch.Tensor, LossStats]:
+    """Eq. 2 in expectation: at each position of the student's own sample, the reverse KL over the whole
+    vocabulary instead of its one-token estimate,
+
+        L(θ) = E[ 1/|y_i| Σ_t pop(ρ_it, 1/β, β) · KL(π_θ(·|y_<t) || π_teacher(·|y_<t)) ]
+
+    Its gradient at a position is E_{y~π_θ}[(log π_θ(y) - log π_teacher(y)) ∇log π_θ(y)], the expectation of
+    Eq. 2's policy gradient there, without the noise of one sampled token (the report averages that noise
+    away over a batch of 1024; a CPU batch of 16 cannot). IcePop masks positions as in Eq. 1.
+
+    logp_all / logp_teacher_all: [B, T, V] log-softmax at each response position (gradient through
+    `logp_all` only); logp_old / logp_infer: [B, T] of the sampled tokens (training / rollout engine)."""
+    rho = torch.exp(logp_old - logp_infer).detach()
+    weight = icepop_weight(rho, beta)
+    kl = (logp_all.exp() * (logp_all - logp_teacher_all.detach())).sum(-1)
+    loss = _per_sequence_mean(weight * kl, mask).mean()
+    return loss, _masked_stats(mask, rho, masked_fraction=weight == 0)

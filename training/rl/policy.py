@@ -41,18 +41,33 @@ def response_batch(trajs: Sequence[Trajectory], pad_id: int) -> dict[str, torch.
     return {"input_ids": ids, "logp_infer": logp_infer, "mask": mask, "starts": starts}
 
 
-def token_logprobs(
+def response_logprobs_all(
     model: nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log π(response_t), entropy_t), each [B, T], under `model`; gradient flows if enabled."""
+) -> torch.Tensor:
+    """[B, T, V] log-softmax at every response position under `model`; gradient flows if enabled."""
     ids, starts = batch["input_ids"], batch["starts"]
     width = batch["mask"].shape[1]
     logits = model(input_ids=ids).logits.float() / max(temperature, 1e-6)
     # position p predicts token p + 1: response token t sits at starts + t and is predicted at starts + t - 1
     cols = (starts.unsqueeze(1) + torch.arange(width).unsqueeze(0) - 1).clamp(max=ids.shape[1] - 2)
     picked = logits.gather(1, cols.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    logp_all = F.log_softmax(picked, dim=-1)
-    targets = ids.gather(1, (cols + 1).clamp(max=ids.shape[1] - 1))
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return F.log_softmax(picked, dim=-1)
+
+
+def response_targets(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B, T] the sampled response tokens (aligned with `response_logprobs_all`'s positions)."""
+    ids, starts = batch["input_ids"], batch["starts"]
+    cols = (starts.unsqueeze(1) + torch.arange(batch["mask"].shape[1]).unsqueeze(0)).clamp(
+        max=ids.shape[1] - 1
+    )
+    return ids.gather(1, cols)
+
+
+def token_logprobs(
+    model: nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(response_t), entropy_t), each [B, T], under `model`; gradient flows if enabled."""
+    logp_all = response_logprobs_all(model, batch, temperature)
+    logp = logp_all.gather(-1, response_targets(batch).unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy.detach()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -110,19 +110,22 @@ def difficulty_filter(tasks: list[Task], pass_rates: dict[str, float]) -> list[T
     return [t for t in tasks if 0.0 < pass_rates.get(t.id, 0.0) < 1.0]
 
 
-def eval_subset(tasks: Sequence[Task], per_domain: int) -> list[Task]:
-    """Up to `per_domain` tasks of each domain, taken round-robin over its difficulty levels (file order within a
-    level), so a capped eval covers every level instead of the first levels in file order."""
+def eval_subset(
+    tasks: Sequence[Task], per_domain: int, for_domain: Mapping[str, int] | None = None
+) -> list[Task]:
+    """Up to `per_domain` tasks of each domain (`for_domain[domain]` where given), taken round-robin over its
+    difficulty levels (file order within a level), so a capped eval covers every level instead of the first
+    levels in file order."""
     levels: dict[str, dict[int, list[Task]]] = {}
     for t in tasks:
         levels.setdefault(t.domain, {}).setdefault(t.difficulty, []).append(t)
     out: list[Task] = []
     for domain in sorted(levels):
         queues = [list(reversed(q)) for _, q in sorted(levels[domain].items())]
-        picked = 0
-        while picked < per_domain and any(queues):
+        picked, cap = 0, (for_domain or {}).get(domain, per_domain)
+        while picked < cap and any(queues):
             for q in queues:
-                if q and picked < per_domain:
+                if q and picked < cap:
                     out.append(q.pop())
                     picked += 1
     return out

@@ -1,10 +1,13 @@
 """What every post-training job entry shares (Reasoning RL, Agentic RL, General RL, distillation): the parent
 writes the job's spec under its run dir and starts `python -m <module> --spec <file>`; the child runs and
-writes `<run_dir>/result.json` last (temp + rename), which the parent reads."""
+writes `<run_dir>/result.json` last (temp + rename), which the parent reads. A rerun of a job that finished
+(the same spec, run-time fields aside, and its exported checkpoint still there) returns that result instead of
+resuming from the last periodic checkpoint and redoing the steps after it."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import sys
@@ -18,6 +21,10 @@ from infra.launcher import LaunchCommand, build_launch_command
 
 S = TypeVar("S", bound=BaseModel)
 RESULT = "result.json"
+FINISHED = "finished.json"  # the digest of the spec whose run wrote result.json, written after it
+RUN_TIME_FIELDS = {"callbacks", "threads"}  # how a job reports and how many threads: not what it computes
+
+log = logging.getLogger(__name__)
 
 
 def child_command(
@@ -84,11 +91,47 @@ def write_result(run_dir: Path, result: dict[str, Any]) -> None:
     tmp.replace(run_dir / RESULT)
 
 
+def spec_digest(spec: BaseModel) -> str:
+    """What a job computes: its spec without the run-time fields (paths inside are content-versioned)."""
+    fields = RUN_TIME_FIELDS & set(type(spec).model_fields)
+    return hashlib.sha256(spec.model_dump_json(exclude=fields).encode()).hexdigest()
+
+
+def finished_result(run_dir: Path, digest: str) -> dict[str, Any] | None:
+    """The result of the finished run of this spec in `run_dir`, or None (not finished, another spec, or
+    its exported checkpoint gone)."""
+    marker, result = run_dir / FINISHED, run_dir / RESULT
+    if not (marker.exists() and result.exists()):
+        return None
+    try:
+        if json.loads(marker.read_text()).get("spec_digest") != digest:
+            return None
+        out = json.loads(result.read_text())
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    hf = out.get("hf_dir")
+    return out if hf is None or (Path(hf) / "config.json").exists() else None
+
+
 def child_main(argv: list[str] | None, spec_class: type[S], run: Callable[[S], Any], description: str) -> int:
     """The `python -m <module> --spec FILE` entry of a job."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--spec", required=True, type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    run(spec_class.model_validate_json(args.spec.read_text()))
+    run_once(spec_class.model_validate_json(args.spec.read_text()), run)
     return 0
+
+
+def run_once(spec: S, run: Callable[[S], Any]) -> None:
+    """`run(spec)`, unless this spec already finished in its run dir (then its result.json stands)."""
+    run_dir, digest = Path(spec.run_dir), spec_digest(spec)
+    if finished_result(run_dir, digest) is not None:
+        log.info("%s: this job already finished; its %s is reused", run_dir, RESULT)
+        return
+    # until run() rewrites result.json, the one there is not this spec's
+    (run_dir / FINISHED).unlink(missing_ok=True)
+    run(spec)
+    tmp = run_dir / f"{FINISHED}.tmp"
+    tmp.write_text(json.dumps({"spec_digest": digest}))
+    tmp.replace(run_dir / FINISHED)

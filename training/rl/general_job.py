@@ -253,11 +253,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    from training.child_job import run_once
+
     text = args.spec.read_text()
     if args.kind == "orm":
-        _run_orm(ORMJobSpec.model_validate_json(text))
+        run_once(ORMJobSpec.model_validate_json(text), _run_orm)
     else:
-        _run_general(GeneralRLJobSpec.model_validate_json(text))
+        run_once(GeneralRLJobSpec.model_validate_json(text), _run_general)
     return 0
 
 

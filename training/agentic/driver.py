@@ -139,8 +139,10 @@ class RolloutDriver:
     def _batch_ready(self) -> bool:
         """Generate now, or wait a moment for more rollouts to come back from their environments: one batched
         call is much cheaper than several small ones (an engine without continuous batching)."""
-        if self.lockstep or len(self.waiting) >= self.max_batch or not self.env_calls:
-            return not (self.lockstep and self.env_calls)
+        if self.lockstep:
+            return not self.env_calls
+        if len(self.waiting) >= self.max_batch or not self.env_calls:
+            return True
         return time.perf_counter() - self._waiting_since >= self.batch_wait_s
 
     def _submit(self, kind: str, live: _Live, fn: Callable, *args: Any) -> None:

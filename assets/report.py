@@ -27,6 +27,7 @@ from training.report import (
     clear_recoveries,
     post_training_report,
     recovery_rows,
+    test_split_row,
 )
 from training.tasks.suites import read_tasks
 from training.tokenizer import load_tokenizer
@@ -85,9 +86,11 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
     text = (
         heldout_shards(s) if is_committed(s, SHARDS_PREFIX) else None
     )  # perplexity and passkey need the shards
+    test = tasks_dir / "test.jsonl"
     sets = build_heldout_sets(
         tok, cfg, text, read_tasks(tasks_dir / "heldout.jsonl"), facts,
         read_agentic_tasks(agentic_dir)["heldout"], read_agentic_facts(agentic_dir),
+        read_tasks(test) if test.exists() else [],
     )  # fmt: skip
     out = plot_dir("post-training-report-")
     general = _general_scorer(s, cfg, facts)
@@ -108,7 +111,7 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         md += _recovery_md(recovery)
     counts = {
         "texts": sum(len(r) for r in sets.text_rows.values()), "passkey": len(sets.passkey),
-        "reasoning": len(sets.reasoning), "agentic": len(sets.agentic),
+        "reasoning": len(sets.reasoning), "agentic": len(sets.agentic), "test split": len(sets.test),
     }  # fmt: skip
     md += "\n\nheld-out items: " + ", ".join(f"{k} {v}" for k, v in counts.items())
     if general is None:
@@ -129,21 +132,29 @@ def _recovery_md(rows: list[dict]) -> str:
     clear = clear_recoveries(rows)
     headline = (
         "Drops larger than twice their paired SE that distillation recovered, by more than twice the "
-        "recovery's paired SE and by at least half the drop: "
-        + (
-            "; ".join(
-                f"{r['metric']} after {r['RL stage']}: drop {r['drop']} ± {r['drop SE (paired)']}, "
-                f"recovered {r['recovered']} ± {r['recovered SE (paired)']} ({r['recovered share']:.0%}) "
-                f"by {r['distilled']}"
-                for r in clear
-            )
-            or "none"
-        )
+        "recovery's paired SE and by at least half the drop, on the held-out (dev) items: "
+        + ("; ".join(_recovery_line(r, test_split_row(rows, r)) for r in clear) or "none")
     )
     return (
         "\n\n### Each distillation against the same RL checkpoint without it (drop = the best earlier "
         "teacher minus the RL checkpoint; recovered = distilled minus the RL checkpoint; paired SEs over the "
-        "same held-out items)\n\n" + headline + "\n\n" + markdown_table(rows)
+        "same items; `test/` rows: the frozen test split, with the held-out row's teacher)\n\n"
+        + headline + "\n\n" + markdown_table(rows)
+    )  # fmt: skip
+
+
+def _recovery_line(r: dict, test: dict | None) -> str:
+    line = (
+        f"{r['metric']} after {r['RL stage']}: drop {r['drop']} ± {r['drop SE (paired)']}, "
+        f"recovered {r['recovered']} ± {r['recovered SE (paired)']} ({r['recovered share']:.0%}) "
+        f"by {r['distilled']}"
+    )
+    if test is None:
+        return line + " (no test-split check: not scored)"
+    verdict = "holds" if test["holds"] else "does not hold"
+    return (
+        f"{line}; on the frozen test split it {verdict}: drop {test['drop']} ± {test['drop SE (paired)']}, "
+        f"recovered {test['recovered']} ± {test['recovered SE (paired)']}"
     )
 
 

@@ -7,6 +7,8 @@ Metrics (all on the same items for every checkpoint):
 - `ppl/<source>`: held-out perplexity; SE by the delta method over rows (se(ppl) = ppl · se(mean row NLL));
 - `passkey/<length>`: passkey multiple-choice accuracy at the longest length, binomial SE;
 - `pass_at_1/<domain>`: greedy pass@1 on the held-out reasoning tasks (math / code / tool / knowledge ...);
+- `test/pass_at_1/<domain>`: the same on the frozen test split (task_suites' test.jsonl), scored once per
+  report and never read to choose a setting: the check on what the held-out (dev) columns suggest;
 - `success/<family>`: greedy success on the held-out agentic tasks with in-process environments;
 - `general/<component>`: general-reward components, when a scorer is given.
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 Score = tuple[float, float]  # (value, standard error)
 Items = dict[str, float]  # item id -> that item's value (0/1, a reward, a row's mean NLL)
 GeneralScorer = Callable[[torch.nn.Module, Any], Mapping[str, Mapping[str, float]]]  # component -> Items
-HIGHER_IS_BETTER = ("passkey/", "pass_at_1/", "success/", "general/")  # ppl/ is lower-is-better
+HIGHER_IS_BETTER = ("passkey/", "pass_at_1/", "test/", "success/", "general/")  # ppl/ is lower-is-better
 
 
 class ReportConfig(BaseModel):
@@ -53,6 +55,11 @@ class ReportConfig(BaseModel):
         {"code": 200},
         description="Per-domain exceptions to reasoning_tasks_per_domain (code's pass@1 moves by 2-3 points "
         "between stages: 60 tasks cannot tell that from noise)",
+    )
+    test_split: bool = Field(
+        True,
+        description="Also score the frozen test split (test/pass_at_1/<domain>), once per report; never used "
+        "to choose a setting",
     )
     max_new_tokens: int = Field(48, ge=1, description="Tokens per turn on the reasoning tasks")
     max_turns: int = Field(3, ge=1, description="Assistant turns on the reasoning tasks")
@@ -76,6 +83,7 @@ class HeldoutSets:
     text_rows: dict[str, torch.Tensor] = field(default_factory=dict)  # source -> [N, T] token ids
     passkey: list[PasskeyItem] = field(default_factory=list)
     reasoning: list[Task] = field(default_factory=list)
+    test: list[Task] = field(default_factory=list)  # the frozen test split, whole
     facts: list[tuple[str, str]] = field(default_factory=list)  # knowledge suite
     agentic: list[Task] = field(default_factory=list)
     agentic_facts: list[tuple[str, str]] = field(default_factory=list)  # search family's documents
@@ -112,16 +120,20 @@ def build_heldout_sets(
     facts: Sequence[tuple[str, str]] = (),
     agentic: Sequence[Task] = (),
     agentic_facts: Sequence[tuple[str, str]] = (),
+    test: Sequence[Task] = (),
 ) -> HeldoutSets:
     """Held-out rows per source and passkey items from token shards (`training.data.shard_paths(...,
-    "heldout")`), and capped task subsets (round-robin over difficulty levels)."""
+    "heldout")`), capped task subsets (round-robin over difficulty levels), and the whole test split when
+    `cfg.test_split`."""
     from training.data import iter_shard_documents
     from training.evals import heldout_rows
     from training.recall_tasks import FillerText, passkey_items
     from training.tasks.suites import eval_subset
     from training.tokenizer import EOS
 
-    sets = HeldoutSets(facts=list(facts), agentic_facts=list(agentic_facts))
+    sets = HeldoutSets(
+        facts=list(facts), agentic_facts=list(agentic_facts), test=list(test) if cfg.test_split else []
+    )
     sets.reasoning = eval_subset(list(reasoning), cfg.reasoning_tasks_per_domain, cfg.reasoning_tasks_for)
     sets.agentic = eval_subset(list(agentic), cfg.agentic_tasks_per_domain)
     if text_shards:
@@ -175,7 +187,7 @@ def score_checkpoint(
     """Every metric of the table for one model (left in eval mode), with each metric's per-item values."""
     from training.dsa_indexer import set_dsa_mode
     from training.evals import model_choice_scorer, passkey_hits
-    from training.rl.reasoning import greedy_rewards, pass_at_1_of
+    from training.rl.reasoning import greedy_rewards
     from training.rollout.engine import LocalRolloutEngine
     from training.tasks.suites import suites
 
@@ -193,17 +205,15 @@ def score_checkpoint(
         out.scores[f"passkey/{n}"] = (p, math.sqrt(p * (1 - p) / len(hits)))  # binomial
         out.items[f"passkey/{n}"] = {str(i): float(h) for i, h in enumerate(hits)}
     pad = tokenizer.pad_token_id
-    if sets.reasoning:
+    if sets.reasoning or sets.test:
         engine = LocalRolloutEngine(model, dtype=torch.float32, pad_id=pad)
         verifiers = sets.verifiers if sets.verifiers is not None else suites(sets.facts)
-        rewards = greedy_rewards(
-            engine, tokenizer, sets.reasoning, verifiers, cfg.max_new_tokens, cfg.max_turns
-        )
-        scores = pass_at_1_of(rewards, sets.reasoning)
-        for domain in sorted({t.domain for t in sets.reasoning}):
-            key = f"pass_at_1/{domain}"
-            out.scores[key] = (scores[key], scores[f"pass_at_1_se/{domain}"])
-            out.items[key] = {t.id: rewards[t.id] for t in sets.reasoning if t.domain == domain}
+        for prefix, tasks in (("", sets.reasoning), ("test/", sets.test)):
+            if tasks:
+                rewards = greedy_rewards(
+                    engine, tokenizer, tasks, verifiers, cfg.max_new_tokens, cfg.max_turns
+                )
+                _pass_at_1(prefix, rewards, tasks, out)
     if sets.agentic:
         _agentic_success(model, tokenizer, sets, cfg, pad, out)
     if score_general is not None:
@@ -211,6 +221,18 @@ def score_checkpoint(
             out.scores[f"general/{name}"] = mean_with_se(items)
             out.items[f"general/{name}"] = dict(items)
     return out
+
+
+def _pass_at_1(
+    prefix: str, rewards: Mapping[str, float], tasks: Sequence[Task], out: CheckpointScores
+) -> None:
+    from training.rl.reasoning import pass_at_1_of
+
+    scores = pass_at_1_of(dict(rewards), tasks)
+    for domain in sorted({t.domain for t in tasks}):
+        key = f"{prefix}pass_at_1/{domain}"
+        out.scores[key] = (scores[f"pass_at_1/{domain}"], scores[f"pass_at_1_se/{domain}"])
+        out.items[key] = {t.id: rewards[t.id] for t in tasks if t.domain == domain}
 
 
 def _agentic_success(
@@ -290,7 +312,7 @@ def _metric_order(scores: Mapping[str, Mapping[str, Score]]) -> list[str]:
     seen: dict[str, None] = {}
     for s in scores.values():
         seen.update(dict.fromkeys(s))
-    kinds = ("ppl/", "passkey/", "pass_at_1/", "success/", "general/")
+    kinds = ("ppl/", "passkey/", "pass_at_1/", "test/", "success/", "general/")
     return sorted(
         seen, key=lambda m: (next((i for i, k in enumerate(kinds) if m.startswith(k)), len(kinds)), m)
     )
@@ -309,20 +331,25 @@ def recovery_rows(
     `distilled` won back (`recovered`); `within_se` when distilled is within the two SEs
     (sqrt(se_teacher² + se_distilled²)) of the teacher. With per-item values (`items`), the drop's and the
     recovery's paired SEs over the shared items, and `clear drop` when the drop exceeds twice its SE. Signs
-    are "better is positive" (perplexity flipped). A metric no teacher has is left out."""
+    are "better is positive" (perplexity flipped). A metric no teacher has is left out. A `test/<metric>` row
+    takes `<metric>`'s teacher."""
     names = list(scores)
     if parent not in scores or distilled not in scores:
         raise ValueError(
             f"recovery: {parent!r} and {distilled!r} must both be checkpoints of the table ({names})"
         )
     candidates = names[: names.index(parent)] if teachers is None else [t for t in teachers if t in scores]
-    rows = []
+    rows, chosen = [], {}
     for metric in _metric_order(scores):
         sign = 1.0 if metric.startswith(HIGHER_IS_BETTER) else -1.0
         have = [n for n in candidates if metric in scores[n]]
         if not have or metric not in scores[parent] or metric not in scores[distilled]:
             continue
-        best = max(have, key=lambda n: sign * scores[n][metric][0])
+        dev = chosen.get(metric.removeprefix("test/")) if metric.startswith("test/") else None
+        # a test-split row keeps its held-out row's teacher: picking the best teacher on the test split
+        # would be a choice made on it
+        best = dev if dev in have else max(have, key=lambda n: sign * scores[n][metric][0])
+        chosen[metric] = best
         (b, b_se), (p, _), (d, d_se) = scores[best][metric], scores[parent][metric], scores[distilled][metric]
         drop, gain = sign * (b - p), sign * (d - p)
         row = {
@@ -353,13 +380,26 @@ def _paired_se(metric: str, scores, items, a: str, b: str) -> float | None:
 
 
 def clear_recoveries(rows: Sequence[Mapping[str, Any]], share: float = 0.5) -> list[Mapping[str, Any]]:
-    """The rows where both the drop and distillation's recovery are clear (each over twice its paired SE)
-    and the recovery is at least `share` of the drop."""
-    return [
-        r for r in rows
-        if r.get("clear drop") and isinstance(r["recovered share"], float) and r["recovered share"] >= share
+    """The held-out (dev) rows where both the drop and distillation's recovery are clear (each over twice its
+    paired SE) and the recovery is at least `share` of the drop. Test-split rows are never selected here:
+    `test_split_row` looks up the one that checks a selected row."""
+    return [r for r in rows if not r["metric"].startswith("test/") and _is_clear(r, share)]
+
+
+def _is_clear(r: Mapping[str, Any], share: float) -> bool:
+    return bool(
+        r.get("clear drop") and isinstance(r["recovered share"], float) and r["recovered share"] >= share
         and isinstance(r["recovered SE (paired)"], float) and r["recovered"] > 2 * r["recovered SE (paired)"]
-    ]  # fmt: skip
+    )  # fmt: skip
+
+
+def test_split_row(rows: Sequence[Mapping[str, Any]], row: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The frozen test split's row for the same distillation and metric as the held-out `row` (None when the
+    test split has no such metric), with `holds`: the same clear-recovery criteria met on the test split."""
+    for r in rows:
+        if r["distilled"] == row["distilled"] and r["metric"] == f"test/{row['metric']}":
+            return {**r, "holds": _is_clear(r, 0.5)}
+    return None
 
 
 def plot_report(scores: Mapping[str, Mapping[str, Score]], path: Path, title: str = "") -> Path:

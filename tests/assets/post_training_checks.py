@@ -7,6 +7,7 @@ Run by tests/assets/test_whole_graph.py on its one run of the whole graph, so th
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -156,6 +157,7 @@ def _check_distillation_and_report(instance: dg.DagsterInstance, tracker: Tracke
     assert names == ["midtrain_stage3", "sft", "reasoning_rl", "reasoning_rl_distilled", "agentic_rl",
                      "agentic_rl_distilled", "general_rl", "distilled"]  # fmt: skip
     assert all(k in table[0] for k in ("pass_at_1/math", "success/terminal", "general/total")), table[0]
+    assert " test/pass_at_1/code " in table[0] and re.search(r"test split [1-9]", md)  # the test split too
     # every cell is also a metric of the report's MLflow run (a key MLflow refuses, e.g. with '@', was dropped)
     logged = tracker.get_run(event.asset_materialization.metadata["mlflow_run_id"].value).data.metrics
     assert {"distilled/pass_at_1/math", "distilled/pass_at_1/math_se", "sft/success/terminal"} <= set(logged)
@@ -169,6 +171,7 @@ def _check_distillation_and_report(instance: dg.DagsterInstance, tracker: Tracke
     report_run = event.asset_materialization.metadata["mlflow_run_id"].value
     items = json.loads(Path(tracker.client.download_artifacts(report_run, "report_items.json")).read_text())
     assert set(items) == set(names) and len(items["distilled"]["pass_at_1/math"]) >= 2
+    assert len(items["distilled"]["test/pass_at_1/math"]) >= 2  # scored per task: paired SEs on it too
     assert "plot/post_training_report" in event.asset_materialization.metadata
 
 

@@ -372,7 +372,7 @@ def test_the_results_table_shows_the_regression_and_its_recovery(setup, stages, 
     """The recipe's claim in miniature: an earlier stage's metric drops after a later stage and comes back with
     distillation from the same parent, in one table (training/report.py) with standard errors."""
     from training.checkpoint import export_hf
-    from training.report import HeldoutSets, ReportConfig, post_training_report, recovery_rows
+    from training.report import HeldoutSets, ReportConfig, post_training_report, recovery_rows, test_split_row
 
     tok, cfg, train, heldout = setup
     teacher, drifted = stages
@@ -386,12 +386,14 @@ def test_the_results_table_shows_the_regression_and_its_recovery(setup, stages, 
         for name, model in (("sft", teacher), ("later_rl", drifted), ("distilled", student))
     }
     more = [Task(f"m{i}", "color", f"pick a color {i + 200}", "blue", 1, "heldout") for i in range(16)]
-    sets = HeldoutSets(reasoning=heldout + more, verifiers={"color": SaysBlue()})
+    test = [Task(f"t{i}", "color", f"pick a color {i + 400}", "blue", 1, "test") for i in range(16)]
+    sets = HeldoutSets(reasoning=heldout + more, test=test, verifiers={"color": SaysBlue()})
     report = post_training_report(
         chain, sets, ReportConfig(max_new_tokens=4, max_turns=1), tmp_path, tokenizer=tok
     )
     scores = {n: s["pass_at_1/color"][0] for n, s in report.scores.items()}
     assert scores["sft"] > 0.9 and scores["later_rl"] < 0.1 and scores["distilled"] > 0.9, scores
-    (row,) = recovery_rows(report.scores, "later_rl", "distilled", items=report.items)
+    row, test_row = recovery_rows(report.scores, "later_rl", "distilled", items=report.items)
     assert row["teacher"] == "sft" and row["drop"] > 0.8 and row["within_se"], row
+    assert test_split_row([row, test_row], row)["holds"], test_row  # and it holds on the unseen test split
     assert row["clear drop"] and row["drop"] > 2 * row["drop SE (paired)"], row

@@ -75,6 +75,7 @@ def _sets(tok) -> HeldoutSets:
         text_rows={"chat": torch.tensor([r[:width] for r in rows])},
         passkey=passkey_items(encode, filler, [256], [0.2, 0.8], 3, 4, seed=0, key_digits=2),
         reasoning=heldout,
+        test=[Task(f"t{i}", "color", f"pick a color {i + 300}", "blue", 1, "test") for i in range(4)],
         verifiers={"color": SaysBlue()},
         agentic=TerminalSuite().generate("heldout", 2, 0, 1),
     )
@@ -90,7 +91,8 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     report = post_training_report(dirs, _sets(tok), cfg, tmp_path, score_general=general, tokenizer=tok)
     lines = report.markdown.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    metrics = ["ppl/chat", "passkey/256", "pass_at_1/color", "success/terminal", "general/helpfulness"]
+    metrics = ["ppl/chat", "passkey/256", "pass_at_1/color", "test/pass_at_1/color", "success/terminal",
+               "general/helpfulness"]  # fmt: skip
     assert header == ["checkpoint", *metrics]
     body = lines[2:]
     assert [r.split("|")[1].strip() for r in body] == ["base", "sft"]  # chain order, one row each
@@ -107,6 +109,7 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     # the checkpoint taught to answer 'blue' scores higher where it should, by more than the SEs
     base, sft = report.scores["base"], report.scores["sft"]
     assert sft["pass_at_1/color"][0] == 1.0 and base["pass_at_1/color"][0] == 0.0
+    assert sft["test/pass_at_1/color"][0] == 1.0 and base["test/pass_at_1/color"][0] == 0.0
     assert sft["ppl/chat"][0] + 2 * sft["ppl/chat"][1] < base["ppl/chat"][0] - 2 * base["ppl/chat"][1]
     assert base["ppl/chat"][1] > 0  # a real SE over rows
     p = base["passkey/256"][0]
@@ -118,9 +121,23 @@ def test_table_has_a_row_per_checkpoint_and_a_cell_with_se_per_metric(chain, tmp
     assert set(items) == set(metrics)
     assert sum(items["pass_at_1/color"].values()) / 6 == sft["pass_at_1/color"][0]
     assert np.exp(np.mean(list(items["ppl/chat"].values()))) == pytest.approx(sft["ppl/chat"][0])
+    assert set(items["test/pass_at_1/color"]) == {"t0", "t1", "t2", "t3"}  # the whole test split
     assert len(items["passkey/256"]) == 6 and set(items["success/terminal"]) <= {
         t.id for t in _sets(tok).agentic
     }
+
+
+def test_test_split_is_whole_and_can_be_switched_off(chain):
+    from training.report import build_heldout_sets
+
+    tok, _ = chain
+    test = [Task(f"t{i}", "color", f"pick {i}", "blue", 1 + i % 3, "test") for i in range(70)]
+    heldout = [Task(f"h{i}", "color", f"pick {i}", "blue", 1, "heldout") for i in range(70)]
+    cfg = ReportConfig(reasoning_tasks_per_domain=10, reasoning_tasks_for={})
+    sets = build_heldout_sets(tok, cfg, None, heldout, test=test)
+    assert len(sets.reasoning) == 10 and [t.id for t in sets.test] == [t.id for t in test]  # never capped
+    off = build_heldout_sets(tok, cfg.model_copy(update={"test_split": False}), None, heldout, test=test)
+    assert off.test == [] and len(off.reasoning) == 10
 
 
 def test_missing_metrics_render_as_a_dash():
@@ -180,6 +197,42 @@ def test_recovery_rows_pair_the_drop_and_the_recovery_over_the_same_items():
     assert not row["clear drop"] and clear_recoveries([row]) == []
     # no per-item values: no paired columns
     assert "clear drop" not in recovery_rows(scores, "rl", "distilled")[0]
+
+
+def test_test_split_rows_keep_the_held_out_teacher_and_are_never_selected():
+    """The held-out (dev) row chooses the teacher; the frozen test split's row is measured against that same
+    teacher (choosing the best teacher on the test split would be a choice made on it) and only checks it."""
+    from training.report import clear_recoveries, mean_with_se, recovery_rows, test_split_row
+
+    ids = [str(i) for i in range(40)]
+
+    def passing(n: int) -> dict[str, float]:
+        return {k: float(int(k) >= n) for k in ids}
+
+    items = {  # dev: sft is the better teacher; test: reasoning_rl would be
+        "sft": {"pass_at_1/code": passing(0), "test/pass_at_1/code": passing(10)},
+        "reasoning_rl": {"pass_at_1/code": passing(4), "test/pass_at_1/code": passing(0)},
+        "agentic_rl": {"pass_at_1/code": passing(16), "test/pass_at_1/code": passing(12)},
+        "distilled": {"pass_at_1/code": passing(2), "test/pass_at_1/code": passing(11)},
+    }
+    scores = {n: {m: mean_with_se(v) for m, v in ms.items()} for n, ms in items.items()}
+    rows = recovery_rows(scores, "agentic_rl", "distilled", ["sft", "reasoning_rl"], items)
+    dev, test = rows
+    assert dev["metric"] == "pass_at_1/code" and dev["teacher"] == "sft" and dev["drop"] == pytest.approx(0.4)
+    assert test["metric"] == "test/pass_at_1/code" and test["teacher"] == "sft"  # not reasoning_rl's 1.0
+    assert test["drop"] == pytest.approx(0.05) and test["recovered"] == pytest.approx(0.025)
+    assert clear_recoveries(rows) == [dev]  # the test row is never selected, even if it were clear
+    checked = test_split_row(rows, dev)
+    assert checked["metric"] == "test/pass_at_1/code" and checked["holds"] is False
+    # the same recovery on the test split as on dev: it holds
+    items["agentic_rl"]["test/pass_at_1/code"], items["distilled"]["test/pass_at_1/code"] = (
+        passing(26),
+        passing(12),
+    )
+    scores = {n: {m: mean_with_se(v) for m, v in ms.items()} for n, ms in items.items()}
+    rows = recovery_rows(scores, "agentic_rl", "distilled", ["sft", "reasoning_rl"], items)
+    assert test_split_row(rows, rows[0])["holds"] is True
+    assert test_split_row([rows[0]], rows[0]) is None  # no test split scored
 
 
 def test_paired_se_removes_the_noise_two_checkpoints_share():

@@ -295,6 +295,19 @@ class LocalStore(ObjectStore):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def delete_prefix(self, prefix: str) -> int:
+        """As the base class, then the directories left empty below `prefix` (and it), deepest first; a
+        directory a concurrent writer has just filled is kept (rmdir refuses a non-empty one)."""
+        n = super().delete_prefix(prefix)
+        base = self.root / prefix.rstrip("/") if prefix.strip("/") else None
+        if base is not None and base.is_dir():
+            for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [base]:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+        return n
+
     def cleanup_orphans(self, prefix: str = "") -> int:
         """Delete temp files of writers on this host that no longer run (a SIGKILL skips their cleanup)."""
         tmp_dir, removed = self.root / _TMP_DIR, 0

@@ -54,6 +54,10 @@ def test_new_version_switches_and_old_versions_are_collected(store, tmp_path):
     assert read_committed(store, "o").version == v3.version
     # the version before the current one stays for readers mid-read; older ones are gone
     assert sorted(store.list_prefixes("o")) == sorted([f"v-{v2.version}", f"v-{v3.version}"])
+    if isinstance(store, LocalStore):  # and no empty directory of a collected version stays on disk
+        assert sorted(p.name for p in (store.root / "o").iterdir() if p.is_dir()) == sorted(
+            [f"v-{v2.version}", f"v-{v3.version}"]
+        )
 
 
 def test_same_content_gives_same_version(store, tmp_path):

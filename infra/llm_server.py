@@ -113,6 +113,16 @@ class TokenCompletionModel(Protocol):
         """Serve the weights in the HF dir `path` as `version`; InvalidRequest (old weights kept) if unusable."""
 
 
+@dataclass
+class _PrefixState:
+    prefixes: tuple[str, ...]
+    cache: Any  # transformers DynamicCache holding the left-padded prefixes
+    mask: Any  # [k, width] 1 on prefix tokens, 0 on the left padding
+    lengths: Any  # [k] tokens per prefix
+    width: int
+    next_logprobs: Any  # [k, vocab] log-probs of the token after each prefix
+
+
 class TransformersChatModel:
     """A causal LM loaded in-process with transformers: a HF model directory, or a GGUF file (`gguf_file=`).
 
@@ -140,6 +150,7 @@ class TransformersChatModel:
         self.max_input_tokens = max_input_tokens
         self.seed = seed
         self._lock = threading.Lock()  # one forward pass at a time: torch already uses every core we allow
+        self._prefix: _PrefixState | None = None  # continuation_logprobs' last prefixes, computed once
         log.info("loaded %s in %.1f s", self.name, time.time() - started)
 
     def prompt_ids(self, messages: list[dict]):
@@ -174,33 +185,61 @@ class TransformersChatModel:
         self, prefixes: list[str], text: str, max_text_tokens: int = 256
     ) -> tuple[list[float], int]:
         """Mean per-token log-likelihood of `text` (first `max_text_tokens` tokens) after each prefix, in one
-        padded batch; and the number of text tokens scored. A plain-text (not chat) reading of the model."""
+        batch; and the number of text tokens scored. A plain-text (not chat) reading of the model.
+
+        The prefixes' keys and values are computed once per prefix list and reused (a judge reads every
+        document after the same level descriptions): only the text's tokens go through the model per call."""
         import torch
 
         text_ids = self.tokenizer.encode(text, add_special_tokens=False)[:max_text_tokens] or [
             self.tokenizer.eos_token_id
         ]
-        prefix_ids = [
-            self.tokenizer.encode(p, add_special_tokens=False) or [self.tokenizer.eos_token_id]
-            for p in prefixes
-        ]
-        seqs = [p + text_ids for p in prefix_ids]
-        width = max(len(q) for q in seqs)
-        ids = torch.full((len(seqs), width), self.tokenizer.eos_token_id or 0, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, q in enumerate(seqs):
-            ids[i, : len(q)] = torch.tensor(q)
-            mask[i, : len(q)] = 1
+        n, target = len(text_ids), torch.tensor(text_ids)
         with self._lock, torch.no_grad():
-            logits = self.model(ids, attention_mask=mask).logits.float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        target = torch.tensor(text_ids)
-        means = []
-        for i, p in enumerate(prefix_ids):
-            start = len(p) - 1  # the position that predicts the first text token
-            rows = logprobs[i, start : start + len(text_ids)]
-            means.append(float(rows.gather(1, target[:, None]).mean()))
-        return means, len(text_ids)
+            prefix = self._prefix_state(tuple(prefixes))
+            k = len(prefixes)
+            first = prefix.next_logprobs[:, text_ids[0]]  # each prefix's last position predicts token 0
+            rest = torch.zeros(k, 0)
+            if n > 1:
+                mask = torch.cat([prefix.mask, torch.ones(k, n - 1, dtype=torch.long)], 1)
+                positions = prefix.lengths[:, None] + torch.arange(n - 1)[None]
+                try:
+                    logits = self.model(
+                        target[None, :-1].expand(k, -1), attention_mask=mask, position_ids=positions,
+                        past_key_values=prefix.cache, use_cache=True,
+                    ).logits.float()  # fmt: skip
+                finally:
+                    # back to the prefixes alone for the next call (crop takes the tokens to remove, negated)
+                    prefix.cache.crop(-(prefix.cache.get_seq_length() - prefix.width))
+                picked = torch.log_softmax(logits, dim=-1).gather(2, target[None, 1:, None].expand(k, -1, 1))
+                rest = picked[..., 0]
+            means = torch.cat([first[:, None], rest], 1).mean(1)
+        return [float(m) for m in means], n
+
+    def _prefix_state(self, prefixes: tuple[str, ...]) -> _PrefixState:
+        """Keys and values of `prefixes`, left-padded to one width, and each one's next-token log-probs."""
+        import torch
+        from transformers import DynamicCache
+
+        if self._prefix is not None and self._prefix.prefixes == prefixes:
+            return self._prefix
+        eos = self.tokenizer.eos_token_id
+        rows = [self.tokenizer.encode(p, add_special_tokens=False) or [eos] for p in prefixes]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), eos or 0, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        )
+        lengths = torch.tensor([len(r) for r in rows])
+        self._prefix = _PrefixState(
+            prefixes, cache, mask, lengths, width, torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+        )
+        return self._prefix
 
     def chat(
         self, messages: list[dict], max_tokens: int = 16, temperature: float = 0.0, top_logprobs: int = 0

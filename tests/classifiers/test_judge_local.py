@@ -42,8 +42,35 @@ def test_smollm2_judge_in_process(tmp_path):
     entry = rubric.cache.get(first[0].doc_hash)
     assert entry.method == "logprobs" and sum(entry.digit_probs) == pytest.approx(1.0)
 
+    # the level prefixes' keys and values are computed once and reused: each prefix + text on its own, in a
+    # plain forward pass without cache or padding, gives the same mean log-likelihoods
+    chat_model = backend.chat_model
+    for name in ("edu_math_levels_v1", "general_rubric_levels_v1", "edu_math_levels_v1"):
+        prefixes = [f"{description}\n\n" for _, description in load_prompt(name).levels]
+        for text in (texts[0], "x"):
+            means, n = chat_model.continuation_logprobs(prefixes, text, 64)
+            assert means == pytest.approx(_plain_means(chat_model, prefixes, text, 64), abs=1e-4)
+            assert n == min(64, len(chat_model.tokenizer.encode(text, add_special_tokens=False)))
+
     again = JudgeClient(
         backend, load_prompt("edu_math_levels_v1"), store, JudgeClientConfig(show_progress=False)
     )
     assert [s.score for s in again.score_texts(texts)] == scores
     assert again.metrics().get("judge/calls", 0) == 0
+
+
+def _plain_means(chat_model, prefixes: list[str], text: str, max_tokens: int) -> list[float]:
+    import torch
+
+    enc = lambda t: chat_model.tokenizer.encode(t, add_special_tokens=False)  # noqa: E731
+    text_ids = enc(text)[:max_tokens]
+    out = []
+    for prefix in prefixes:
+        ids = enc(prefix) + text_ids
+        with torch.no_grad():
+            logprobs = torch.log_softmax(chat_model.model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        start = len(ids) - len(text_ids) - 1
+        out.append(
+            float(logprobs[start : start + len(text_ids)].gather(1, torch.tensor(text_ids)[:, None]).mean())
+        )
+    return out

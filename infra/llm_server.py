@@ -137,8 +137,7 @@ class TransformersChatModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(path)
-        if threads:
-            torch.set_num_threads(threads)
+        self.threads = threads
         kwargs: dict[str, Any] = {}
         if path.is_file():  # a GGUF file: transformers de-quantizes it into a torch model
             kwargs["gguf_file"] = path.name
@@ -152,6 +151,23 @@ class TransformersChatModel:
         self._lock = threading.Lock()  # one forward pass at a time: torch already uses every core we allow
         self._prefix: _PrefixState | None = None  # continuation_logprobs' last prefixes, computed once
         log.info("loaded %s in %.1f s", self.name, time.time() - started)
+
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
+        """One forward pass at a time, on `threads` torch threads and without grad. torch's thread count is
+        the process's: set it for this model's passes only and put it back, or a judge built inside a training
+        process (General RL, the report) would leave the whole process on its one thread."""
+        import torch
+
+        with self._lock, torch.no_grad():
+            before = torch.get_num_threads()
+            if self.threads and self.threads != before:
+                torch.set_num_threads(self.threads)
+            try:
+                yield
+            finally:
+                if torch.get_num_threads() != before:
+                    torch.set_num_threads(before)
 
     def prompt_ids(self, messages: list[dict]):
         ids = self.tokenizer.apply_chat_template(
@@ -176,7 +192,7 @@ class TransformersChatModel:
         ids = self.prompt_ids(messages)
         if assistant_prefix:
             ids = ids + self.tokenizer.encode(assistant_prefix, add_special_tokens=False)
-        with self._lock, torch.no_grad():
+        with self._busy():
             logits = self.model(torch.tensor([ids])).logits[0, -1].float()
         logprobs = torch.log_softmax(logits, dim=-1)
         return {c: float(logprobs[self.token_id(c)]) for c in candidates}, len(ids)
@@ -195,7 +211,7 @@ class TransformersChatModel:
             self.tokenizer.eos_token_id
         ]
         n, target = len(text_ids), torch.tensor(text_ids)
-        with self._lock, torch.no_grad():
+        with self._busy():
             prefix = self._prefix_state(tuple(prefixes))
             k = len(prefixes)
             first = prefix.next_logprobs[:, text_ids[0]]  # each prefix's last position predicts token 0
@@ -247,7 +263,7 @@ class TransformersChatModel:
         import torch
 
         ids = self.prompt_ids(messages)
-        with self._lock, torch.no_grad():
+        with self._busy():
             torch.manual_seed(self.seed)
             out = self.model.generate(
                 torch.tensor([ids]),

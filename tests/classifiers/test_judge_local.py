@@ -5,6 +5,7 @@ rubric prompt's digit distribution is read from log-probs, and a rerun is served
 from __future__ import annotations
 
 import pytest
+import torch
 
 from classifiers.judge.client import JudgeClient, JudgeClientConfig
 from classifiers.judge.judge_config import JudgeConfig, build_backend, prompt_name
@@ -16,7 +17,26 @@ from infra.store import LocalStore
 def test_smollm2_judge_in_process(tmp_path):
     config = JudgeConfig()  # the tiny default: local backend, packaged SmolLM2
     assert prompt_name(config, "edu_math") == "edu_math_levels_v1"
-    backend = build_backend(config)
+    process_threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a training process on 2 cores builds its judge (General RL, the report)
+    try:
+        backend = build_backend(config)
+        threads_in_forward: list[int] = []
+        hook = backend.chat_model.model.register_forward_pre_hook(
+            lambda *_: threads_in_forward.append(torch.get_num_threads())
+        )
+        backend.answer(load_prompt("general_rubric_levels_v1"), "Request: hi. Answer: hello.")
+        backend.answer(load_prompt("edu_math_v1"), "2 + 2 = 4")  # the rubric (chat) reading too
+        hook.remove()
+        # the judge's passes ran on its own one thread, and the process kept its two
+        assert len(threads_in_forward) >= 3 and set(threads_in_forward) == {config.local_threads} == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(process_threads)
+    _score_and_check(backend, tmp_path)
+
+
+def _score_and_check(backend, tmp_path) -> None:
     assert backend.model_id == "local:SmolLM2-135M-Instruct.Q4_1.gguf"
     store = LocalStore(tmp_path)
     probes = load_probe_set()

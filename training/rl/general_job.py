@@ -39,7 +39,11 @@ class GeneralRLStageConfig(GeneralRLConfig):
         default_factory=HybridRewardConfig, description="Per-component weights per objective dimension"
     )
     judge: JudgeConfig | None = Field(
-        default_factory=lambda: JudgeConfig(client=JudgeClientConfig(show_progress=False, max_calls=4000)),
+        # local_threads None: the GRM runs between the policy's steps, never beside them, so it takes the
+        # training process's threads (all cores) instead of the data-side judge's one
+        default_factory=lambda: JudgeConfig(
+            local_threads=None, client=JudgeClientConfig(show_progress=False, max_calls=4000)
+        ),
         description="Judge of the GRM component (local SmolLM2 or an endpoint; client.max_calls is its budget); "
         "None = no GRM (then give grm no weight)",
     )

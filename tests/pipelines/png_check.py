@@ -10,8 +10,9 @@ from PIL import Image
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def assert_drawn_png(path: Path, min_bytes: int = 8_000, max_bytes: int = 400_000) -> tuple[int, int]:
-    """Header, size within what Dagster inlines, a figure-sized image with more than one colour; returns
+def assert_drawn_png(path: Path, min_bytes: int = 3_000, max_bytes: int = 400_000) -> tuple[int, int]:
+    """Header, size within what Dagster inlines (palette PNGs: a blank canvas is under 1 KB), a figure-sized
+    image with more than one colour; returns
     (width, height)."""
     path = Path(path)
     assert path.is_file(), path

@@ -4,6 +4,7 @@ success, General RL's hybrid-reward components), each cell with its standard err
 Each distillation's parent RL checkpoint is in the table too, so its effect is shown against the same parent
 without it."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -111,9 +112,10 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         md += _recovery_md(recovery)
     counts = {
         "texts": sum(len(r) for r in sets.text_rows.values()), "passkey": len(sets.passkey),
-        "reasoning": len(sets.reasoning), "agentic": len(sets.agentic), "test split": len(sets.test),
+        "reasoning": len(sets.reasoning), "agentic": len(sets.agentic), "test split tasks": len(sets.test),
     }  # fmt: skip
     md += "\n\nheld-out items: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    md += _ppl_test_md(sets.test_text_rows, cfg)
     if general is None:
         md += "\n\nno committed General RL prompts / outcome reward model: general-reward components left out"
     if text is None:
@@ -125,6 +127,19 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         report_md=md,
         artifacts={"plots/post_training_report.png": result.plot, "report_items.json": items},
         data_version=",".join(p.name for p in checkpoints.values()),
+    )
+
+
+def _ppl_test_md(rows: dict, cfg: ReportConfig) -> str:
+    """Which sources have a perplexity test split, and the digest of its rows (the same for every checkpoint)."""
+    if not cfg.test_split or not cfg.ppl_test_tokens:
+        return ""
+    parts = [
+        f"{s} {len(r)} rows (sha256 {hashlib.sha256(r.numpy().tobytes()).hexdigest()[:16]})"
+        for s, r in sorted(rows.items())
+    ]
+    return f"\n\nperplexity test split (held-out tokens past {cfg.ppl_test_after_tokens:,}): " + (
+        "; ".join(parts) or "none: no source has that many held-out tokens"
     )
 
 

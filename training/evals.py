@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from infra.stage import StageResult
-from training.data import TokenStream, iter_shard_documents
+from training.data import TokenStream, iter_shard_documents, load_shard
 from training.dsa_indexer import collect_dsa_stats, current_dsa_mode, set_dsa_mode
 from training.recall_tasks import FillerText, PasskeyItem, passkey_items
 
@@ -120,6 +120,22 @@ def heldout_rows(paths: Sequence[str | Path], seq_len: int, max_tokens: int) -> 
     stream = TokenStream(paths)
     n_rows = max(1, min(max_tokens, stream.num_tokens) // seq_len)
     return torch.from_numpy(np.stack([stream.read(i * seq_len, seq_len) for i in range(n_rows)]))
+
+
+def tail_rows(paths: Sequence[str | Path], seq_len: int, max_tokens: int, after: int) -> torch.Tensor | None:
+    """Consecutive windows of `seq_len` over at most the last `max_tokens` of the held-out stream, from the
+    first document that starts at or after `after` (and within that tail): disjoint by document from every
+    read of the stream's first `after` tokens. None when no whole window fits."""
+    stream = TokenStream(paths)
+    starts = np.concatenate(
+        [base + load_shard(p)[1][:-1] for base, p in zip(stream.starts[:-1], stream.paths, strict=True)]
+    )
+    lo = max(after, stream.num_tokens - max_tokens)
+    later = starts[starts >= lo]
+    if not len(later) or (n_rows := (stream.num_tokens - int(later[0])) // seq_len) < 1:
+        return None
+    first = int(later[0])
+    return torch.from_numpy(np.stack([stream.read(first + i * seq_len, seq_len) for i in range(n_rows)]))
 
 
 def perplexity(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) -> float:

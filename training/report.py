@@ -5,6 +5,8 @@ checkpoint it started from (without distillation) and the distilled one.
 
 Metrics (all on the same items for every checkpoint):
 - `ppl/<source>`: held-out perplexity; SE by the delta method over rows (se(ppl) = ppl · se(mean row NLL));
+- `test/ppl/<source>`: the same on the tail of the held-out stream, past everything a dev score, a gate or an
+  eval loss reads from its head (sources with too few held-out tokens have none);
 - `passkey/<length>`: passkey multiple-choice accuracy at the longest length, binomial SE;
 - `pass_at_1/<domain>`: greedy pass@1 on the held-out reasoning tasks (math / code / tool / knowledge ...);
 - `test/pass_at_1/<domain>`: the same on the frozen test split (task_suites' test.jsonl), scored once per
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from training.recall_tasks import PasskeyItem
 from training.tasks.base import Task
@@ -35,7 +37,12 @@ log = logging.getLogger(__name__)
 Score = tuple[float, float]  # (value, standard error)
 Items = dict[str, float]  # item id -> that item's value (0/1, a reward, a row's mean NLL)
 GeneralScorer = Callable[[torch.nn.Module, Any], Mapping[str, Mapping[str, float]]]  # component -> Items
-HIGHER_IS_BETTER = ("passkey/", "pass_at_1/", "test/", "success/", "general/")  # ppl/ is lower-is-better
+HIGHER_IS_BETTER = ("passkey/", "pass_at_1/", "success/", "general/")  # ppl/ is lower-is-better
+
+
+def higher_is_better(metric: str) -> bool:
+    """The metric's direction (a `test/` metric has its held-out twin's)."""
+    return metric.removeprefix("test/").startswith(HIGHER_IS_BETTER)
 
 
 class ReportConfig(BaseModel):
@@ -44,6 +51,19 @@ class ReportConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ppl_seq_len: int = Field(256, ge=8, description="Context of the held-out perplexity rows (tokens)")
     ppl_max_tokens: int = Field(16_384, ge=64, description="Held-out tokens scored per source")
+    ppl_test_tokens: int = Field(
+        16_384,
+        ge=0,
+        description="Perplexity test split (test/ppl/<source>): at most this many tokens from the tail of each "
+        "source's held-out stream; 0 = none",
+    )
+    ppl_test_after_tokens: int = Field(
+        262_144,
+        ge=0,
+        description="The perplexity test split starts at a document at or after this token of the held-out "
+        "stream: everything that reads held-out text for a dev score, a gate or an eval loss (these rows, "
+        "checkpoint_evals, the trainers' eval batches) reads from its head, well below this",
+    )
     passkey_length: int = Field(1024, ge=32, description="Passkey prompt length (the longest trained one)")
     passkey_depths: list[float] = Field([0.1, 0.3, 0.5, 0.7, 0.9], description="Needle depths (0 = start)")
     passkey_per_depth: int = Field(8, ge=1, description="Passkey items per depth")
@@ -58,8 +78,8 @@ class ReportConfig(BaseModel):
     )
     test_split: bool = Field(
         True,
-        description="Also score the frozen test split (test/pass_at_1/<domain>), once per report; never used "
-        "to choose a setting",
+        description="Also score the test splits (test/pass_at_1/<domain> on the frozen task split, "
+        "test/ppl/<source> on the held-out stream's tail), once per report; never used to choose a setting",
     )
     max_new_tokens: int = Field(48, ge=1, description="Tokens per turn on the reasoning tasks")
     max_turns: int = Field(3, ge=1, description="Assistant turns on the reasoning tasks")
@@ -75,12 +95,23 @@ class ReportConfig(BaseModel):
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass (perplexity, passkey)")
     seed: int = Field(1234, description="Seed of the passkey set and the agentic environments")
 
+    @model_validator(mode="after")
+    def _test_rows_after_dev_rows(self) -> ReportConfig:
+        if self.ppl_test_tokens and self.ppl_test_after_tokens < self.ppl_max_tokens:
+            raise ValueError(
+                f"ppl_test_after_tokens={self.ppl_test_after_tokens} is below ppl_max_tokens="
+                f"{self.ppl_max_tokens}: the perplexity test rows would overlap the held-out (dev) rows; "
+                "raise ppl_test_after_tokens or set ppl_test_tokens: 0"
+            )
+        return self
+
 
 @dataclass
 class HeldoutSets:
     """The held-out items every checkpoint is scored on (built once: same items, same tokens for all)."""
 
     text_rows: dict[str, torch.Tensor] = field(default_factory=dict)  # source -> [N, T] token ids
+    test_text_rows: dict[str, torch.Tensor] = field(default_factory=dict)  # the same, perplexity test split
     passkey: list[PasskeyItem] = field(default_factory=list)
     reasoning: list[Task] = field(default_factory=list)
     test: list[Task] = field(default_factory=list)  # the frozen test split, whole
@@ -126,7 +157,7 @@ def build_heldout_sets(
     "heldout")`), capped task subsets (round-robin over difficulty levels), and the whole test split when
     `cfg.test_split`."""
     from training.data import iter_shard_documents
-    from training.evals import heldout_rows
+    from training.evals import heldout_rows, tail_rows
     from training.recall_tasks import FillerText, passkey_items
     from training.tasks.suites import eval_subset
     from training.tokenizer import EOS
@@ -140,6 +171,12 @@ def build_heldout_sets(
         sets.text_rows = {
             s: heldout_rows(p, cfg.ppl_seq_len, cfg.ppl_max_tokens) for s, p in text_shards.items()
         }
+        if cfg.test_split and cfg.ppl_test_tokens:
+            tails = {
+                s: tail_rows(p, cfg.ppl_seq_len, cfg.ppl_test_tokens, cfg.ppl_test_after_tokens)
+                for s, p in text_shards.items()
+            }
+            sets.test_text_rows = {s: rows for s, rows in tails.items() if rows is not None and len(rows) > 1}
         filler_paths = text_shards.get(cfg.filler_source) or next(iter(text_shards.values()))
         filler = FillerText(
             list(iter_shard_documents(filler_paths)), eos_id=tokenizer.convert_tokens_to_ids(EOS)
@@ -194,10 +231,11 @@ def score_checkpoint(
     model.eval()
     set_dsa_mode(model, "sparse_gather")  # native's top-k attention, computed faster on CPU (training.evals)
     out = CheckpointScores()
-    for source, rows in sorted(sets.text_rows.items()):
-        nlls = row_nlls(model, rows, cfg.batch_size)
-        out.scores[f"ppl/{source}"] = perplexity_of(nlls)
-        out.items[f"ppl/{source}"] = {str(i): x for i, x in enumerate(nlls)}
+    for prefix, text_rows in (("", sets.text_rows), ("test/", sets.test_text_rows)):
+        for source, rows in sorted(text_rows.items()):
+            nlls = row_nlls(model, rows, cfg.batch_size)
+            out.scores[f"{prefix}ppl/{source}"] = perplexity_of(nlls)
+            out.items[f"{prefix}ppl/{source}"] = {str(i): x for i, x in enumerate(nlls)}
     if sets.passkey:
         hits = passkey_hits(model_choice_scorer(model, cfg.batch_size), sets.passkey)
         n = max(item.length for item in sets.passkey)
@@ -264,7 +302,7 @@ def paired_difference_se(metric: str, a: Score, a_items: Items, b: Score, b_item
     shared = sorted(set(a_items) & set(b_items))
     if len(shared) < 2:
         return None
-    ga, gb = (a[0], b[0]) if metric.startswith("ppl/") else (1.0, 1.0)
+    ga, gb = (a[0], b[0]) if metric.removeprefix("test/").startswith("ppl/") else (1.0, 1.0)
     d = np.array([ga * a_items[i] - gb * b_items[i] for i in shared])
     return float(d.std(ddof=1) / math.sqrt(len(d)))
 
@@ -341,7 +379,7 @@ def recovery_rows(
     candidates = names[: names.index(parent)] if teachers is None else [t for t in teachers if t in scores]
     rows, chosen = [], {}
     for metric in _metric_order(scores):
-        sign = 1.0 if metric.startswith(HIGHER_IS_BETTER) else -1.0
+        sign = 1.0 if higher_is_better(metric) else -1.0
         have = [n for n in candidates if metric in scores[n]]
         if not have or metric not in scores[parent] or metric not in scores[distilled]:
             continue
@@ -414,11 +452,9 @@ def plot_report(scores: Mapping[str, Mapping[str, Score]], path: Path, title: st
     for ax, metric in zip(axes.flat, metrics, strict=False):
         values = [scores[n].get(metric, (float("nan"), 0.0)) for n in names]
         ax.bar(range(len(names)), [v for v, _ in values], yerr=[e for _, e in values], capsize=3,
-               color=["tab:blue" if metric.startswith(HIGHER_IS_BETTER) else "tab:orange"] * len(names))  # fmt: skip
+               color=["tab:blue" if higher_is_better(metric) else "tab:orange"] * len(names))  # fmt: skip
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
-        ax.set_title(
-            metric + ("" if metric.startswith(HIGHER_IS_BETTER) else " (lower is better)"), fontsize=8
-        )
+        ax.set_title(metric + ("" if higher_is_better(metric) else " (lower is better)"), fontsize=8)
     for ax in list(axes.flat)[len(metrics) :]:
         ax.axis("off")
     return save_figure(fig, path, title)

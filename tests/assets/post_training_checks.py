@@ -157,7 +157,10 @@ def _check_distillation_and_report(instance: dg.DagsterInstance, tracker: Tracke
     assert names == ["midtrain_stage3", "sft", "reasoning_rl", "reasoning_rl_distilled", "agentic_rl",
                      "agentic_rl_distilled", "general_rl", "distilled"]  # fmt: skip
     assert all(k in table[0] for k in ("pass_at_1/math", "success/terminal", "general/total")), table[0]
-    assert " test/pass_at_1/code " in table[0] and re.search(r"test split [1-9]", md)  # the test split too
+    assert " test/pass_at_1/code " in table[0] and re.search(
+        r"test split tasks [1-9]", md
+    )  # the test split too
+    assert "perplexity test split (held-out tokens past 4,096): " in md
     # every cell is also a metric of the report's MLflow run (a key MLflow refuses, e.g. with '@', was dropped)
     logged = tracker.get_run(event.asset_materialization.metadata["mlflow_run_id"].value).data.metrics
     assert {"distilled/pass_at_1/math", "distilled/pass_at_1/math_se", "sft/success/terminal"} <= set(logged)

@@ -365,3 +365,24 @@ def test_the_default_passkey_set_resolves_a_ten_point_change():
     n = config.passkey_per_cell * len(config.passkey_depths)
     worst_se = math.sqrt(0.5 * 0.5 / n)
     assert 2 * math.hypot(worst_se, worst_se) < 0.10, n
+
+
+def test_tail_rows_start_at_a_document_past_the_head_and_span_shards(tmp_path):
+    from training.data import _ShardBuffer
+    from training.evals import tail_rows
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(2, 400, int(rng.integers(20, 90))).tolist() + [0] for _ in range(60)]
+    buf = _ShardBuffer(tmp_path, "heldout/code", np.dtype(np.uint16), 300)  # the token_shards writer
+    for i, d in enumerate(docs):
+        buf.add(d, {"id": str(i)})
+    buf.flush()
+    paths = [tmp_path / k for k in buf.keys]
+    stream, starts = np.concatenate(docs), np.cumsum([0] + [len(d) for d in docs])[:-1]
+    assert len(paths) >= 4  # document starts come from every shard
+    for max_tokens, after in ((600, 1000), (10**6, 1000)):
+        first = int(starts[starts >= max(after, len(stream) - max_tokens)][0])
+        rows = tail_rows(paths, 32, max_tokens, after)
+        assert first >= after and rows.shape == ((len(stream) - first) // 32, 32)
+        assert np.array_equal(rows.flatten().numpy(), stream[first : first + rows.numel()])
+    assert tail_rows(paths, 32, 600, after=int(starts[-1]) + 1) is None  # no document starts past `after`

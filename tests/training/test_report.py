@@ -259,3 +259,61 @@ def test_paired_se_removes_the_noise_two_checkpoints_share():
     pa, pb = perplexity_of(list(worse.values())), perplexity_of(list(nll.values()))
     se = paired_difference_se("ppl/web", pa, worse, pb, nll)
     assert pa[0] - pb[0] > 10 * se and pa[1] > 1.0  # unpaired SEs are large, the paired one is not
+
+
+def _write_heldout(root, docs, prefix="heldout/code", shard_tokens=300):
+    """Held-out shards written by the token_shards producer's own shard writer."""
+    from training.data import _ShardBuffer
+
+    buf = _ShardBuffer(root, prefix, np.dtype(np.uint16), shard_tokens)
+    for i, d in enumerate(docs):
+        buf.add(d, {"id": f"d{i}"})
+    buf.flush()
+    return [root / k for k in buf.keys]
+
+
+def test_perplexity_test_split_is_the_held_out_tail_and_switches_off(chain, tmp_path):
+    from training.report import build_heldout_sets
+
+    tok, _ = chain
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(2, len(tok), int(rng.integers(20, 90))).tolist() + [0] for _ in range(80)]
+    paths = {"code": _write_heldout(tmp_path, docs)}
+    cfg = ReportConfig(ppl_seq_len=16, ppl_max_tokens=256, ppl_test_tokens=512, ppl_test_after_tokens=1024,
+                       passkey_length=256, passkey_per_depth=1)  # fmt: skip
+    sets = build_heldout_sets(tok, cfg, paths)
+    dev, test = sets.text_rows["code"], sets.test_text_rows["code"]
+    stream = np.concatenate(docs)
+    assert dev.shape == (16, 16) and np.array_equal(dev.flatten().numpy(), stream[:256])
+    first = int(np.searchsorted(np.cumsum([0] + [len(d) for d in docs]), len(stream) - 512))
+    start = sum(len(d) for d in docs[:first])  # the first document starting within the last 512 tokens
+    assert len(stream) - 512 <= start and len(test) == (len(stream) - start) // 16 >= 2
+    assert np.array_equal(test.flatten().numpy(), stream[start : start + 16 * len(test)])
+    off = build_heldout_sets(tok, cfg.model_copy(update={"test_split": False}), paths)
+    assert off.test_text_rows == {} and torch.equal(off.text_rows["code"], dev)
+    short = build_heldout_sets(tok, cfg.model_copy(update={"ppl_test_after_tokens": len(stream)}), paths)
+    assert short.test_text_rows == {}  # no held-out tokens past the reserve: no test split
+
+
+def test_perplexity_test_rows_may_not_overlap_the_dev_rows():
+    with pytest.raises(ValueError, match="ppl_test_after_tokens=100 is below ppl_max_tokens=200"):
+        ReportConfig(ppl_max_tokens=200, ppl_test_after_tokens=100)
+    assert ReportConfig(ppl_max_tokens=200, ppl_test_after_tokens=100, ppl_test_tokens=0).ppl_test_tokens == 0
+
+
+def test_test_perplexity_rows_are_lower_is_better_with_the_delta_method():
+    """A test/ppl row is measured like its held-out twin: lower is better, the drop is positive when the RL
+    stage's perplexity rose, and its paired SE goes by the delta method."""
+    from training.report import higher_is_better, perplexity_of, recovery_rows, test_split_row
+
+    rng = np.random.default_rng(1)
+    base = rng.normal(3.0, 0.4, 60)
+    nlls = {"sft": base, "rl": base + 0.3 + rng.normal(0, 0.02, 60), "distilled": base + 0.05}
+    items = {n: {m: {str(i): float(x) for i, x in enumerate(v)} for m in ("ppl/code", "test/ppl/code")}
+             for n, v in nlls.items()}  # fmt: skip
+    scores = {n: {m: perplexity_of(list(v.values())) for m, v in ms.items()} for n, ms in items.items()}
+    dev, test = recovery_rows(scores, "rl", "distilled", ["sft"], items)
+    assert not higher_is_better("test/ppl/code") and higher_is_better("test/pass_at_1/code")
+    assert test["metric"] == "test/ppl/code" and test["drop"] == dev["drop"] > 0
+    assert test["drop SE (paired)"] == dev["drop SE (paired)"] and test["recovered"] > 0
+    assert test_split_row([dev, test], dev)["holds"] is True

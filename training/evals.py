@@ -123,18 +123,22 @@ def heldout_rows(paths: Sequence[str | Path], seq_len: int, max_tokens: int) -> 
 
 
 def tail_rows(paths: Sequence[str | Path], seq_len: int, max_tokens: int, after: int) -> torch.Tensor | None:
-    """Consecutive windows of `seq_len` over at most the last `max_tokens` of the held-out stream, from the
-    first document that starts at or after `after` (and within that tail): disjoint by document from every
-    read of the stream's first `after` tokens. None when no whole window fits."""
+    """Consecutive windows of `seq_len` over up to `max_tokens` at the end of the held-out stream, from a
+    document start at or after `after` (the latest one that leaves `max_tokens` to read, else the first):
+    disjoint by document from every read of the stream's first `after` tokens. None when no whole window
+    fits."""
     stream = TokenStream(paths)
     starts = np.concatenate(
         [base + load_shard(p)[1][:-1] for base, p in zip(stream.starts[:-1], stream.paths, strict=True)]
     )
-    lo = max(after, stream.num_tokens - max_tokens)
-    later = starts[starts >= lo]
-    if not len(later) or (n_rows := (stream.num_tokens - int(later[0])) // seq_len) < 1:
+    starts = starts[starts >= after]
+    if not len(starts):
         return None
-    first = int(later[0])
+    fits = starts[starts <= stream.num_tokens - max_tokens]
+    first = int(fits[-1] if len(fits) else starts[0])
+    n_rows = min(max_tokens, stream.num_tokens - first) // seq_len
+    if n_rows < 1:
+        return None
     return torch.from_numpy(np.stack([stream.read(first + i * seq_len, seq_len) for i in range(n_rows)]))
 
 

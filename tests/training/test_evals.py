@@ -380,9 +380,13 @@ def test_tail_rows_start_at_a_document_past_the_head_and_span_shards(tmp_path):
     paths = [tmp_path / k for k in buf.keys]
     stream, starts = np.concatenate(docs), np.cumsum([0] + [len(d) for d in docs])[:-1]
     assert len(paths) >= 4  # document starts come from every shard
-    for max_tokens, after in ((600, 1000), (10**6, 1000)):
-        first = int(starts[starts >= max(after, len(stream) - max_tokens)][0])
+    # the latest document start that leaves max_tokens to read; the first one past `after` if none does
+    for max_tokens, after, first in (
+        (600, 1000, int(starts[starts <= len(stream) - 600][-1])),
+        (10**6, 1000, int(starts[starts >= 1000][0])),
+    ):
         rows = tail_rows(paths, 32, max_tokens, after)
-        assert first >= after and rows.shape == ((len(stream) - first) // 32, 32)
+        assert first >= after and rows.shape == (min(max_tokens, len(stream) - first) // 32, 32)
         assert np.array_equal(rows.flatten().numpy(), stream[first : first + rows.numel()])
+    assert len(tail_rows(paths, 32, 600, 1000)) == 600 // 32  # the whole budget, not a partial tail
     assert tail_rows(paths, 32, 600, after=int(starts[-1]) + 1) is None  # no document starts past `after`

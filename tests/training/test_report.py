@@ -285,9 +285,9 @@ def test_perplexity_test_split_is_the_held_out_tail_and_switches_off(chain, tmp_
     dev, test = sets.text_rows["code"], sets.test_text_rows["code"]
     stream = np.concatenate(docs)
     assert dev.shape == (16, 16) and np.array_equal(dev.flatten().numpy(), stream[:256])
-    first = int(np.searchsorted(np.cumsum([0] + [len(d) for d in docs]), len(stream) - 512))
-    start = sum(len(d) for d in docs[:first])  # the first document starting within the last 512 tokens
-    assert len(stream) - 512 <= start and len(test) == (len(stream) - start) // 16 >= 2
+    starts = np.cumsum([0] + [len(d) for d in docs])[:-1]
+    start = int(starts[starts <= len(stream) - 512][-1])  # the last document that leaves 512 tokens
+    assert start >= 1024 and len(test) == 512 // 16
     assert np.array_equal(test.flatten().numpy(), stream[start : start + 16 * len(test)])
     off = build_heldout_sets(tok, cfg.model_copy(update={"test_split": False}), paths)
     assert off.test_text_rows == {} and torch.equal(off.text_rows["code"], dev)

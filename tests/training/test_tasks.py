@@ -112,6 +112,40 @@ def test_code_verifier_runs_hidden_tests_in_the_sandbox():
     assert suite.verify(task, "no code at all").reason == "no_code"
 
 
+@pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+def test_code_verdicts_are_reused_for_the_same_program_but_not_after_a_timeout(monkeypatch):
+    """Checkpoints that answer alike are verified once per program (each run is a process start); a
+    timeout may be the machine's load, so that program runs again."""
+    import training.tasks.code as code
+    from infra.sandbox import SandboxLimits
+
+    runs = []
+
+    def counted(program, limits):
+        runs.append(program)
+        return code.run_python.__wrapped__(program, limits)
+
+    counted.__wrapped__ = code.run_python
+    monkeypatch.setattr(code, "run_python", counted)
+    monkeypatch.setattr(code, "_VERDICTS", {})
+    suite = CodeSuite()
+    task = suite.generate("heldout", 2, 5, 1)[0]
+    right, name = suite.solution(task)[0]["content"], task.meta["function"]
+    wrong = f"```python\ndef {name}(*a):\n    return None\n```"
+    verdicts = [suite.verify(task, answer) for answer in (right, wrong, right, f"Here:\n{right}", wrong)]
+    assert [v.reward for v in verdicts] == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert verdicts[4].reason == verdicts[1].reason and verdicts[1].reason.startswith("error: AssertionError")
+    assert len(runs) == 2  # the same extracted program is one run, whatever text surrounds it
+    other = suite.generate("heldout", 2, 6, 1)[0]  # the same code against other tests is another program
+    suite.verify(other, right)
+    assert len(runs) == 3
+    slow = CodeSuite(SandboxLimits(wall_s=0.5, cpu_s=1, memory_mb=256))
+    loop = f"```python\ndef {name}(*a):\n    while True:\n        pass\n```"
+    first, again = slow.verify(task, loop), slow.verify(task, loop)
+    assert first.reward == again.reward == 0.0 and first.reason.split(":")[0] in ("timeout", "cpu_time")
+    assert len(runs) == 5  # not kept: it ran twice
+
+
 def test_calculator_evaluates_only_arithmetic():
     assert calculator("12 * 34 + 5") == "413"
     assert calculator("-3 * 4") == "-12"

@@ -5,6 +5,7 @@ prompts: enough for a train split and a held-out split that share none."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Callable
@@ -19,6 +20,12 @@ NAMES = [
 ]  # fmt: skip
 _CODE_BLOCK = re.compile(r"```(?:python)?\n(.*?)```", re.DOTALL)
 _LIMITS = SandboxLimits(wall_s=5, cpu_s=2, memory_mb=256, output_bytes=8192)
+# Verdicts of programs already run, across checkpoints and groups (a report scores 8 checkpoints whose greedy
+# answers often agree; each sandbox run is a ~70 ms process start). Only outcomes the program decides are
+# kept: a timeout or a killed run may be the machine's load, so it runs again.
+_SETTLED = ("ok", "error")
+_MAX_VERDICTS = 100_000
+_VERDICTS: dict[str, Verdict] = {}
 
 # family -> (difficulty, spec template, body template, tests(rng, k) -> list[(args tuple, expected)])
 Family = tuple[int, str, str, Callable[[random.Random, int], list[tuple[tuple, object]]]]
@@ -201,10 +208,19 @@ class CodeSuite:
         code = extract_code(response)
         if not code or not code.strip():
             return Verdict(0.0, "no_code")
-        result = run_python(f"{code}\n\n{task.answer}\n", self.limits)
-        if result.ok:
-            return Verdict(1.0, "correct")
-        return Verdict(0.0, f"{result.status}: {result.reason}"[:200])
+        program = f"{code}\n\n{task.answer}\n"
+        key = hashlib.sha256(f"{self.limits.model_dump_json()}\0{program}".encode()).hexdigest()
+        if (known := _VERDICTS.get(key)) is not None:
+            return known
+        result = run_python(program, self.limits)
+        verdict = (
+            Verdict(1.0, "correct") if result.ok else Verdict(0.0, f"{result.status}: {result.reason}"[:200])
+        )
+        if result.status in _SETTLED:
+            if len(_VERDICTS) >= _MAX_VERDICTS:
+                _VERDICTS.clear()
+            _VERDICTS[key] = verdict
+        return verdict
 
     def solution(self, task: Task) -> list[dict]:
         return [{"role": "assistant", "content": f"```python\n{task.meta['solution']}```"}]

@@ -211,3 +211,33 @@ def test_a_domain_with_too_few_kept_prompts_is_left_out_of_training(setup):
     assert 0 < filt["filter/kept/rare"] < 3 <= filt["filter/kept/color"], filt
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 2 and all("reward/rare" not in r and "reward/color" in r for r in steps)
+
+
+def test_rollout_verifies_on_several_threads_and_keeps_each_verdict_with_its_trajectory(setup):
+    """Verdicts are computed concurrently (a code verdict is a sandboxed process start) and each lands on
+    the trajectory whose response it judged."""
+    import threading
+
+    from training.rollout.engine import SamplingParams
+    from training.rollout.multiturn import VERIFY_THREADS, rollout
+
+    tok, cfg, tasks = setup
+    threads, calls, lock, barrier = set(), [], threading.Lock(), threading.Barrier(2, timeout=10)
+
+    def verify(task: Task, response: str) -> Verdict:
+        with lock:
+            threads.add(threading.get_ident())
+            calls.append(task.id)
+            first_two = len(calls) <= 2
+        if first_two:
+            barrier.wait()  # the first two calls can only both pass if they run at the same time
+        score = float(int(task.id[1:]) % 3 == 0) + len(response) / 1e6
+        return Verdict(score, f"{task.id}:{len(response)}")
+
+    engine = LocalRolloutEngine(build_model(cfg, seed=0), dtype=torch.float32, pad_id=tok.pad_token_id)
+    trajs = rollout(engine, tok, tasks, 2, SamplingParams(max_new_tokens=6, temperature=1.0, seed=3), verify)
+    assert VERIFY_THREADS >= 2 and len(threads) >= 2
+    for t in trajs:
+        response = "\n".join(m["content"] for m in t.messages if m["role"] == "assistant")
+        assert t.reward == float(int(t.prompt_id[1:]) % 3 == 0) + len(response) / 1e6
+        assert t.status != "ok" or t.reason == f"{t.prompt_id}:{len(response)}"  # truncation keeps its reason

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,9 @@ from training.tasks.base import Task, Verdict
 from training.tokenizer import END_OF_TURN, EOS
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# A code verdict is mostly a sandboxed process starting (~70-100 ms): threads overlap them (measured on 2 busy
+# cores: 1.6x with 2 threads, 2.0x with 4). Verifiers are task suites, safe to call from several threads.
+VERIFY_THREADS = 4
 
 
 def prompt_ids(tokenizer: Any, task: Task) -> list[int]:
@@ -92,9 +96,10 @@ def rollout(
             traj.messages.append({"role": "assistant", "content": text})
         active = still
     started = time.perf_counter()
-    for traj in trajs:
-        response = "\n".join(m["content"] for m in traj.messages if m["role"] == "assistant")
-        verdict = verify(task_of[traj.prompt_id], response)
+    responses = ["\n".join(m["content"] for m in t.messages if m["role"] == "assistant") for t in trajs]
+    with ThreadPoolExecutor(VERIFY_THREADS) as pool:
+        verdicts = list(pool.map(lambda t, r: verify(task_of[t.prompt_id], r), trajs, responses))
+    for traj, verdict in zip(trajs, verdicts, strict=True):
         traj.reward, traj.reward_components = verdict.reward, {"verifier": verdict.reward}
         if traj.status == "ok":
             traj.reason = verdict.reason

@@ -77,26 +77,38 @@ for name in ("put_file", "put_bytes"):  # report each object once it is uploaded
     def reporting(key, data, _real=getattr(store, name)):
         out = _real(key, data)
         print("put", key, flush=True)
+        sys.stdin.readline()  # the parent's go-ahead: it kills here instead once it has seen enough
         return out
     setattr(store, name, reporting)
 """
 
 
 def _run_and_kill(args: list[str], body: str, kill_after: int, timeout: float = 120) -> tuple[int, int]:
-    """Run a child that reports uploads; SIGKILL it after `kill_after` uploads. (uploads seen, exit code)"""
+    """Run a child that reports uploads; SIGKILL it after `kill_after` uploads. (uploads seen, exit code)
+    The child waits for a go-ahead after each upload, so the kill lands right after the `kill_after`-th one
+    however the two processes are scheduled (a busy machine once let the child finish first)."""
     script = textwrap.dedent(_CHILD) + textwrap.dedent(body)
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
     )
     seen, deadline = 0, time.time() + timeout
     while seen < kill_after and time.time() < deadline:
         line = proc.stdout.readline()
         if not line:
             break  # the child finished (or died) before the kill point
-        seen += line.startswith("put ")
+        if line.startswith("put "):
+            seen += 1
+            if seen < kill_after:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     proc.stdout.close()
+    proc.stdin.close()
     return seen, proc.returncode
 
 

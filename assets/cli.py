@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.cpu import sole_run
 from infra.partition_keys import InvalidPartitionKey, validate_partition_key
 from infra.settings import REPO_ROOT, load_profile
 from infra.tracking import process_tags
@@ -39,7 +40,13 @@ def _ensure_dagster_home(profile) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Materialize every job of the graph in order, recording the runs in the local Dagster instance."""
+    """Materialize every job of the graph in order, recording the runs in the local Dagster instance. One job
+    at a time in this process: its stages may take every CPU (`infra.cpu.sole_run`)."""
+    with sole_run():
+        return _run_jobs(args)
+
+
+def _run_jobs(args: argparse.Namespace) -> int:
     profile = load_profile()
     _ensure_dagster_home(profile)
     import dagster as dg

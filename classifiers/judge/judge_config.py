@@ -3,7 +3,7 @@ default an OpenAI-compatible endpoint whose URL comes from the environment (`CRU
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,6 +11,7 @@ from classifiers.judge.backends import JudgeBackend, LocalModelBackend, OpenAICh
 from classifiers.judge.client import JudgeClient, JudgeClientConfig
 from classifiers.judge.prompt_files import load_prompt
 from classifiers.judge.quality_gate import GateConfig
+from infra.cpu import judge_threads
 from infra.store import ObjectStore
 
 
@@ -23,8 +24,10 @@ class JudgeConfig(BaseModel):
         None,
         description="GGUF file or HF model dir for the local backend; None = packaged SmolLM2-135M-Instruct",
     )
-    local_threads: int | None = Field(
-        1, ge=1, description="torch threads for the local backend (1: other stages share the CPU; None = all)"
+    local_threads: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto",
+        description="torch threads for the local backend: auto = every CPU under `crucible run` (one job at "
+        "a time), else the CPUs shared among the judge runs the Dagster queue allows at once; None = all",
     )
     local_document_tokens: int = Field(
         64, ge=8, description="Levels prompts: document tokens scored per chunk"
@@ -50,6 +53,11 @@ class JudgeConfig(BaseModel):
     gate: GateConfig = Field(default_factory=GateConfig, description="Probe-set quality gate")
 
 
+def local_threads_of(config: JudgeConfig) -> int | None:
+    """The local backend's torch threads (`auto` resolved for this process; None = all)."""
+    return judge_threads() if config.local_threads == "auto" else config.local_threads
+
+
 def build_backend(config: JudgeConfig) -> JudgeBackend:
     if config.backend == "local":
         from infra.packaged import SMOLLM2_GGUF, packaged_file
@@ -57,7 +65,7 @@ def build_backend(config: JudgeConfig) -> JudgeBackend:
         path = config.local_model or str(packaged_file(SMOLLM2_GGUF))
         return LocalModelBackend(
             path,
-            threads=config.local_threads,
+            threads=local_threads_of(config),
             max_document_tokens=config.local_document_tokens,
             level_temperature=config.local_level_temperature,
         )

@@ -15,7 +15,7 @@ from infra.store import LocalStore
 
 
 def test_smollm2_judge_in_process(tmp_path):
-    config = JudgeConfig()  # the tiny default: local backend, packaged SmolLM2
+    config = JudgeConfig(local_threads=1)  # local backend, packaged SmolLM2, on one thread
     assert prompt_name(config, "edu_math") == "edu_math_levels_v1"
     process_threads = torch.get_num_threads()
     torch.set_num_threads(2)  # a training process on 2 cores builds its judge (General RL, the report)

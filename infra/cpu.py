@@ -1,0 +1,37 @@
+"""How many CPU threads an in-process model may take: all of them when this process is the only run on the
+machine (`crucible run` materializes one job at a time), else its share of the runs Dagster's queue lets
+use the LLM judge at once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SOLE_RUN_ENV = "CRUCIBLE_SOLE_RUN"
+# dagster.yaml, run queue: crucible/resource=llm runs at a time (a test keeps the two equal)
+JUDGE_RUNS_AT_ONCE = 2
+
+
+def cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def judge_threads() -> int:
+    """Threads for a local judge model: every CPU under a sole run, else an equal share of the CPUs among
+    the judge runs the queue allows at once (at least one)."""
+    return cpus() if os.environ.get(SOLE_RUN_ENV) == "1" else max(1, cpus() // JUDGE_RUNS_AT_ONCE)
+
+
+@contextmanager
+def sole_run() -> Iterator[None]:
+    """Mark this process as the only run on the machine while the block runs (the previous value is put back)."""
+    before = os.environ.get(SOLE_RUN_ENV)
+    os.environ[SOLE_RUN_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SOLE_RUN_ENV, None)
+        else:
+            os.environ[SOLE_RUN_ENV] = before

@@ -152,7 +152,16 @@ def perplexity(model: torch.nn.Module, rows: torch.Tensor, batch_size: int = 4) 
 
 
 def model_choice_scorer(model: torch.nn.Module, batch_size: int = 4) -> ChoiceScorer:
-    """Scores continuations by the model's summed log-probability given the prompt."""
+    """Scores continuations by the model's summed log-probability given the prompt.
+
+    An HF model reads the prompt once: every choice follows it in one packed row, attending to the prompt
+    and to its own earlier tokens only, at the positions it would have after the prompt alone (the same keys
+    and positions as a row of its own, so the same scores up to float rounding; ~n_choices x less compute).
+    Other modules score `batch_size` rows of prompt + choice at a time."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return lambda prompt, choices: _packed_choice_scores(model, prompt, choices)
 
     @torch.no_grad()
     def score(prompt: np.ndarray, choices: list[list[int]]) -> np.ndarray:
@@ -169,6 +178,38 @@ def model_choice_scorer(model: torch.nn.Module, batch_size: int = 4) -> ChoiceSc
         return np.array(scores)
 
     return score
+
+
+def packed_choices(prompt_len: int, choices: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
+    """The prompt followed by every choice in one row: (token positions [S], bool mask [S, S] (query, key),
+    the index predicting each choice token [sum len(c)], the choice tokens [sum len(c)])."""
+    lengths = [len(c) for c in choices]
+    total = prompt_len + sum(lengths)
+    positions = torch.arange(total)
+    mask = torch.ones(total, total, dtype=torch.bool).tril()
+    predictors, start = [], prompt_len
+    for n in lengths:
+        positions[start : start + n] = torch.arange(prompt_len, prompt_len + n)
+        mask[start : start + n, prompt_len:start] = False  # earlier choices are not this choice's context
+        predictors += [prompt_len - 1, *range(start, start + n - 1)]
+        start += n
+    targets = torch.tensor([t for c in choices for t in c], dtype=torch.int64)
+    return positions, mask, torch.tensor(predictors), targets
+
+
+@torch.no_grad()
+def _packed_choice_scores(model: torch.nn.Module, prompt: np.ndarray, choices: list[list[int]]) -> np.ndarray:
+    positions, mask, predictors, targets = packed_choices(len(prompt), choices)
+    ids = torch.cat((torch.from_numpy(np.asarray(prompt, dtype=np.int64)), targets)).unsqueeze(0)
+    logits = model(
+        input_ids=ids,
+        attention_mask=mask[None, None],
+        position_ids=positions.unsqueeze(0),
+        use_cache=False,
+        logits_to_keep=predictors,
+    ).logits[0]
+    token_logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None])[:, 0]
+    return np.array([float(x.sum()) for x in token_logp.split([len(c) for c in choices])])
 
 
 def passkey_hits(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> list[bool]:

@@ -13,6 +13,7 @@ from training.evals import (
     evaluate_checkpoint,
     heldout_rows,
     model_choice_scorer,
+    packed_choices,
     passkey_accuracy,
     perplexity,
 )
@@ -135,17 +136,58 @@ def test_oracle_scores_100_and_random_model_scores_chance(tok, heldout):
     assert set(acc) >= {"passkey/acc/96", "passkey/acc/160", "passkey/acc/96/depth_0.25"}
 
 
-def test_model_scorer_matches_full_forward(tok):
-    model = tiny_glm(400, seed=2)
-    prompt = np.array(encoder(tok)("river stone light the pass key is"))
-    choices = [encoder(tok)(" 12345"), encoder(tok)(" 99")]
-    scores = model_choice_scorer(model, batch_size=1)(prompt, choices)
+def tie_free_glm(seed=2):
+    """A tiny DSA model whose indexer never ties: 8 indexer heads with positive weights, so a key scores 0
+    (relu) only if all 8 heads miss it (topk breaks ties by the whole row, which packing lengthens), and
+    weights x6 so attention is peaked and the scores depend on positions and masks (a packing bug moves
+    them by 0.03-0.6 here)."""
+    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+
+    torch.manual_seed(seed)
+    config = GlmMoeDsaConfig(
+        vocab_size=400, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4,
+        num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=8, index_topk=32, index_head_dim=16, index_n_heads=8, first_k_dense_replace=1,
+        max_position_embeddings=512, use_cache=False,
+    )  # fmt: skip
+    model = GlmMoeDsaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name and param.dim() > 1:
+                param.mul_(6.0)
+            if "weights_proj" in name:
+                param.abs_()
+    return model
+
+
+@pytest.mark.parametrize("mode", ["native", "sparse_gather", "dense"])
+def test_model_scorer_matches_one_forward_per_choice(mode):
+    """The packed row (prompt once, then every choice seeing only the prompt and itself, at its own
+    positions) scores each choice as a row of prompt + choice alone does, in each DSA mode: the prompt is
+    longer than index_topk (32), so the sparse modes pick top-k keys; the choices differ in length."""
+    from training.dsa_indexer import set_dsa_mode
+
+    model = tie_free_glm()
+    set_dsa_mode(model, mode)
+    prompt = np.random.default_rng(0).integers(5, 400, 150)
+    choices = [[11, 12, 13], [14, 15], [16, 17, 18, 19], [20]]
+    scores = model_choice_scorer(model)(prompt, choices)
     for choice, score in zip(choices, scores, strict=True):
         ids = torch.tensor([list(prompt) + choice])
         with torch.no_grad():
             logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
         expected = sum(float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(choice))
         assert score == pytest.approx(expected, abs=1e-4)
+
+
+def test_packed_choices_layout():
+    positions, mask, predictors, targets = packed_choices(3, [[7, 8], [9]])
+    assert positions.tolist() == [0, 1, 2, 3, 4, 3]
+    assert targets.tolist() == [7, 8, 9]
+    assert predictors.tolist() == [2, 3, 2]  # the prompt's last token predicts each choice's first
+    assert mask[5].tolist() == [True, True, True, False, False, True]  # choice 2 sees the prompt and itself
+    assert mask[4].tolist() == [True, True, True, True, True, False]
 
 
 class WindowedCopyModel(torch.nn.Module):

@@ -83,18 +83,20 @@ def test_general_rl_raises_the_hybrid_reward(tok):
     weights = {"instruction_style": {"constraints": 1.0, "format": 0.1, "length": 0.1, "forbidden": 0.1}}
     reward = HybridReward(HybridRewardConfig(weights=weights, dimension_weights={"instruction_style": 1.0}))
     rows: list[tuple[int, dict]] = []
+    # 60 steps: at 30 the rise depended on the sampling seed (4 of 5 seeds stayed within +0.1 of the start);
+    # at 60 every seed of 0-5 ended at total 0.96, constraints 0.99-1.0
     config = GeneralRLConfig(
-        steps=30,
+        steps=60,
         prompts_per_step=4,
         group_size=8,
         max_new_tokens=4,
         learning_rate=3e-3,
-        eval_every=30,
+        eval_every=60,
         eval_prompts=8,
     )
     final = train_general_rl(model, tok, tasks, tasks, reward, config, lambda m, s: rows.append((s, dict(m))))
     steps = [m for s, m in rows if "loss" in m]
-    assert len(steps) == 30 and all(
+    assert len(steps) == 60 and all(
         k in steps[0] for k in ("reward/constraints", "reward/format", "reward/length", "reward/forbidden")
     )
     totals = [m["reward/total"] for m in steps]
@@ -102,7 +104,7 @@ def test_general_rl_raises_the_hybrid_reward(tok):
     assert last > first + 0.15, (first, last)
     kw = [
         m["reward/constraints"] for m in steps
-    ]  # measured: 0.05 over the first 4 steps, 0.66 over the last 4
+    ]  # measured (seed 0): 0.05 over the first 4 steps, 1.0 over the last 4
     assert sum(kw[-4:]) / 4 > sum(kw[:4]) / 4 + 0.3, kw
     evals = [m for s, m in rows if "heldout/reward/total" in m]
     assert len(evals) == 2 and evals[1]["heldout/reward/total"] > evals[0]["heldout/reward/total"]

@@ -189,14 +189,32 @@ def test_sampled_pass_at_1_is_the_mean_of_task_rates_with_its_standard_error():
     assert out["sampled_pass_at_1_se/b"] == 0.0
 
 
+class OneInN:
+    """Rewards every n-th verification of a task, whatever the response: any n consecutive samples of a task
+    hold exactly one pass, so the difficulty filter (n samples) keeps every task (a verifier of the model's
+    text made the kept counts depend on the sampling seed)."""
+
+    version = "t1"
+
+    def __init__(self, domain: str, n: int):
+        import threading
+        from collections import Counter
+
+        self.domain, self.n, self.calls, self.lock = domain, n, Counter(), threading.Lock()
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        with self.lock:
+            self.calls[task.id] += 1
+            hit = self.calls[task.id] % self.n == 0
+        return Verdict(1.0, "correct") if hit else Verdict(0.0, "wrong_answer")
+
+
 def test_a_domain_with_too_few_kept_prompts_is_left_out_of_training(setup):
     """Batches give every domain the same share: 2 kept prompts of a domain would take half of each step here
     (a quarter on tiny, where 2 knowledge prompts were memorised in 20 steps). Below `min_domain_prompts` the
     domain sits out; the other domain trains."""
     tok, cfg, tasks = setup
     rare = [Task(f"r{i}", "rare", f"pick a color rare {i}", "e", 1, "train") for i in range(2)]
-    rare_suite = SaysE()
-    rare_suite.domain = "rare"
     rows: list[dict] = []
     config = ReasoningRLConfig(
         steps=2, prompts_per_step=4, group_size=4, max_new_tokens=4, max_turns=1, learning_rate=3e-3,
@@ -204,11 +222,12 @@ def test_a_domain_with_too_few_kept_prompts_is_left_out_of_training(setup):
         min_domain_prompts=3,
     )  # fmt: skip
     train_reasoning_rl(
-        build_model(cfg, seed=0), tok, tasks + rare, tasks + rare, {"color": SaysE(), "rare": rare_suite},
+        build_model(cfg, seed=0), tok, tasks + rare, tasks + rare,
+        {"color": OneInN("color", 4), "rare": OneInN("rare", 4)},
         config, lambda m, s: rows.append(dict(m)),
     )  # fmt: skip
     filt = next(r for r in rows if "filter/pool" in r)
-    assert 0 < filt["filter/kept/rare"] < 3 <= filt["filter/kept/color"], filt
+    assert (filt["filter/kept/rare"], filt["filter/kept/color"]) == (2, 8), filt
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 2 and all("reward/rare" not in r and "reward/color" in r for r in steps)
 

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from training.model import ModelConfig, build_model
-from training.rollout.engine import LocalRolloutEngine, SamplingParams, engine_dtype, sequence_logprobs
+from training.rollout.engine import (
+    LocalRolloutEngine,
+    SamplingParams,
+    engine_dtype,
+    sample_tokens,
+    sequence_logprobs,
+)
 from training.trainer import resolve_precision
 
 EOS = 0
@@ -67,6 +73,21 @@ def test_sampling_is_seeded_and_top_p_truncates(model):
     greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, temperature=0))
     nucleus = engine.generate(PROMPTS, SamplingParams(max_new_tokens=12, top_p=1e-6, seed=9))
     assert [g.token_ids for g in greedy] == [g.token_ids for g in nucleus]
+
+
+def test_sample_tokens_draws_each_token_at_its_probability():
+    """Frequencies over 200k draws within 5 binomial SEs of the (unnormalised) row's probabilities; a token
+    of probability 0 (e.g. cut by top-p), first or last or between, is never drawn."""
+    weights = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0]) * 2  # rows need not sum to 1
+    n = 200_000
+    tokens = sample_tokens(weights.expand(n, -1), torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=6).double() / n
+    p = weights.double() / weights.sum()
+    assert torch.all((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-12)
+    assert freq[[0, 2, 5]].sum() == 0
+    per_row = sample_tokens(weights.expand(3, -1), [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    alone = [int(sample_tokens(weights[None], [torch.Generator().manual_seed(s)])[0]) for s in (1, 2, 3)]
+    assert per_row.tolist() == alone
 
 
 def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from training.rollout.engine import Generation, LocalRolloutEngine, SamplingParams, _top_p_filter
+from training.rollout.engine import (
+    Generation,
+    LocalRolloutEngine,
+    SamplingParams,
+    _top_p_filter,
+    sample_tokens,
+)
 
 
 def row_seed(seed: int, row: int) -> int:
@@ -172,7 +178,7 @@ class PrefixCachingEngine(LocalRolloutEngine):
                 token = logits.argmax(-1)
             else:
                 probs = _top_p_filter(logits / temperature, params.top_p).softmax(-1)
-                token = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+                token = sample_tokens(probs, gen)
             tokens.append(int(token))
             logprobs.append(float(logprobs_all[0, token]))
             if bool(torch.isin(token, stops)):

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.cpu import sole_run
+from infra.cpu import cpu_share, sole_run
 from infra.partition_keys import InvalidPartitionKey, validate_partition_key
 from infra.settings import REPO_ROOT, load_profile
 from infra.tracking import process_tags
@@ -39,9 +39,18 @@ def _ensure_dagster_home(profile) -> Path:
     return home
 
 
+# A job that shares no asset with the jobs it runs beside: `crucible run` starts it in a child process while
+# those run here, and waits for it before the first job outside them. The code crawl waits on the network
+# (~200 s on tiny) and the judge's filter keeps one core busy: overlapped, neither waits for the other.
+BESIDE = {"code_corpus": ("web_corpus", "knowledge", "web_rescue")}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Materialize every job of the graph in order, recording the runs in the local Dagster instance. One job
-    at a time in this process: its stages may take every CPU (`infra.cpu.sole_run`)."""
+    at a time in this process: its stages may take every CPU (`infra.cpu.sole_run`), except while a job of
+    BESIDE runs in a child process (`--sequential` turns that off)."""
+    if args.shared_cpu:
+        return _run_jobs(args)
     with sole_run():
         return _run_jobs(args)
 
@@ -51,9 +60,8 @@ def _run_jobs(args: argparse.Namespace) -> int:
     _ensure_dagster_home(profile)
     import dagster as dg
 
-    from assets.definitions import JOBS, defs
+    from assets.definitions import JOBS
     from assets.partitions import add_partition
-    from assets.run_report import INVOCATION_TAG
 
     instance = dg.DagsterInstance.get()
     for run_id in fail_dead_cli_runs(instance):
@@ -62,40 +70,107 @@ def _run_jobs(args: argparse.Namespace) -> int:
     partitions = {"web_snapshot": args.snapshot, "code_snapshot": args.code_snapshot}
     started = time.time()
     failed_checks: list[str] = []
-    invocation = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    invocation = args.invocation or time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
     run_ids: list[str] = []
     print(
         f"crucible: profile={profile.name} state={profile.state_path} DAGSTER_HOME={os.environ['DAGSTER_HOME']}"
     )
-    for job_name in [job.name for job in JOBS]:
-        if args.only and job_name not in args.only:
-            continue
+    jobs = [job.name for job in JOBS if not args.only or job.name in args.only]
+    for job_name in jobs:
         partition_def = JOB_PARTITIONS.get(job_name)
-        key = partitions.get(partition_def) if partition_def else None
-        if key:
-            add_partition(instance, partition_def, key)
-        t0 = time.time()
-        print(f"crucible: == {job_name}" + (f" [{partition_def}={key}]" if key else ""), flush=True)
-        tags = {CLI_TAG: "1", INVOCATION_TAG: invocation, **process_tags()}
-        result = defs.resolve_job_def(job_name).execute_in_process(
-            instance=instance, partition_key=key, raise_on_error=False, tags=tags
-        )
-        run_ids.append(result.run_id)
-        failed_checks += _print_summary(result)
-        if not result.success:
-            _print_run_report(instance, run_ids, profile, invocation)
-            _print_failed_checks(failed_checks)
-            print(
-                f"crucible: {job_name} FAILED after {time.time() - t0:.0f}s (run {result.run_id}); "
-                f"see `make ui` or the log above",
-                file=sys.stderr,
-            )
-            return EXIT_JOB_FAILED
-        print(f"crucible: {job_name} done in {time.time() - t0:.0f}s", flush=True)
+        if partitions.get(partition_def):
+            add_partition(instance, partition_def, partitions[partition_def])
+    beside = {} if args.sequential else _start_beside(jobs, args, profile, invocation)
+    for job_name in jobs:
+        if job_name in beside:
+            continue
+        for name, child in list(beside.items()):
+            if job_name not in BESIDE[name]:
+                ok = _join_beside(name, child, instance, invocation, run_ids, failed_checks)
+                del beside[name]
+                if not ok:
+                    return _failed(instance, run_ids, profile, invocation, failed_checks)
+        with cpu_share(sole=not beside and not args.shared_cpu):
+            ok = _run_job(job_name, dg, instance, partitions, invocation, run_ids, failed_checks)
+        if not ok:
+            for name, child in beside.items():
+                _join_beside(name, child, instance, invocation, run_ids, failed_checks)
+            return _failed(instance, run_ids, profile, invocation, failed_checks)
+    for name, child in beside.items():
+        if not _join_beside(name, child, instance, invocation, run_ids, failed_checks):
+            return _failed(instance, run_ids, profile, invocation, failed_checks)
     print(f"crucible: whole graph done in {time.time() - started:.0f}s; `make ui` to browse runs and MLflow")
     _print_run_report(instance, run_ids, profile, invocation)
     _print_failed_checks(failed_checks)
     return run_exit_code(failed_checks)
+
+
+def _run_job(job_name, dg, instance, partitions, invocation, run_ids, failed_checks) -> bool:
+    from assets.definitions import defs
+    from assets.run_report import INVOCATION_TAG
+
+    partition_def = JOB_PARTITIONS.get(job_name)
+    key = partitions.get(partition_def) if partition_def else None
+    t0 = time.time()
+    print(f"crucible: == {job_name}" + (f" [{partition_def}={key}]" if key else ""), flush=True)
+    tags = {CLI_TAG: "1", INVOCATION_TAG: invocation, **process_tags()}
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance, partition_key=key, raise_on_error=False, tags=tags
+    )
+    run_ids.append(result.run_id)
+    failed_checks += _print_summary(result)
+    if not result.success:
+        print(f"crucible: {job_name} FAILED after {time.time() - t0:.0f}s (run {result.run_id}); "
+              "see `make ui` or the log above", file=sys.stderr)  # fmt: skip
+        return False
+    print(f"crucible: {job_name} done in {time.time() - t0:.0f}s", flush=True)
+    return True
+
+
+def _failed(instance, run_ids, profile, invocation, failed_checks) -> int:
+    _print_run_report(instance, run_ids, profile, invocation)
+    _print_failed_checks(failed_checks)
+    return EXIT_JOB_FAILED
+
+
+def _start_beside(jobs: list[str], args, profile, invocation: str) -> dict[str, tuple]:
+    """Start each BESIDE job that runs with at least one of its companions: a `crucible run --only JOB` child
+    (same instance, same invocation id, CPUs shared), its output in a log under the reports dir."""
+    out = {}
+    for name, companions in BESIDE.items():
+        if name not in jobs or not set(companions) & set(jobs):
+            continue
+        log_path = profile.state_path / "reports" / f"{name}-{invocation}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "assets.cli", "run", "--only", name, "--shared-cpu",
+               "--invocation", invocation, "--snapshot", args.snapshot, "--code-snapshot", args.code_snapshot]  # fmt: skip
+        log = log_path.open("w")
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        log.close()
+        print(f"crucible: == {name} started beside {', '.join(c for c in companions if c in jobs)} "
+              f"(pid {child.pid}, log {log_path})", flush=True)  # fmt: skip
+        out[name] = (child, log_path, time.time())
+    return out
+
+
+def _join_beside(name, beside, instance, invocation, run_ids, failed_checks) -> bool:
+    """Wait for a BESIDE child; print its summary lines, take its runs and failed checks. False if it failed."""
+    from assets.run_report import cli_run_ids, failed_check_lines
+
+    child, log_path, t0 = beside
+    print(f"crucible: waiting for {name} (pid {child.pid}), which runs beside", flush=True)
+    code = child.wait()
+    lines = log_path.read_text(errors="replace").splitlines()
+    print("\n".join(line for line in lines if line.startswith(("  ", f"crucible: {name}"))), flush=True)
+    mine = [r for r in cli_run_ids(instance, invocation) if instance.get_run_by_id(r).job_name == name]
+    run_ids += [r for r in mine if r not in run_ids]
+    for run_id in mine:
+        failed_checks += failed_check_lines(instance, run_id)
+    if code not in (0, EXIT_CHECK_FAILED):
+        print(f"crucible: {name} FAILED after {time.time() - t0:.0f}s (exit {code}); its log: {log_path}\n"
+              + "\n".join(lines[-30:]), file=sys.stderr)  # fmt: skip
+        return False
+    return True
 
 
 EXIT_JOB_FAILED, EXIT_CHECK_FAILED = 1, 2
@@ -316,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
         "--code-snapshot", type=_partition_key, default="code-0001", help="code source snapshot partition"
     )
     run.add_argument("--only", nargs="*", help="run only these jobs")
+    run.add_argument(
+        "--sequential",
+        action="store_true",
+        help="one job at a time (code_corpus does not run beside the web jobs)",
+    )
+    run.add_argument("--shared-cpu", action="store_true", help=argparse.SUPPRESS)  # a child run beside others
+    run.add_argument("--invocation", help=argparse.SUPPRESS)  # the parent's id: one run report for both
     run.set_defaults(fn=cmd_run)
     lineage = sub.add_parser(
         "lineage",

@@ -22,13 +22,20 @@ _STEP_END = {dg.DagsterEventType.STEP_SUCCESS: "ok", dg.DagsterEventType.STEP_FA
 @dataclass
 class RunReport:
     rows: list[dict[str, Any]] = field(default_factory=list)  # job, step, seconds, share, status
-    total_s: float = 0.0
+    total_s: float = 0.0  # the job runs' wall times, summed (shares are of this)
     runs: list[str] = field(default_factory=list)
+    wall_s: float = 0.0  # first run's start to last run's end: less than total_s when runs overlapped
 
     def markdown(self) -> str:
         shown = [{**r, "seconds": f"{r['seconds']:.0f}", "share": f"{r['share']:.1%}"} for r in self.rows]
-        return f"### Run report: {self.total_s / 60:.1f} min in {len(self.runs)} job run(s)\n\n" + (
-            markdown_table(shown)
+        overlap = (
+            f" ({self.total_s / 60:.1f} min of job runs, some side by side)"
+            if self.total_s > self.wall_s + 1
+            else ""
+        )
+        return (
+            f"### Run report: {self.wall_s / 60:.1f} min{overlap} in {len(self.runs)} job run(s)\n\n"
+            + markdown_table(shown)
         )
 
     def to_json(self) -> str:
@@ -52,6 +59,7 @@ def step_times(instance: dg.DagsterInstance, run_id: str) -> list[tuple[str, flo
 def run_report(instance: dg.DagsterInstance, run_ids: list[str]) -> RunReport:
     """Per job run (in the order given): each step's wall time and the run's time outside its steps."""
     report = RunReport(runs=list(run_ids))
+    spans = []
     for run_id in run_ids:
         record = instance.get_run_record_by_id(run_id)
         if record is None:
@@ -64,9 +72,12 @@ def run_report(instance: dg.DagsterInstance, run_ids: list[str]) -> RunReport:
             report.rows.append({"job": job, "step": step, "seconds": seconds, "status": status})
         if record.start_time and record.end_time:
             wall = record.end_time - record.start_time
+            spans.append((record.start_time, record.end_time))
             report.total_s += wall
             outside = max(0.0, wall - sum(s for _, s, _ in steps))
             report.rows.append({"job": job, "step": "(orchestration)", "seconds": outside, "status": ""})
+    if spans:
+        report.wall_s = max(e for _, e in spans) - min(s for s, _ in spans)
     for row in report.rows:
         row["share"] = row["seconds"] / report.total_s if report.total_s else 0.0
     return report
@@ -82,6 +93,17 @@ def cli_run_ids(instance: dg.DagsterInstance, invocation: str | None) -> list[st
     if invocation is None and tagged:
         invocation = tagged[-1].dagster_run.tags[INVOCATION_TAG]
     return [r.dagster_run.run_id for r in tagged if r.dagster_run.tags[INVOCATION_TAG] == invocation]
+
+
+def failed_check_lines(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """`asset:check (SEVERITY)` for each failed asset check of a run, from its event log."""
+    out = []
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+        check = entry.dagster_event.event_specific_data
+        if not check.passed:
+            severity = getattr(check.severity, "value", check.severity)
+            out.append(f"{check.asset_key.to_user_string()}:{check.check_name} ({severity})")
+    return out
 
 
 def write_report(report: RunReport, directory: Path, name: str) -> Path:

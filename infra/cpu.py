@@ -23,11 +23,17 @@ def judge_threads() -> int:
     return cpus() if os.environ.get(SOLE_RUN_ENV) == "1" else max(1, cpus() // JUDGE_RUNS_AT_ONCE)
 
 
-@contextmanager
-def sole_run() -> Iterator[None]:
+def sole_run():
     """Mark this process as the only run on the machine while the block runs (the previous value is put back)."""
+    return cpu_share(sole=True)
+
+
+@contextmanager
+def cpu_share(sole: bool) -> Iterator[None]:
+    """Mark this process as the only run on the machine (sole) or as sharing it, while the block runs; the
+    previous value is put back."""
     before = os.environ.get(SOLE_RUN_ENV)
-    os.environ[SOLE_RUN_ENV] = "1"
+    os.environ[SOLE_RUN_ENV] = "1" if sole else "0"
     try:
         yield
     finally:

@@ -70,8 +70,31 @@ def test_the_run_report_splits_each_runs_wall_time_over_its_steps(tmp_path):
     assert seconds[(0, "slow_stage")] >= 1.0 and seconds[(1, "quick_stage")] < seconds[(0, "slow_stage")]
     assert sum(r["seconds"] for r in report.rows) == pytest.approx(report.total_s)
     assert sum(r["share"] for r in report.rows) == pytest.approx(1.0)
+    assert report.total_s <= report.wall_s  # one after the other: the span holds every run
     path = write_report(report, tmp_path / "reports", "run_report-x")
     assert "| slow_stage |" in path.read_text() and "2 job run(s)" in path.read_text()
     assert json.loads((tmp_path / "reports" / "run_report-x.json").read_text())["runs"] == runs[1:]
     with pytest.raises(ValueError, match="no run nope"):
         run_report(instance, ["nope"])
+
+
+def test_the_run_report_of_side_by_side_runs_gives_the_wall_span(tmp_path):
+    """Two runs at once (code_corpus beside the web jobs): the header's minutes are first start to last
+    end, and the summed job time is shown next to it."""
+    import threading
+
+    from assets.run_report import INVOCATION_TAG, cli_run_ids, run_report
+
+    instance = dg.DagsterInstance.local_temp(str(tmp_path))
+    threads = [
+        threading.Thread(target=dg.materialize, args=([slow_stage],),
+                         kwargs={"instance": instance, "tags": {INVOCATION_TAG: "both"}})
+        for _ in range(2)
+    ]  # fmt: skip
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    report = run_report(instance, cli_run_ids(instance, "both"))
+    assert len(report.runs) == 2 and report.total_s > report.wall_s + 0.5  # each sleeps 1 s, together
+    assert f"### Run report: {report.wall_s / 60:.1f} min ({report.total_s / 60:.1f} min of job runs" in (
+        report.markdown()
+    )

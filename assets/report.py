@@ -4,6 +4,7 @@ success, General RL's hybrid-reward components), each cell with its standard err
 Each distillation's parent RL checkpoint is in the table too, so its effect is shown against the same parent
 without it."""
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -22,7 +23,6 @@ from infra.store import ObjectStore
 from training import report
 from training.agentic.families import read_agentic_facts, read_agentic_tasks
 from training.report import (
-    GeneralScorer,
     ReportConfig,
     build_heldout_sets,
     clear_recoveries,
@@ -57,23 +57,24 @@ def _chain(s: ObjectStore) -> dict[str, Path]:
     return out
 
 
-def _general_scorer(s: ObjectStore, cfg: ReportConfig, facts: list) -> GeneralScorer | None:
-    """General RL's hybrid reward (the stage's own config, ORM and judge) on its held-out prompts, when its
-    prompts and ORM are committed; None otherwise (the table then has no general/ columns)."""
+def _general_builder(s: ObjectStore, cfg: ReportConfig, facts: list):
+    """A picklable builder of General RL's hybrid reward scorer (the stage's own config, ORM and judge) on
+    its held-out prompts, when its prompts and ORM are committed; None otherwise (the table then has no
+    general/ columns). Built once in each scoring process."""
     from assets.general import GENERAL_PROMPTS_PREFIX, ORM_PREFIX
     from infra.packaged import LID_176, packaged_file
-    from training.rl.general import general_scorer, heldout_subset
-    from training.rl.general_job import GeneralRLStageConfig, build_reward
+    from training.rl.general import heldout_subset
+    from training.rl.general_job import GeneralRLStageConfig, build_general_scorer
 
     if not (is_committed(s, GENERAL_PROMPTS_PREFIX) and is_committed(s, ORM_PREFIX)):
         return None
     stage = validate_stage(PROFILE, "general_rl", GeneralRLStageConfig)
     prompts = read_tasks(_local(s, GENERAL_PROMPTS_PREFIX, "general_prompts") / "heldout.jsonl")
-    reward = build_reward(
-        stage.reward, facts, _local(s, ORM_PREFIX, "outcome_reward_model"), stage.judge,
-        PROFILE.state_path / "cache" / "judge_general", packaged_file(LID_176),
+    return functools.partial(
+        build_general_scorer, stage.reward, facts, str(_local(s, ORM_PREFIX, "outcome_reward_model")),
+        stage.judge, str(PROFILE.state_path / "cache" / "judge_general"), str(packaged_file(LID_176)),
+        heldout_subset(prompts, cfg.general_prompts), cfg.general_max_new_tokens,
     )  # fmt: skip
-    return general_scorer(reward, heldout_subset(prompts, cfg.general_prompts), cfg.general_max_new_tokens)
 
 
 def _report(cfg: ReportConfig, s, _, run) -> StageResult:
@@ -94,8 +95,8 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         read_tasks(test) if test.exists() else [],
     )  # fmt: skip
     out = plot_dir("post-training-report-")
-    general = _general_scorer(s, cfg, facts)
-    result = post_training_report(checkpoints, sets, cfg, out, score_general=general, tokenizer=tok)
+    general = _general_builder(s, cfg, facts)
+    result = post_training_report(checkpoints, sets, cfg, out, tokenizer=tok, general_builder=general)
     md = (
         "## Post-training checkpoints on the same held-out sets (value ± standard error)\n\n"
         + result.markdown

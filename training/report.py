@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -94,6 +94,13 @@ class ReportConfig(BaseModel):
     general_max_new_tokens: int = Field(48, ge=1, description="Tokens per answer to a General RL prompt")
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass (perplexity, passkey)")
     seed: int = Field(1234, description="Seed of the passkey set and the agentic environments")
+    # On CPU a decode step of a small model is per-op overhead: a second torch thread buys 1.1-1.3x, a second
+    # process scoring another checkpoint ~2x (training/rollout/engine.py).
+    workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Processes scoring checkpoints side by side, each with CPUs / workers torch threads; "
+        "auto = min(CPUs, checkpoints); 1 = in this process",
+    )
 
     @model_validator(mode="after")
     def _test_rows_after_dev_rows(self) -> ReportConfig:
@@ -313,20 +320,88 @@ def score_checkpoints(
     cfg: ReportConfig,
     score_general: GeneralScorer | None = None,
     tokenizer: Any = None,
+    general_builder: Callable[[], GeneralScorer] | None = None,
 ) -> dict[str, CheckpointScores]:
     """name -> HF dir (chain order kept) -> name -> its scores and per-item values. The tokenizer defaults to
-    the first checkpoint's (every stage of one chain shares it)."""
+    the first checkpoint's (every stage of one chain shares it). `general_builder` (picklable: a module-level
+    function or a partial of one) builds the general scorer once per scoring process; `score_general` is an
+    already built one and keeps the scoring in this process."""
     from training.model import load_model
     from training.tokenizer import load_tokenizer
 
     if not checkpoints:
         raise ValueError("post-training report: no checkpoints; give name -> HF dir in chain order")
+    workers = scoring_workers(cfg, len(checkpoints))
+    if workers > 1 and score_general is None:
+        return _score_in_workers(checkpoints, sets, cfg, general_builder, workers)
     tokenizer = tokenizer or load_tokenizer(str(next(iter(checkpoints.values()))))
+    if score_general is None and general_builder is not None:
+        score_general = general_builder()
     out = {}
     for name, path in checkpoints.items():
         log.info("report: scoring %s (%s)", name, path)
         out[name] = score_checkpoint(load_model(path), tokenizer, sets, cfg, score_general)
     return out
+
+
+def scoring_workers(cfg: ReportConfig, n_checkpoints: int) -> int:
+    from infra.cpu import cpus
+
+    return max(1, min(cpus(), n_checkpoints) if cfg.workers == "auto" else cfg.workers)
+
+
+_WORKER: dict[str, Any] = {}  # in a scoring process: its tokenizer dir, tokenizer and general scorer
+
+
+def _init_worker(threads: int, tokenizer_dir: str, general_builder) -> None:
+    import os
+
+    from infra.cpu import SOLE_RUN_ENV
+    from training.tokenizer import load_tokenizer
+
+    torch.set_num_threads(threads)
+    os.environ[SOLE_RUN_ENV] = "0"  # a local judge takes its share of the CPUs, not all of them
+    _WORKER.update(
+        tokenizer=load_tokenizer(tokenizer_dir), general=general_builder() if general_builder else None
+    )
+
+
+def _score_one(path: str, sets: HeldoutSets, cfg: ReportConfig) -> CheckpointScores:
+    from training.model import load_model
+
+    return score_checkpoint(load_model(path), _WORKER["tokenizer"], sets, cfg, _WORKER["general"])
+
+
+def _score_in_workers(checkpoints, sets, cfg, general_builder, workers: int) -> dict[str, CheckpointScores]:
+    """Each checkpoint scored in one of `workers` spawned processes (CPUs / workers threads each); results
+    in chain order, a line per finished checkpoint. A failure names its checkpoint; nothing is half-kept."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from infra.cpu import cpus
+
+    threads = max(1, cpus() // workers)
+    first = str(next(iter(checkpoints.values())))
+    log.info("report: %d checkpoints in %d processes x %d torch threads", len(checkpoints), workers, threads)
+    started, done = time.monotonic(), {}
+    with ProcessPoolExecutor(
+        workers, multiprocessing.get_context("spawn"), _init_worker, (threads, first, general_builder)
+    ) as pool:
+        names = {pool.submit(_score_one, str(p), sets, cfg): name for name, p in checkpoints.items()}
+        for future in as_completed(names):
+            name = names[future]
+            try:
+                done[name] = future.result()
+            except Exception as exc:
+                for other in names:
+                    other.cancel()
+                raise RuntimeError(
+                    f"post-training report: scoring {name} ({checkpoints[name]}) failed: {exc}"
+                ) from exc
+            log.info("report: scored %s (%d / %d) after %.0f s", name, len(done), len(names),
+                     time.monotonic() - started)  # fmt: skip
+    return {name: done[name] for name in checkpoints}
 
 
 def _cell(score: Score | None) -> str:
@@ -468,9 +543,10 @@ def post_training_report(
     score_general: GeneralScorer | None = None,
     tokenizer: Any = None,
     title: str = "post-training checkpoints on the same held-out sets (±1 SE)",
+    general_builder: Callable[[], GeneralScorer] | None = None,
 ) -> Report:
-    """Score every checkpoint, render the table and `out_dir/post_training_report.png`."""
-    scored = score_checkpoints(checkpoints, sets, cfg, score_general, tokenizer)
+    """Score every checkpoint (see `score_checkpoints`), render the table and `out_dir/post_training_report.png`."""
+    scored = score_checkpoints(checkpoints, sets, cfg, score_general, tokenizer, general_builder)
     scores = {name: c.scores for name, c in scored.items()}
     plot = plot_report(scores, Path(out_dir) / "post_training_report.png", title)
     items = {name: c.items for name, c in scored.items()}

@@ -317,3 +317,29 @@ def test_test_perplexity_rows_are_lower_is_better_with_the_delta_method():
     assert test["metric"] == "test/ppl/code" and test["drop"] == dev["drop"] > 0
     assert test["drop SE (paired)"] == dev["drop SE (paired)"] and test["recovered"] > 0
     assert test_split_row([dev, test], dev)["holds"] is True
+
+
+def _constant_general(model, tokenizer):
+    return {"helpfulness": {"g1": 0.4, "g2": 0.6}}
+
+
+def _build_constant_general():  # a picklable builder: what a scoring process receives
+    return _constant_general
+
+
+def test_checkpoints_scored_in_two_processes_equal_scoring_in_this_one(chain):
+    """workers: 2 spawns two scoring processes (one torch thread each here); the table is the same as one
+    process's, item by item (perplexity to float rounding: another thread count sums in another order)."""
+    from training.report import score_checkpoints
+
+    tok, dirs = chain
+    cfg = ReportConfig(max_new_tokens=4, max_turns=1, agentic_max_new_tokens=8, agentic_max_turns=2)
+    one = score_checkpoints(dirs, _sets(tok), cfg.model_copy(update={"workers": 1}), tokenizer=tok,
+                            general_builder=_build_constant_general)  # fmt: skip
+    two = score_checkpoints(dirs, _sets(tok), cfg.model_copy(update={"workers": 2}),
+                            general_builder=_build_constant_general)  # fmt: skip
+    assert list(two) == list(dirs)  # chain order
+    for name in dirs:
+        assert set(two[name].items) == set(one[name].items) >= {"general/helpfulness", "pass_at_1/color"}
+        for metric, items in one[name].items.items():
+            assert two[name].items[metric] == pytest.approx(items, rel=1e-5), (name, metric)

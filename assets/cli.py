@@ -143,7 +143,8 @@ def _start_beside(jobs: list[str], args, profile, invocation: str) -> dict[str, 
         log_path = profile.state_path / "reports" / f"{name}-{invocation}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "assets.cli", "run", "--only", name, "--shared-cpu",
-               "--invocation", invocation, "--snapshot", args.snapshot, "--code-snapshot", args.code_snapshot]  # fmt: skip
+               f"--invocation={invocation}", f"--snapshot={args.snapshot}",
+               f"--code-snapshot={args.code_snapshot}"]  # fmt: skip
         log = log_path.open("w")
         child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
         log.close()

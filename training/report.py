@@ -94,8 +94,8 @@ class ReportConfig(BaseModel):
     general_max_new_tokens: int = Field(48, ge=1, description="Tokens per answer to a General RL prompt")
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass (perplexity, passkey)")
     seed: int = Field(1234, description="Seed of the passkey set and the agentic environments")
-    # On CPU a decode step of a small model is per-op overhead: a second torch thread buys 1.1-1.3x, a second
-    # process scoring another checkpoint ~2x (training/rollout/engine.py).
+    # On CPU a decode step of a small model is per-op overhead: a second torch thread buys 1.1-1.3x; two
+    # 1-thread processes took tiny's table from 377 to 307 s, every cell the same.
     workers: int | Literal["auto"] = Field(
         "auto",
         description="Processes scoring checkpoints side by side, each with CPUs / workers torch threads; "
@@ -350,7 +350,7 @@ def scoring_workers(cfg: ReportConfig, n_checkpoints: int) -> int:
     return max(1, min(cpus(), n_checkpoints) if cfg.workers == "auto" else cfg.workers)
 
 
-_WORKER: dict[str, Any] = {}  # in a scoring process: its tokenizer dir, tokenizer and general scorer
+_WORKER: dict[str, Any] = {}  # in a scoring process: its tokenizer and general scorer
 
 
 def _init_worker(threads: int, tokenizer_dir: str, general_builder) -> None:

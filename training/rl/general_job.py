@@ -251,6 +251,24 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     return result
 
 
+def build_general_scorer(
+    reward: HybridRewardConfig,
+    facts: list[tuple[str, str]],
+    orm_dir: str | None,
+    judge: JudgeConfig | None,
+    judge_cache_dir: str | None,
+    lid_model: str | None,
+    prompts: list,
+    max_new_tokens: int,
+):
+    """The results table's general-reward scorer (`general.general_scorer` on `build_reward`), from plain
+    values: a partial of this is what a scoring process receives and builds once."""
+    from training.rl.general import general_scorer
+
+    hybrid = build_reward(reward, facts, orm_dir, judge, judge_cache_dir, lid_model)
+    return general_scorer(hybrid, prompts, max_new_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run one General RL job (orm | rl) from its spec")
     parser.add_argument("kind", choices=["orm", "rl"])
@@ -269,21 +287,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def build_general_scorer(
-    reward: HybridRewardConfig,
-    facts: list[tuple[str, str]],
-    orm_dir: str | None,
-    judge: JudgeConfig | None,
-    judge_cache_dir: str | None,
-    lid_model: str | None,
-    prompts: list,
-    max_new_tokens: int,
-):
-    """The results table's general-reward scorer (`general.general_scorer` on `build_reward`), from plain
-    values: a partial of this is what a scoring process receives and builds once."""
-    from training.rl.general import general_scorer
-
-    hybrid = build_reward(reward, facts, orm_dir, judge, judge_cache_dir, lid_model)
-    return general_scorer(hybrid, prompts, max_new_tokens)

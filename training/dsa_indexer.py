@@ -53,7 +53,10 @@ def indexer_scores(
 ) -> torch.Tensor:
     """Unmasked indexer scores I [B, S, T] (float32), the math of `GlmMoeDsaIndexer.forward` with gradients."""
     q, k, weights = indexer_inputs(indexer, hidden_states, q_resid, position_embeddings)
-    scores = F.relu(torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * indexer.softmax_scale)
+    batch_size, seq_len, n_heads, head_dim = q.shape
+    # One GEMM over all queries and heads; a broadcast matmul would copy the keys once per query.
+    scores = torch.matmul(q.reshape(batch_size, seq_len * n_heads, head_dim), k.transpose(-1, -2))
+    scores = F.relu(scores.view(batch_size, seq_len, n_heads, -1) * indexer.softmax_scale)
     return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
 
 

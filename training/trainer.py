@@ -39,6 +39,7 @@ from training.checkpoint import (
     save_model_state,
 )
 from training.dsa_indexer import collect_dsa_stats, freeze_all_but_indexer, set_dsa_mode
+from training.logits import logits_at, predicting_positions
 from training.moe_balance import RouterTaps, expert_loads, sequence_balance_loss, update_router_bias
 from training.optim import OptimConfig, build_optimizers, lr_multiplier, set_lr
 
@@ -274,10 +275,11 @@ class Trainer:
         """Forward one micro-batch: summed LM loss, indexer stats and the MoE balance loss."""
         inputs = {k: batch[k].to(self.device) for k in ("input_ids", "position_ids") if k in batch}
         labels = batch.get("labels", batch["input_ids"]).to(self.device)
-        logits = self.engine.forward(**inputs).logits
-        lm_sum = F.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100, reduction="sum"
-        )
+        # the head runs only where a target follows: SFT and recall rows train on a few tokens per row
+        keep = predicting_positions(labels)
+        with logits_at(self.model, keep):
+            logits = self.engine.forward(**inputs).logits
+        lm_sum = F.cross_entropy(logits.float(), labels[:, 1:][keep[:, :-1]], reduction="sum")
         terms = {"lm_sum": lm_sum, "dsa": collect_dsa_stats(self.model)}
         records = self.router_taps.pop()
         batch_size = batch["input_ids"].shape[0]

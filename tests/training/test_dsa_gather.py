@@ -162,3 +162,22 @@ def test_gradients_through_sparse_gather_match_native(micro_model, attention_pat
     worst = max(max_diff(grads["native"][n], grads["sparse_gather"][n]) for n in grads["native"])
     scale = max(float(g.abs().max()) for g in grads["native"].values())
     assert worst <= 1e-4 * scale
+
+
+def test_training_indexer_scores_equal_the_broadcast_formula_with_gradients(micro_model):
+    """The indexer's training scores come from one GEMM over queries x heads; the reference is the
+    per-query broadcast matmul of `GlmMoeDsaIndexer.forward`, values and gradients."""
+    ids, mask = batch()
+    attn, kw, _ = layer_calls(micro_model, ids, mask)[0]
+    hidden = kw["hidden_states"].detach().requires_grad_(True)
+    rope = kw["position_embeddings"]
+    q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden))
+    ours = indexer_scores(attn.indexer, hidden, q_resid, rope)
+    q, k, weights = dsa_gather.indexer_inputs(attn.indexer, hidden, q_resid, rope)
+    ref = torch.relu(torch.matmul(q, k.transpose(-1, -2).unsqueeze(1)) * attn.indexer.softmax_scale)
+    ref = torch.matmul(weights.unsqueeze(-2), ref).squeeze(-2)
+    assert ours.shape == (3, SEQ, SEQ) and max_diff(ours, ref) <= 1e-5
+    probe = torch.randn_like(ref)
+    (g_ours,) = torch.autograd.grad((ours * probe).sum(), hidden, retain_graph=True)
+    (g_ref,) = torch.autograd.grad((ref * probe).sum(), hidden)
+    assert g_ours.abs().sum() > 0 and max_diff(g_ours, g_ref) <= 1e-5

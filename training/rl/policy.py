@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.logits import logits_at
 from training.rollout.trajectory import Trajectory
 
 
@@ -47,10 +48,11 @@ def response_logprobs_all(
     """[B, T, V] log-softmax at every response position under `model`; gradient flows if enabled."""
     ids, starts = batch["input_ids"], batch["starts"]
     width = batch["mask"].shape[1]
-    logits = model(input_ids=ids).logits.float() / max(temperature, 1e-6)
     # position p predicts token p + 1: response token t sits at starts + t and is predicted at starts + t - 1
     cols = (starts.unsqueeze(1) + torch.arange(width).unsqueeze(0) - 1).clamp(max=ids.shape[1] - 2)
-    picked = logits.gather(1, cols.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    rows = torch.arange(ids.shape[0]).unsqueeze(1).expand_as(cols)
+    with logits_at(model, (rows, cols)):  # the LM head on the response positions only
+        picked = model(input_ids=ids).logits.float() / max(temperature, 1e-6)
     return F.log_softmax(picked, dim=-1)
 
 

@@ -33,6 +33,11 @@ class SftConfig(BaseModel):
     seed: int = Field(0, description="Seed of the row order")
     seq_len: int = Field(256, gt=8, description="Longest SFT row (tokens); longer rows are cut")
     batch_size: int = Field(16, gt=0, description="Rows per step")
+    pack: bool = Field(
+        True,
+        description="Pack each step's rows into as few rows of seq_len as hold them (same loss and gradients, "
+        "without computing padding); false = pad each row to the step's longest",
+    )
     trainer: TrainerConfig = Field(
         default_factory=lambda: TrainerConfig(
             # 800, not 400: at 400 the tiny model had not yet learned to copy names from its context (held-out
@@ -70,6 +75,7 @@ def sft_spec(
             "batch_size": cfg.batch_size,
             "seq_len": cfg.seq_len,
             "seed": cfg.seed,
+            "pack": cfg.pack,
         },
     )
     extra = {n: str(tokenizer_dir / n) for n in ("tokenizer.json", "tokenizer_config.json")}

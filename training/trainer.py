@@ -273,7 +273,9 @@ class Trainer:
 
     def loss_terms(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Forward one micro-batch: summed LM loss, indexer stats and the MoE balance loss."""
-        inputs = {k: batch[k].to(self.device) for k in ("input_ids", "position_ids") if k in batch}
+        inputs = {
+            k: batch[k].to(self.device) for k in ("input_ids", "position_ids", "attention_mask") if k in batch
+        }
         labels = batch.get("labels", batch["input_ids"]).to(self.device)
         # the head runs only where a target follows: SFT and recall rows train on a few tokens per row
         keep = predicting_positions(labels)

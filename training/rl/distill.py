@@ -315,9 +315,8 @@ class _DistillStage:
             )
         else:
             logp_teacher = teacher
-            with torch.no_grad():
-                logp_old, _ = token_logprobs(model, batch, cfg.temperature)
             logp, entropy = token_logprobs(model, batch, cfg.temperature)
+            logp_old = logp.detach()  # one update per on-policy batch: θ_old is θ
             loss, stats = on_policy_distillation_loss(
                 logp, logp_old, batch["logp_infer"], logp_teacher, batch["mask"], cfg.beta, cfg.eps_low,
                 cfg.eps_high,

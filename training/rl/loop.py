@@ -264,12 +264,12 @@ def grpo_loss(
     model: nn.Module, trajs: list[Trajectory], batch: dict[str, torch.Tensor], group_size: int, cfg: Any
 ) -> tuple[torch.Tensor, GRPOOut]:
     """Eq. 1 (GRPO with IcePop, no KL) on groups of `group_size` samples per prompt, rewards normalised per
-    group; θ_old is the trainer's own weights before the update (log-probs without gradient)."""
+    group; θ_old is the trainer's own weights before the update: one update per on-policy batch, so its
+    log-probs are this forward's, detached (a second forward would give the same bits)."""
     rewards = torch.tensor([t.reward for t in trajs]).view(-1, group_size)
     adv = group_advantages(rewards).flatten()
-    with torch.no_grad():
-        logp_old, _ = token_logprobs(model, batch, cfg.temperature)
     logp, entropy = token_logprobs(model, batch, cfg.temperature)
+    logp_old = logp.detach()
     loss, stats = grpo_icepop_loss(
         logp, logp_old, batch["logp_infer"], adv, batch["mask"], cfg.beta, cfg.eps_low, cfg.eps_high
     )

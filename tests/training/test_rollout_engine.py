@@ -3,11 +3,14 @@ pass of its own copy, a real precision mismatch against the fp32 trainer, seeded
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from training.model import ModelConfig, build_model
 from training.rollout.engine import (
+    SAMPLE_BLOCK,
     LocalRolloutEngine,
     SamplingParams,
     engine_dtype,
@@ -88,6 +91,61 @@ def test_sample_tokens_draws_each_token_at_its_probability():
     per_row = sample_tokens(weights.expand(3, -1), [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
     alone = [int(sample_tokens(weights[None], [torch.Generator().manual_seed(s)])[0]) for s in (1, 2, 3)]
     assert per_row.tolist() == alone
+
+
+def test_sample_tokens_inverts_across_blocks():
+    """With V over several sampling blocks (and not a multiple of one), mass on the first and last token of a
+    block, on the vocabulary's last token and on one lone token: frequencies within 5 binomial SEs, zero-mass
+    tokens never drawn."""
+    vocab = 2 * SAMPLE_BLOCK + 44
+    weights = torch.zeros(vocab)
+    mass = {0: 0.05, SAMPLE_BLOCK - 1: 0.25, SAMPLE_BLOCK: 0.2, 2 * SAMPLE_BLOCK + 7: 0.1, vocab - 1: 0.4}
+    for token, w in mass.items():
+        weights[token] = w
+    n = 200_000
+    freq = torch.bincount(
+        sample_tokens(weights.expand(n, -1), torch.Generator().manual_seed(1)), minlength=vocab
+    )
+    freq = freq.double() / n
+    p = weights.double() / weights.sum()
+    assert torch.all((freq - p).abs() <= 5 * (p * (1 - p) / n).sqrt() + 1e-12)
+    assert freq[weights == 0].sum() == 0
+
+
+def test_expanded_kv_projects_only_new_positions_and_decodes_the_same(model):
+    """A sparse model (index_topk 4 < the lengths here): with the expanded keys and values kept, each layer's
+    kv_b_proj sees every position once (prefill + one per step) instead of all of them at every step, and
+    tokens and log-probs are those of re-expanding every step."""
+    sparse = build_model(
+        ModelConfig.for_size("micro", vocab_size=300, eos_token_id=EOS, pad_token_id=1, index_topk=4), seed=0
+    ).eval()
+    engine = LocalRolloutEngine(sparse, dtype=torch.float32)
+    rows = []
+    attn = next(m for m in engine.model.modules() if hasattr(m, "kv_b_proj"))
+    attn.kv_b_proj.register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[-2]))
+    params = SamplingParams(max_new_tokens=16, seed=4)
+    kept = engine.generate(PROMPTS, params)
+    kept_rows, rows[:] = sum(rows), []
+    engine.expanded_kv.decoding = contextlib.nullcontext  # transformers' own path: re-expand every step
+    again = engine.generate(PROMPTS, params)
+    width, steps = max(map(len, PROMPTS)), len(again[0].token_ids)
+    assert kept_rows == width + steps - 1
+    assert sum(rows) == sum(width + t for t in range(steps))
+    assert [g.token_ids for g in kept] == [g.token_ids for g in again]
+    for a, b in zip(kept, again, strict=True):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_expanded_kv_refuses_a_cropped_cache(model):
+    engine = LocalRolloutEngine(model, dtype=torch.float32)
+    attn = next(m for m in engine.model.modules() if hasattr(m, "kv_b_proj"))
+    latent, k_rot = torch.randn(1, 1, 6, attn.kv_lora_rank), torch.randn(1, 1, 6, attn.qk_rope_head_dim)
+    with engine.expanded_kv.decoding():
+        attn.expand_kv(latent, k_rot)
+        with pytest.raises(RuntimeError, match="layer 0 got 4 cached positions after 6"):
+            attn.expand_kv(latent[:, :, :4], k_rot[:, :, :4])
+    keys, _ = attn.expand_kv(latent[:, :, :4], k_rot[:, :, :4])  # outside the block: the original
+    assert keys.shape[2] == 4
 
 
 def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):

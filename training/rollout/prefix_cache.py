@@ -29,8 +29,7 @@ from training.rollout.engine import (
     Generation,
     LocalRolloutEngine,
     SamplingParams,
-    _top_p_filter,
-    sample_tokens,
+    next_tokens,
 )
 
 
@@ -160,32 +159,26 @@ class PrefixCachingEngine(LocalRolloutEngine):
         tokens: list[int] = []
         logprobs: list[float] = []
         stopped = False
-        for _ in range(params.max_new_tokens):
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=torch.ones((1, seen), dtype=torch.long),
-                position_ids=step_pos,
-                past_key_values=past,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            past = out.past_key_values
-            self.counters["computed_tokens"] += step_ids.shape[1]
-            logits = out.logits[:, -1].float()
-            temperature = params.temperature if params.temperature > 0 else 1.0
-            logprobs_all = torch.log_softmax(logits / temperature, dim=-1)
-            if params.temperature == 0:
-                token = logits.argmax(-1)
-            else:
-                probs = _top_p_filter(logits / temperature, params.top_p).softmax(-1)
-                token = sample_tokens(probs, gen)
-            tokens.append(int(token))
-            logprobs.append(float(logprobs_all[0, token]))
-            if bool(torch.isin(token, stops)):
-                stopped = True
-                break
-            step_ids, step_pos = token.view(1, 1), step_pos[:, -1:] + 1
-            seen += 1
+        with self.expanded_kv.decoding():
+            for _ in range(params.max_new_tokens):
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=torch.ones((1, seen), dtype=torch.long),
+                    position_ids=step_pos,
+                    past_key_values=past,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                past = out.past_key_values
+                self.counters["computed_tokens"] += step_ids.shape[1]
+                token, logprob = next_tokens(out.logits[:, -1].float(), params, gen)
+                tokens.append(int(token))
+                logprobs.append(float(logprob))
+                if bool(torch.isin(token, stops)):
+                    stopped = True
+                    break
+                step_ids, step_pos = token.view(1, 1), step_pos[:, -1:] + 1
+                seen += 1
         if past is not None and tokens:  # the KV holds the prompt and every generated token but the last
             self._store(torch.tensor(prompt_ids + tokens[:-1], dtype=torch.long), past)
         return Generation(

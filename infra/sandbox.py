@@ -12,7 +12,10 @@ How it holds (Linux, util-linux `unshare`/`setpriv`):
   without root, inside a user namespace where "root" owns nothing outside it;
 - processes: a new pid namespace whose init is the code itself: when it exits or is killed, every process
   it started dies with it; RLIMIT_NPROC stops fork bombs;
-- limits: CPU seconds, address space, file size, open files, processes, wall clock, output bytes.
+- limits: CPU seconds, address space, file size, open files, processes, wall clock, output bytes;
+- interpreter: the base installation's Python with `-I -S -B`: the standard library only, without `site`
+  (no site-packages, no `exit()` / `quit()` helpers: `sys.exit` works). `site` ran whatever `.pth` files the
+  host installation carries (here one imports certifi): 30 of a run's 65 ms.
 Every run returns a `SandboxResult` whose `status` says why it ended; nothing here raises for bad code.
 """
 
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -56,9 +58,9 @@ done
 if [ ! -x "$python" ]; then mkdir -p "$prefix" && mount --bind /mnt/python "$prefix"; fi
 cd /mnt/work
 if [ "$uid" != - ]; then
-  exec setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all -- "$python" -I -B main.py
+  exec setpriv --reuid="$uid" --regid="$uid" --clear-groups --no-new-privs --inh-caps=-all -- "$python" -I -S -B main.py
 fi
-exec "$python" -I -B main.py
+exec "$python" -I -S -B main.py
 """
 
 
@@ -99,7 +101,7 @@ def sandbox_available() -> str | None:
     """None if sandboxed runs work on this machine, else why not (what to install or enable)."""
     if sys.platform != "linux":
         return "the sandbox needs Linux namespaces"
-    for tool in ("unshare", "setpriv", "mount"):
+    for tool in ("prlimit", "unshare", "setpriv", "mount"):
         if shutil.which(tool) is None:
             return f"`{tool}` not found: install util-linux and mount"
     return None
@@ -127,18 +129,19 @@ def _python() -> tuple[str, str]:
     return str(prefix / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"), str(prefix)
 
 
-def _set_limits(limits: SandboxLimits):
+def _limit_args(limits: SandboxLimits) -> list[str]:
+    """`prlimit` options setting the limits before it execs the sandbox. A `preexec_fn` would do the same but
+    makes Python fork() instead of vfork(): copying the page tables of a training process holding 2 GB took a
+    run from 39 to 111 ms."""
     mb = 1024 * 1024
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+    return [
+        f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
+        f"--as={limits.memory_mb * mb}",
+        f"--fsize={limits.file_size_mb * mb}",
+        f"--nofile={limits.open_files}",
+        f"--nproc={limits.processes}",
+        "--core=0",
+    ]
 
 
 class _CappedReader(threading.Thread):
@@ -190,6 +193,9 @@ def run_python(
             for path in [workdir, *workdir.rglob("*")]:
                 os.chown(path, uid, uid)
         argv = [
+            "prlimit",
+            *_limit_args(limits),
+            "--",
             "unshare",
             "--mount",
             "--net",
@@ -232,7 +238,6 @@ def _supervise(
         stderr=subprocess.PIPE,
         env=env,
         start_new_session=True,
-        preexec_fn=_set_limits(limits),  # noqa: PLW1509 - limits must be set in the child before exec
     )
     killed_for: list[str] = []
 

@@ -138,6 +138,23 @@ def test_file_size_limit():
     assert result.status == "file_size" or "File too large" in result.reason
 
 
+def test_the_code_runs_under_every_configured_limit_and_without_site():
+    """The limits reach the sandboxed interpreter itself (set by `prlimit` before the namespaces are made),
+    and it sees the standard library only."""
+    limits = SandboxLimits(wall_s=8, cpu_s=3, memory_mb=300, file_size_mb=5, open_files=40, processes=20)
+    code = (
+        "import resource, sys\n"
+        "names = ['CPU', 'AS', 'FSIZE', 'NOFILE', 'NPROC', 'CORE']\n"
+        "print(*[resource.getrlimit(getattr(resource, 'RLIMIT_' + n))[0] for n in names])\n"
+        "print('site' in sys.modules, any('site-packages' in p for p in sys.path))"
+    )
+    result = run_python(code, limits)
+    assert result.status == "ok", result
+    mb = 1024 * 1024
+    assert result.stdout.split("\n")[0].split() == [str(v) for v in (3, 300 * mb, 5 * mb, 40, 20, 0)]
+    assert result.stdout.split("\n")[1] == "False False"
+
+
 def _owner(proc_dir: Path) -> int | None:
     try:
         return proc_dir.stat().st_uid

@@ -56,6 +56,12 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     filter_prompts_per_domain: int = Field(
         256, ge=1, description="Train prompts per domain the filter scores"
     )
+    score_batch_prompts: int = Field(
+        32,
+        ge=1,
+        description="Prompts per generation batch of the difficulty filter and the sampled held-out pass@1 "
+        "(rows = prompts x samples): 32 x 4 rows decode 1.46x faster than a training batch's 8 x 4 on CPU",
+    )
     min_domain_prompts: int = Field(
         8,
         ge=1,
@@ -184,10 +190,11 @@ def sampled_pass_rates(
     engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig,
     samples: int, seed_offset: int, what: str,
 ) -> dict[str, float]:  # fmt: skip
-    """Pass rate of each task over `samples` samples at the rollout temperature, in chunks of a training
-    batch (bounded memory, and a progress line per chunk); the seeds depend only on the chunk."""
+    """Pass rate of each task over `samples` samples at the rollout temperature, in chunks of
+    `cfg.score_batch_prompts` prompts (bounded memory, and a progress line per chunk); the seeds depend only
+    on the chunk."""
     rates: dict[str, list[float]] = defaultdict(list)
-    size = cfg.prompts_per_step
+    size = cfg.score_batch_prompts
     for i in range(0, len(tasks), size):
         params = SamplingParams(cfg.max_new_tokens, cfg.temperature, seed=cfg.seed + seed_offset + i)
         trajs = rollout(

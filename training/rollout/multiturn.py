@@ -19,7 +19,7 @@ from training.tasks.base import Task, Verdict
 from training.tokenizer import END_OF_TURN, EOS
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-# A code verdict is mostly a sandboxed process starting (~70-100 ms): threads overlap them (measured on 2 busy
+# A code verdict is mostly a sandboxed process starting (~30 ms): threads overlap them (measured on 2 busy
 # cores: 1.6x with 2 threads, 2.0x with 4). Verifiers are task suites, safe to call from several threads.
 VERIFY_THREADS = 4
 

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm import tqdm
 
 from infra.committed import (
@@ -55,7 +55,7 @@ _STAGE_SEGMENTS = {"web", "code", "math", "dedup", "filtered", "kept", "files", 
 
 
 class MixtureConfig(BaseModel):
-    """Token shards and mixture settings (defaults are the `tiny` profile's)."""
+    """Token shards and mixture settings (defaults are the `tiny` profile's, but for its `train_sample`)."""
 
     model_config = ConfigDict(extra="forbid")
     weights: dict[str, float] = Field(
@@ -78,9 +78,22 @@ class MixtureConfig(BaseModel):
     )
     shard_tokens: int = Field(4_000_000, ge=1024, description="Tokens per shard file (docs never split)")
     max_docs_per_source: int | None = Field(None, ge=1, description="Read at most this many docs per source")
+    train_sample: dict[str, float] = Field(
+        {},
+        description="Share of a source's train docs tokenized (a seeded hash sample per doc, after the held-out "
+        "split, so held-out docs are unchanged); sources not named keep all their docs",
+    )
     min_doc_chars: int = Field(1, ge=0, description="Skip docs shorter than this many characters")
     encode_batch_size: int = Field(256, ge=1, description="Docs per tokenizer.encode_batch call")
     seed: int = Field(0, description="Seed for held-out selection and language-weight sampling")
+
+    @field_validator("train_sample")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"train_sample shares must be in (0, 1]; got {bad}")
+        return value
 
 
 def partition_of(prefix: str) -> str:
@@ -245,6 +258,7 @@ class _SourceRun:
     # max-heap of (-draw, doc id, partition, read index, doc); a doc pushed out of it goes to train.
     reserve: list = field(default_factory=list)
     lang_weights: dict[str, dict | None] = field(default_factory=dict)
+    train_sample: float = 1.0  # share of train docs kept (MixtureConfig.train_sample)
 
 
 def _tokenize_prefix(
@@ -306,7 +320,12 @@ def _tokenize_prefix(
 
 
 def _train_items(run: _SourceRun, doc_id: str, partition: str, doc: dict, seed: int, stats) -> list:
-    """A training doc as (split, partition, doc) items: one per copy its code-language weight asks for."""
+    """A training doc as (split, partition, doc) items: one per copy its code-language weight asks for; none
+    when it falls outside the source's `train_sample`."""
+    share = run.train_sample
+    if share < 1 and _unit_hash("train_sample", seed, doc_id) >= share:
+        stats[f"dropped/{run.source}/train_sample"] += 1
+        return []
     lang_weights, copies = run.lang_weights.get(partition), 1
     if lang_weights is not None:
         lang = str((doc.get("metadata") or {}).get("language", "")).lower()
@@ -409,7 +428,7 @@ def _tokenize_sources(config, store, sources, tok, eos_id, dtype, staging, manif
             split: _ShardBuffer(staging, f"{split}/{source}", dtype, config.shard_tokens)
             for split in ("train", "heldout")
         }
-        run = _SourceRun(source, buffers)
+        run = _SourceRun(source, buffers, train_sample=config.train_sample.get(source, 1.0))
         for prefix in prefixes:
             _tokenize_prefix(run, prefix, store, tok, eos_id, config, stats)
         _settle_reserve(run, tok, eos_id, config, stats)

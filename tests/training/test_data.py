@@ -173,6 +173,39 @@ def test_a_small_source_still_holds_out_its_minimum_of_documents(corpus, tmp_pat
     assert sorted(over) == sorted(i for d, i in by_draw if d < 0.5)
 
 
+def test_a_train_sample_tokenizes_a_seeded_share_of_train_docs_and_keeps_the_held_out_set(corpus, tmp_path):
+    """train_sample {"code": 0.5}: code's held-out docs are the unsampled build's, its train docs are exactly
+    those whose sample draw is below 0.5 (counted as dropped otherwise), and web is untouched."""
+    from training.data import _unit_hash
+
+    def ids(result, split: str, source: str) -> list[str]:
+        paths = shard_paths(corpus["store"], result.outputs["manifest"], split)[source]
+        return sorted(m["id"] for p in paths for m in load_shard_meta(p))
+
+    sources = {"web": ["web/filtered/2026-10/kept/"], "code": ["code/files/pypi-1/"]}
+    base = dict(weights={"web": 0.5, "code": 0.5}, heldout_fraction=0.1, shard_tokens=2048)
+    whole = build_token_shards(MixtureConfig(**base), corpus["store"], sources, corpus["tok_dir"], "ts/all")
+    half = build_token_shards(
+        MixtureConfig(**base, train_sample={"code": 0.5}),
+        corpus["store"],
+        sources,
+        corpus["tok_dir"],
+        "ts/half",
+    )
+    assert ids(half, "heldout", "code") == ids(whole, "heldout", "code")
+    assert ids(half, "train", "web") == ids(whole, "train", "web")
+    all_train = sorted(set(ids(whole, "train", "code")))  # a doc may be copied by its language weight
+    kept = [i for i in all_train if _unit_hash("train_sample", 0, i) < 0.5]
+    assert sorted(set(ids(half, "train", "code"))) == kept
+    assert 0.35 < len(kept) / len(all_train) < 0.65
+    held = set(ids(whole, "heldout", "code"))
+    candidates = [r["id"] for r in corpus["code"] if r["id"] not in held]  # language weight 0 or not
+    dropped = [i for i in candidates if _unit_hash("train_sample", 0, i) >= 0.5]
+    assert half.metrics["dropped/code/train_sample"] == len(dropped) > 0
+    with pytest.raises(ValueError, match="train_sample"):
+        MixtureConfig(train_sample={"code": 0.0})
+
+
 def test_manifest_records_inputs_and_versions(corpus):
     manifest = token_manifest(corpus["store"], corpus["result"].outputs["prefix"])
     web_inputs = manifest["sources"]["web"]["inputs"]

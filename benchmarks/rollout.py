@@ -1,6 +1,7 @@
 """Rollout throughput: the local engine (training/rollout/engine.py) vs transformers' `generate` on the same
 checkpoint, batch, prompt lengths and number of new tokens, greedy, in one run; prints tokens/s of each, the
-ratio, and whether the greedy outputs are identical.
+ratio, and whether the greedy outputs are identical. Also the engine re-expanding MLA's cached latents at
+every step, as transformers does (without `training/rollout/mla_cache.py`), against the engine as it is.
 
     .venv/bin/python benchmarks/rollout.py                    # a freshly initialised tiny model
     .venv/bin/python benchmarks/rollout.py --checkpoint DIR   # an HF dir written by the graph (e.g. SFT)
@@ -9,6 +10,7 @@ ratio, and whether the greedy outputs are identical.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -55,14 +57,19 @@ def main() -> int:
     model.eval()
     dtype = getattr(torch, args.dtype)
     engine = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
+    reexpanding = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
+    reexpanding.expanded_kv.decoding = contextlib.nullcontext
     prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
     tokens = args.batch * args.new_tokens
-    ours, theirs, same_rows = [], [], 0
+    ours, theirs, again, same_rows = [], [], [], 0
     for _ in range(args.repeats):
         t = time.perf_counter()
         gens = engine.generate(prompts, params)
         ours.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        reexpanding.generate(prompts, params)
+        again.append(time.perf_counter() - t)
         t = time.perf_counter()
         ref = _hf_generate(engine.model, prompts, args.new_tokens, pad_id=1)  # same weights, same dtype
         theirs.append(time.perf_counter() - t)
@@ -74,6 +81,11 @@ def main() -> int:
     print(f"transformers generate (baseline): {hf_tps:8.1f} tokens/s")
     print(f"local rollout engine:             {ours_tps:8.1f} tokens/s")
     print(f"ratio: {ours_tps / hf_tps:.2f}x the baseline")
+    slow_tps = tokens / statistics.median(again)
+    print(f"engine re-expanding MLA every step (baseline): {slow_tps:8.1f} tokens/s")
+    print(
+        f"engine keeping expanded keys/values:           {ours_tps:8.1f} tokens/s, {ours_tps / slow_tps:.2f}x"
+    )
     print(
         f"greedy outputs identical: {same_rows}/{args.batch} rows (bf16 rows can part at exactly tied logits)"
     )

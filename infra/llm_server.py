@@ -30,6 +30,7 @@ A model that also implements `TokenCompletionModel` (a policy checkpoint for RL 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -123,6 +124,48 @@ class _PrefixState:
     next_logprobs: Any  # [k, vocab] log-probs of the token after each prefix
 
 
+def gguf_hf_dir(gguf: Path) -> Path:
+    """A HF directory beside `gguf` holding its de-quantized fp32 weights and its tokenizer (chat template
+    included), made on first use. transformers parses and de-quantizes a GGUF on every load, 29 s for
+    SmolLM2-135M, and a run loads the judge in 4-5 processes; the directory loads in a second or two. It is
+    named by the file's sha256 and written to a temporary directory renamed last, so a killed conversion
+    leaves no directory that looks whole, and two processes converting at once both end with the same one."""
+    import shutil
+    import tempfile
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from infra.packaged import file_sha256
+
+    target = gguf.with_name(f"{gguf.name}.hf-{file_sha256(gguf)[:16]}")
+    if target.is_dir():
+        return target
+    log.info("converting %s to a HF directory (once): %s", gguf.name, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{gguf.name}.", dir=gguf.parent))
+    # stdout is the server's "listening on" channel: save_pretrained imports deepspeed, which prints there
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+            loaded = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+            config = loaded.config
+            if hasattr(config, "quantization_config"):  # GGUF-loaded models refuse save_pretrained
+                del config.quantization_config
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model.load_state_dict(loaded.state_dict())
+            model.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not target.is_dir():  # not another process's finished conversion: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 class TransformersChatModel:
     """A causal LM loaded in-process with transformers: a HF model directory, or a GGUF file (`gguf_file=`).
 
@@ -138,14 +181,12 @@ class TransformersChatModel:
 
         path = Path(path)
         self.threads = threads
-        kwargs: dict[str, Any] = {}
-        if path.is_file():  # a GGUF file: transformers de-quantizes it into a torch model
-            kwargs["gguf_file"] = path.name
-            path = path.parent
+        self.name = path.name  # the GGUF file's name for a GGUF: judge cache keys carry it
         started = time.time()
-        self.tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
-        self.name = kwargs.get("gguf_file") or path.name
+        if path.is_file():  # a GGUF file: de-quantized into a HF directory once, then loaded from there
+            path = gguf_hf_dir(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self.max_input_tokens = max_input_tokens
         self.seed = seed
         self._lock = threading.Lock()  # one forward pass at a time: torch already uses every core we allow

@@ -100,3 +100,36 @@ def test_a_chat_only_model_has_no_rollout_routes():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.slow
+def test_a_gguf_is_converted_once_to_a_hf_dir_holding_the_same_model(tmp_path, monkeypatch):
+    """The packaged SmolLM2 GGUF, copied: the HF directory beside it holds exactly the weights transformers
+    de-quantizes from the GGUF and the same tokenizer and chat template; a second load reuses it without
+    reading the GGUF again; the model keeps the GGUF's name (judge cache keys carry it)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from infra import llm_server
+    from infra.packaged import SMOLLM2_GGUF, packaged_file
+
+    gguf = tmp_path / packaged_file(SMOLLM2_GGUF).name
+    shutil.copyfile(packaged_file(SMOLLM2_GGUF), gguf)
+    first = llm_server.TransformersChatModel(gguf)
+    (hf_dir,) = tmp_path.glob(f"{gguf.name}.hf-*")
+    assert first.name == gguf.name and not list(tmp_path.glob(f".{gguf.name}.*"))  # no temp dir left
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf.name, dtype=torch.float32)
+    ref_tok = AutoTokenizer.from_pretrained(tmp_path, gguf_file=gguf.name)
+    mine, theirs = first.model.state_dict(), ref.state_dict()
+    assert sorted(mine) == sorted(theirs) and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    chat = [{"role": "user", "content": "Rate: 2 + 2 = 4"}]
+    ref_ids = ref_tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert first.prompt_ids(chat) == list(ref_ids)
+
+    def no_gguf(*args, **kwargs):
+        raise AssertionError(f"the GGUF was read again: {args} {kwargs}")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_gguf)
+    assert llm_server.gguf_hf_dir(gguf) == hf_dir

@@ -17,6 +17,14 @@ def cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def native_bf16() -> bool:
+    """Whether this CPU runs bf16 matmuls natively (AVX512-BF16 or AMX); elsewhere torch emulates them,
+    several times slower than fp32."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def judge_threads() -> int:
     """Threads for a local judge model: every CPU under a sole run, else an equal share of the CPUs among
     the judge runs the queue allows at once (at least one)."""

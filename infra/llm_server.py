@@ -169,12 +169,18 @@ def gguf_hf_dir(gguf: Path) -> Path:
 class TransformersChatModel:
     """A causal LM loaded in-process with transformers: a HF model directory, or a GGUF file (`gguf_file=`).
 
-    Greedy decoding when temperature is 0. `next_token_logprobs` gives the distribution over chosen candidate
+    Greedy decoding when temperature is 0. `dtype` is the weights' and activations' type; log-probs are taken
+    in float32 either way. `next_token_logprobs` gives the distribution over chosen candidate
     tokens right after the prompt, which is how a judge reads a score without sampling.
     """
 
     def __init__(
-        self, path: str | Path, threads: int | None = None, max_input_tokens: int = 2048, seed: int = 0
+        self,
+        path: str | Path,
+        threads: int | None = None,
+        max_input_tokens: int = 2048,
+        seed: int = 0,
+        dtype: str = "float32",
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -186,7 +192,10 @@ class TransformersChatModel:
         if path.is_file():  # a GGUF file: de-quantized into a HF directory once, then loaded from there
             path = gguf_hf_dir(path)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype {dtype!r}: use float32 or bfloat16")
+        self.dtype = dtype
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
         self.max_input_tokens = max_input_tokens
         self.seed = seed
         self._lock = threading.Lock()  # one forward pass at a time: torch already uses every core we allow
@@ -841,12 +850,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="with --gguf / --hf-dir: weights' type",
+    )
     args = parser.parse_args(argv)
     if args.answer_choices and not (args.gguf or args.hf_dir):
         parser.error("--answer-choices needs --gguf or --hf-dir")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     if args.gguf or args.hf_dir:
-        model: ChatModel = TransformersChatModel(args.gguf or args.hf_dir, threads=args.threads)
+        model: ChatModel = TransformersChatModel(
+            args.gguf or args.hf_dir, threads=args.threads, dtype=args.dtype
+        )
         if args.answer_choices:
             model = ChoiceAnswerModel(model, args.answer_choices.split(","))
     elif args.keyword_scorer:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from tqdm.auto import tqdm
 
+from infra.cpu import native_bf16
 from training.batch_source import BatchSource
 from training.checkpoint import (
     latest_checkpoint,
@@ -56,8 +57,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     if device.type == "cpu":
-        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        return "bf16" if native else "fp32"
+        return "bf16" if native_bf16() else "fp32"
     return "fp32"
 
 

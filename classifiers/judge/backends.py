@@ -167,13 +167,20 @@ class LocalModelBackend:
         max_input_tokens: int = 1024,
         max_document_tokens: int = 64,
         level_temperature: float = 0.1,
+        precision: str = "fp32",
     ):
         from infra.llm_server import TransformersChatModel
 
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"judge precision {precision!r}: use fp32 or bf16")
         self.chat_model = TransformersChatModel(
-            model_path, threads=threads, max_input_tokens=max_input_tokens
+            model_path,
+            threads=threads,
+            max_input_tokens=max_input_tokens,
+            dtype="bfloat16" if precision == "bf16" else "float32",
         )
-        self.model_id = f"local:{self.chat_model.name}"
+        # a bf16 judge scores differently: its answers are cached apart from the fp32 judge's
+        self.model_id = f"local:{self.chat_model.name}" + (":bf16" if precision == "bf16" else "")
         self.max_document_tokens = max_document_tokens
         self.level_temperature = level_temperature
 

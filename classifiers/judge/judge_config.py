@@ -11,7 +11,7 @@ from classifiers.judge.backends import JudgeBackend, LocalModelBackend, OpenAICh
 from classifiers.judge.client import JudgeClient, JudgeClientConfig
 from classifiers.judge.prompt_files import load_prompt
 from classifiers.judge.quality_gate import GateConfig
-from infra.cpu import judge_threads
+from infra.cpu import judge_threads, native_bf16
 from infra.store import ObjectStore
 
 
@@ -31,6 +31,12 @@ class JudgeConfig(BaseModel):
     )
     local_document_tokens: int = Field(
         64, ge=8, description="Levels prompts: document tokens scored per chunk"
+    )
+    # probe set, SmolLM2-135M, 1 thread: bf16 AUC 0.8645 / Spearman 0.501 in 42 s, fp32 0.8732 / 0.523 in 78 s
+    local_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="Weights and activations of the local backend: auto = bf16 where the CPU runs it natively "
+        "(AVX512-BF16 / AMX; ~1.9x fp32 there, slightly lower probe agreement), else fp32",
     )
     local_level_temperature: float = Field(
         0.1, gt=0, description="Levels prompts: softmax temperature over mean log-likelihoods (nats/token)"
@@ -58,6 +64,13 @@ def local_threads_of(config: JudgeConfig) -> int | None:
     return judge_threads() if config.local_threads == "auto" else config.local_threads
 
 
+def local_precision_of(config: JudgeConfig) -> str:
+    """The local backend's precision (`auto` resolved for this CPU)."""
+    if config.local_precision != "auto":
+        return config.local_precision
+    return "bf16" if native_bf16() else "fp32"
+
+
 def build_backend(config: JudgeConfig) -> JudgeBackend:
     if config.backend == "local":
         from infra.packaged import SMOLLM2_GGUF, packaged_file
@@ -68,6 +81,7 @@ def build_backend(config: JudgeConfig) -> JudgeBackend:
             threads=local_threads_of(config),
             max_document_tokens=config.local_document_tokens,
             level_temperature=config.local_level_temperature,
+            precision=local_precision_of(config),
         )
     from infra.llm_server import llm_endpoint_from_env
 

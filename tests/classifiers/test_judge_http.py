@@ -167,7 +167,8 @@ def test_embedded_judge_over_http_separates_and_matches_in_process(debian_cache,
     assert [s.status for s in over_http] == ["judged"] * len(texts)
     assert judge.metrics()["judge/parsed_by/logprobs"] == len(texts)  # read from log-probs, not the text
 
-    local_config = JudgeConfig(prompt="edu_math_v1", client=quiet)  # the local backend, packaged SmolLM2
+    # the local backend, packaged SmolLM2, in the server's precision
+    local_config = JudgeConfig(prompt="edu_math_v1", local_precision="fp32", client=quiet)
     local = build_judge(local_config, LocalStore(tmp_path / "local"), "edu_math")
     assert local.backend.model_id == "local:SmolLM2-135M-Instruct.Q4_1.gguf"
     in_process = [s.score for s in local.score_texts(texts)]

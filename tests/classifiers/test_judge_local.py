@@ -8,14 +8,15 @@ import pytest
 import torch
 
 from classifiers.judge.client import JudgeClient, JudgeClientConfig
-from classifiers.judge.judge_config import JudgeConfig, build_backend, prompt_name
+from classifiers.judge.judge_config import JudgeConfig, build_backend, local_precision_of, prompt_name
 from classifiers.judge.prompt_files import load_prompt
 from classifiers.judge.quality_gate import load_probe_set
+from infra.cpu import native_bf16
 from infra.store import LocalStore
 
 
 def test_smollm2_judge_in_process(tmp_path):
-    config = JudgeConfig(local_threads=1)  # local backend, packaged SmolLM2, on one thread
+    config = JudgeConfig(local_threads=1, local_precision="fp32")  # packaged SmolLM2, on one thread
     assert prompt_name(config, "edu_math") == "edu_math_levels_v1"
     process_threads = torch.get_num_threads()
     torch.set_num_threads(2)  # a training process on 2 cores builds its judge (General RL, the report)
@@ -36,15 +37,43 @@ def test_smollm2_judge_in_process(tmp_path):
     _score_and_check(backend, tmp_path)
 
 
+def test_a_bf16_judge_is_cached_apart_and_scores_close_to_fp32(tmp_path):
+    """`local_precision: auto` is bf16 where the CPU runs it natively. The bf16 judge keeps its own cache
+    (its model id says bf16) and grades the same texts within a fraction of a level of the fp32 judge."""
+    assert local_precision_of(JudgeConfig()) == ("bf16" if native_bf16() else "fp32")
+    texts = _math_and_junk(2)
+    scores = {}
+    for precision in ("fp32", "bf16"):
+        backend = build_backend(JudgeConfig(local_threads=1, local_precision=precision))
+        dtypes = {p.dtype for p in backend.chat_model.model.parameters()}
+        assert dtypes == {torch.float32 if precision == "fp32" else torch.bfloat16}
+        judge = JudgeClient(
+            backend,
+            load_prompt("edu_math_levels_v1"),
+            LocalStore(tmp_path),
+            JudgeClientConfig(show_progress=False),
+        )
+        scores[precision] = [s.score for s in judge.score_texts(texts)]
+        # one store for both: the bf16 judge did not read the fp32 judge's cached answers
+        assert judge.metrics()["judge/calls"] == len(texts)
+    assert backend.model_id == "local:SmolLM2-135M-Instruct.Q4_1.gguf:bf16"
+    diffs = [abs(a - b) for a, b in zip(scores["fp32"], scores["bf16"], strict=True)]
+    assert 0 < max(diffs) < 0.25, scores  # rounded weights move the scores (measured: by 0.09 at most)
+    bf16 = scores["bf16"]
+    assert sum(bf16[:4]) / 4 - sum(bf16[4:]) / 4 > 1.0, bf16
+
+
+def _math_and_junk(per_kind: int) -> list[str]:
+    """Two kinds of worked math, then two kinds of junk, `per_kind` probes of each."""
+    probes = load_probe_set()
+    kinds = ("champ_solution", "sympy_doc", "fortune", "navigation")
+    return [t for k in kinds for t in [p["text"] for p in probes if p["kind"] == k][:per_kind]]
+
+
 def _score_and_check(backend, tmp_path) -> None:
     assert backend.model_id == "local:SmolLM2-135M-Instruct.Q4_1.gguf"
     store = LocalStore(tmp_path)
-    probes = load_probe_set()
-    picked = {
-        k: [p["text"] for p in probes if p["kind"] == k][:2]
-        for k in ("champ_solution", "sympy_doc", "fortune", "navigation")
-    }
-    texts = [t for k in picked for t in picked[k]]
+    texts = _math_and_junk(2)
 
     judge = JudgeClient(
         backend, load_prompt("edu_math_levels_v1"), store, JudgeClientConfig(show_progress=False)

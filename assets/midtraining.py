@@ -150,16 +150,18 @@ def _gate(cfg: EvalConfig, result: StageResult) -> list[tuple[str, bool, dict]]:
 def _evaluate(cfg: EvalConfig, s, _, run) -> StageResult:
     tok, heldout = local_tokenizer(s), heldout_shards(s)
     out_root = PROFILE.state_path / "runs" / "evals"
-    per: dict[str, StageResult] = {}
     metrics: dict[str, float] = {}
     artifacts: dict[str, Path] = {}
     rows = []
-    for asset in CHECKPOINTS:
-        mode = "dense" if asset == "base_checkpoint" else "native"
-        result = evals.evaluate_checkpoint_dir(
-            local_checkpoint(s, asset), tok, heldout, cfg, out_root / asset, dsa_mode=mode
-        )
-        per[asset] = result
+    modes = {asset: "dense" if asset == "base_checkpoint" else "native" for asset in CHECKPOINTS}
+    per = evals.evaluate_checkpoint_dirs(
+        {asset: (local_checkpoint(s, asset), mode) for asset, mode in modes.items()},
+        tok,
+        heldout,
+        cfg,
+        out_root,
+    )
+    for asset, result in per.items():
         metrics.update({f"{asset}/{k}": v for k, v in result.metrics.items()})
         artifacts.update({f"{asset}/{Path(k).name}": v for k, v in result.artifacts.items()})
         rows.append(

@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from training.recall_tasks import PasskeyItem
 from training.tasks.base import Task
+from training.worker_pool import Workers, run_in_workers, worker_count
 
 log = logging.getLogger(__name__)
 Score = tuple[float, float]  # (value, standard error)
@@ -96,7 +97,7 @@ class ReportConfig(BaseModel):
     seed: int = Field(1234, description="Seed of the passkey set and the agentic environments")
     # On CPU a decode step of a small model is per-op overhead: a second torch thread buys 1.1-1.3x; two
     # 1-thread processes took tiny's table from 377 to 307 s, every cell the same.
-    workers: int | Literal["auto"] = Field(
+    workers: Workers = Field(
         "auto",
         description="Processes scoring checkpoints side by side, each with CPUs / workers torch threads; "
         "auto = min(CPUs, checkpoints); 1 = in this process",
@@ -345,21 +346,18 @@ def score_checkpoints(
 
 
 def scoring_workers(cfg: ReportConfig, n_checkpoints: int) -> int:
-    from infra.cpu import cpus
-
-    return max(1, min(cpus(), n_checkpoints) if cfg.workers == "auto" else cfg.workers)
+    return worker_count(cfg.workers, n_checkpoints)
 
 
 _WORKER: dict[str, Any] = {}  # in a scoring process: its tokenizer and general scorer
 
 
-def _init_worker(threads: int, tokenizer_dir: str, general_builder) -> None:
+def _init_worker(tokenizer_dir: str, general_builder) -> None:
     import os
 
     from infra.cpu import SOLE_RUN_ENV
     from training.tokenizer import load_tokenizer
 
-    torch.set_num_threads(threads)
     os.environ[SOLE_RUN_ENV] = "0"  # a local judge takes its share of the CPUs, not all of them
     _WORKER.update(
         tokenizer=load_tokenizer(tokenizer_dir), general=general_builder() if general_builder else None
@@ -373,35 +371,10 @@ def _score_one(path: str, sets: HeldoutSets, cfg: ReportConfig) -> CheckpointSco
 
 
 def _score_in_workers(checkpoints, sets, cfg, general_builder, workers: int) -> dict[str, CheckpointScores]:
-    """Each checkpoint scored in one of `workers` spawned processes (CPUs / workers threads each); results
-    in chain order, a line per finished checkpoint. A failure names its checkpoint; nothing is half-kept."""
-    import multiprocessing
-    import time
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from infra.cpu import cpus
-
-    threads = max(1, cpus() // workers)
+    """Each checkpoint scored in one of `workers` spawned processes; results in chain order."""
     first = str(next(iter(checkpoints.values())))
-    log.info("report: %d checkpoints in %d processes x %d torch threads", len(checkpoints), workers, threads)
-    started, done = time.monotonic(), {}
-    with ProcessPoolExecutor(
-        workers, multiprocessing.get_context("spawn"), _init_worker, (threads, first, general_builder)
-    ) as pool:
-        names = {pool.submit(_score_one, str(p), sets, cfg): name for name, p in checkpoints.items()}
-        for future in as_completed(names):
-            name = names[future]
-            try:
-                done[name] = future.result()
-            except Exception as exc:
-                for other in names:
-                    other.cancel()
-                raise RuntimeError(
-                    f"post-training report: scoring {name} ({checkpoints[name]}) failed: {exc}"
-                ) from exc
-            log.info("report: scored %s (%d / %d) after %.0f s", name, len(done), len(names),
-                     time.monotonic() - started)  # fmt: skip
-    return {name: done[name] for name in checkpoints}
+    jobs = {name: (_score_one, (str(p), sets, cfg)) for name, p in checkpoints.items()}
+    return run_in_workers(jobs, workers, "post-training report", _init_worker, (first, general_builder))
 
 
 def _cell(score: Score | None) -> str:

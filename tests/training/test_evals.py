@@ -2,6 +2,7 @@
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -322,6 +323,32 @@ def test_evaluate_checkpoint_dir_returns_stage_result(tok_dir, heldout, tmp_path
     )
     assert result.metrics == pytest.approx(expected.metrics, rel=1e-5)
     assert {"ppl/ctx_128/web", "passkey/acc/128", "dsa/topk_mass"} <= set(result.metrics)
+
+
+def test_checkpoints_evaluated_in_two_processes_equal_evaluating_them_here(tok_dir, heldout, tmp_path):
+    """workers: 2 evaluates two checkpoints in two spawned processes (one torch thread each here): the same
+    metrics as in this process, in the order given, each in its own output dir."""
+    from training.evals import evaluate_checkpoint_dirs
+
+    for seed in (0, 1):
+        tiny_glm(400, seed=seed).save_pretrained(tmp_path / f"ckpt{seed}")
+    config = EvalConfig(
+        short_seq_len=64, ppl_max_tokens=256, passkey_lengths=[128], passkey_depths=[0.5], passkey_per_cell=2
+    )
+    checkpoints = {"second": (tmp_path / "ckpt1", "native"), "first": (tmp_path / "ckpt0", "dense")}
+    runs = {}
+    for workers in (1, 2):
+        cfg = config.model_copy(update={"workers": workers})
+        runs[workers] = evaluate_checkpoint_dirs(
+            checkpoints, tok_dir, heldout, cfg, tmp_path / f"ev{workers}"
+        )
+    assert list(runs[2]) == ["second", "first"]
+    for name in checkpoints:
+        assert runs[2][name].metrics == pytest.approx(runs[1][name].metrics, rel=1e-5), name
+        for path in runs[2][name].artifacts.values():
+            assert Path(path).is_relative_to(tmp_path / "ev2" / name) and Path(path).stat().st_size > 0
+    # two different models: a mix-up of jobs and results would show
+    assert runs[2]["first"].metrics["ppl/ctx_64/web"] != runs[2]["second"].metrics["ppl/ctx_64/web"]
 
 
 def test_compare_to_parent():

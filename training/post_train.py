@@ -188,16 +188,24 @@ def _score_test(spec: RLJobSpec, model, tok, registry) -> dict[str, float]:
     """The test set, once, after training: the policy and its parent (`spec.init_from`)."""
     from training.model import load_model
     from training.rl.frozen_test import score_test_set
+    from training.rl.reasoning import evaluation_engine
     from training.rollout.engine import LocalRolloutEngine, engine_dtype
+    from training.rollout.sharded import ShardedRolloutEngine
     from training.tasks.suites import read_tasks
 
     if not spec.test_tasks:
         return {}
     tasks = read_tasks(Path(spec.test_tasks))
     dtype = engine_dtype(spec.config.engine_dtype, next(model.parameters()).device)  # as the RL engine's
-    policy = LocalRolloutEngine(model, dtype=dtype, pad_id=tok.pad_token_id)
+    policy = evaluation_engine(LocalRolloutEngine(model, dtype=dtype, pad_id=tok.pad_token_id), spec.config)
     parent = LocalRolloutEngine(load_model(spec.init_from, spec.model), dtype=dtype, pad_id=tok.pad_token_id)
-    return score_test_set(policy, parent, tok, tasks, registry, spec.config)
+    parent = evaluation_engine(parent, spec.config)
+    try:
+        return score_test_set(policy, parent, tok, tasks, registry, spec.config)
+    finally:
+        for engine in (policy, parent):
+            if isinstance(engine, ShardedRolloutEngine):
+                engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:

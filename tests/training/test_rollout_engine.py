@@ -195,3 +195,39 @@ def test_auto_engine_dtype_follows_the_hardware_and_explicit_names_are_kept():
     assert engine_dtype("bfloat16", cpu) == torch.bfloat16 and engine_dtype("float32", cpu) == torch.float32
     with pytest.raises(ValueError, match="engine_dtype 'fp16'"):
         engine_dtype("fp16", cpu)
+
+
+def test_sharded_engine_splits_large_batches_over_a_worker_process_with_the_same_outputs(model):
+    """A batch of at least `min_rows` is decoded in two processes: the same tokens and log-probs as one engine
+    (greedy, and sampled with per-row seeds), rows in order; weights re-sent when the policy version moves;
+    a smaller batch never starts a worker; a worker's error names it."""
+    from training.rollout.sharded import ShardedRolloutEngine
+
+    engine = LocalRolloutEngine(model, dtype=torch.float32)
+    prompts = [[5 + i % 50, 6, 7, 8][: 2 + i % 3] for i in range(20)]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0, stop_token_ids=(EOS,))
+    sampled = SamplingParams(max_new_tokens=12, seed=4, row_seeds=tuple(range(100, 120)))
+    with ShardedRolloutEngine(engine, workers=1, min_rows=8) as sharded:
+        sharded.generate(prompts[:7], greedy)
+        assert sharded._procs == []  # below min_rows: this process alone
+        for params in (greedy, sampled):
+            one, split = engine.generate(prompts, params), sharded.generate(prompts, params)
+            assert [g.token_ids for g in split] == [g.token_ids for g in one]
+            for a, b in zip(one, split, strict=True):
+                assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        assert len(sharded._procs) == 1 and sharded._procs[0].is_alive()
+        # one batch seed: shard k draws with seed + k, the same every call
+        batch_seeded = SamplingParams(max_new_tokens=12, seed=4)
+        first = [g.token_ids for g in sharded.generate(prompts, batch_seeded)]
+        assert first == [g.token_ids for g in sharded.generate(prompts, batch_seeded)]
+        assert first[:10] == [g.token_ids for g in engine.generate(prompts[:10], batch_seeded)]
+        # new weights and version: the worker's share follows them
+        state = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+                 for k, v in engine.model.state_dict().items()}  # fmt: skip
+        sharded.sync_weights(state, 3)
+        one, split = engine.generate(prompts, greedy), sharded.generate(prompts, greedy)
+        assert [g.token_ids for g in split] == [g.token_ids for g in one]
+        assert {g.policy_version for g in split} == {3}
+        with pytest.raises(RuntimeError, match="worker 1 failed: ValueError: every prompt needs"):
+            sharded.generate(prompts[:19] + [[]], greedy)
+    assert sharded._procs == []

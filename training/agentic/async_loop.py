@@ -40,6 +40,7 @@ from training.rl.losses import double_sided_is_loss, group_advantages
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rollout.engine import LocalRolloutEngine, SamplingParams, engine_dtype
 from training.rollout.prefix_cache import PrefixCachingEngine
+from training.rollout.sharded import ShardedRolloutEngine, eval_workers
 from training.rollout.trajectory import Trajectory
 from training.tasks.base import Task
 
@@ -87,6 +88,11 @@ class AgenticRLConfig(BaseModel):
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
     eval_tasks_per_domain: int = Field(150, ge=1, description="Held-out tasks scored per family")
+    eval_workers: int | Literal["auto"] = Field(
+        "auto",
+        description="Extra processes that decode a share of the filter's and held-out evals' batches "
+        "(training/rollout/sharded.py): auto = 1 with 2+ CPUs",
+    )
     filter_samples: int = Field(
         4, ge=0, description="Difficulty filter: rollouts per train task before RL (0 = off)"
     )
@@ -479,19 +485,27 @@ def greedy_trajectories(
     return _rollouts(model, tokenizer, tasks, environments, cfg, pad_id, torch.float32, params, 1, "heldout")
 
 
+EVAL_BATCH_ROWS = 128  # rows per generation batch of the filter and held-out evals
+
+
 def _rollouts(
     model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
     cfg: AgenticRLConfig, pad_id: int, dtype: torch.dtype, params: SamplingParams, group: int, prefix: str,
 ) -> list[Trajectory]:  # fmt: skip
-    engine = LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id)
+    # The driver seeds every request's row, so neither the batch size nor the split over processes changes a
+    # draw. Larger batches than the training loop's 32 rows: 64 rows decode 1.7x the tokens/s of 16 on CPU.
+    engine = ShardedRolloutEngine(
+        LocalRolloutEngine(model, dtype=dtype, pad_id=pad_id), eval_workers(cfg.eval_workers), min_rows=64
+    )
     driver = RolloutDriver(
         lambda ids, prompts, p: engine.generate(prompts, p), tokenizer, environments, params, cfg.max_turns,
-        env_threads=cfg.env_threads, lockstep=True,
+        env_threads=cfg.env_threads, lockstep=True, max_batch=EVAL_BATCH_ROWS,
     )  # fmt: skip
     try:
         return driver.run(list(tasks), group, prefix)
     finally:
         driver.close()
+        engine.close()
 
 
 def sampled_pass_rates(

@@ -190,7 +190,7 @@ def _score_test(spec: RLJobSpec, model, tok, registry) -> dict[str, float]:
     from training.rl.frozen_test import score_test_set
     from training.rl.reasoning import evaluation_engine
     from training.rollout.engine import LocalRolloutEngine, engine_dtype
-    from training.rollout.sharded import ShardedRolloutEngine
+    from training.rollout.sharded import close_engine
     from training.tasks.suites import read_tasks
 
     if not spec.test_tasks:
@@ -203,9 +203,8 @@ def _score_test(spec: RLJobSpec, model, tok, registry) -> dict[str, float]:
     try:
         return score_test_set(policy, parent, tok, tasks, registry, spec.config)
     finally:
-        for engine in (policy, parent):
-            if isinstance(engine, ShardedRolloutEngine):
-                engine.close()
+        close_engine(policy)
+        close_engine(parent)
 
 
 def main(argv: list[str] | None = None) -> int:

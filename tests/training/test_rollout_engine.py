@@ -230,4 +230,9 @@ def test_sharded_engine_splits_large_batches_over_a_worker_process_with_the_same
         assert {g.policy_version for g in split} == {3}
         with pytest.raises(RuntimeError, match="worker 1 failed: ValueError: every prompt needs"):
             sharded.generate(prompts[:19] + [[]], greedy)
+        with pytest.raises(ValueError, match="every prompt needs"):  # this process's share fails
+            sharded.generate([[]] + prompts[1:], greedy)
+        # neither failure left a reply in a pipe: the next call (other params) gets its own rows
+        expected = [g.token_ids for g in engine.generate(prompts, sampled)]
+        assert [g.token_ids for g in sharded.generate(prompts, sampled)] == expected
     assert sharded._procs == []

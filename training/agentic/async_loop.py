@@ -43,6 +43,7 @@ from training.rollout.prefix_cache import PrefixCachingEngine
 from training.rollout.sharded import ShardedRolloutEngine, eval_workers
 from training.rollout.trajectory import Trajectory
 from training.tasks.base import Task
+from training.worker_pool import Workers
 
 log = logging.getLogger(__name__)
 Log = Callable[[dict[str, float], int], None]
@@ -88,7 +89,7 @@ class AgenticRLConfig(BaseModel):
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
     eval_tasks_per_domain: int = Field(150, ge=1, description="Held-out tasks scored per family")
-    eval_workers: int | Literal["auto"] = Field(
+    eval_workers: Workers = Field(
         "auto",
         description="Extra processes that decode a share of the filter's and held-out evals' batches "
         "(training/rollout/sharded.py): auto = 1 with 2+ CPUs",

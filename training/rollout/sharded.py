@@ -14,6 +14,7 @@ seed + k (deterministic for a given worker count, but not the draws of an unspli
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import multiprocessing
@@ -94,12 +95,13 @@ class ShardedRolloutEngine:
         torch.set_num_threads(self._threads())  # the workers take the other cores
         try:
             mine = self.engine.generate(*parts[0])
+        except Exception:
+            with contextlib.suppress(RuntimeError):
+                self._gather()  # read the workers' replies, or the next call would take them for its own
+            raise
         finally:
             torch.set_num_threads(threads)
-        out = list(mine)
-        for k, conn in enumerate(self._conns, start=1):
-            out += self._reply(conn, k)
-        return out
+        return [g for share in [mine, *self._gather()] for g in share]
 
     @staticmethod
     def _shard_params(params: SamplingParams, k: int, a: int, b: int) -> SamplingParams:
@@ -140,19 +142,27 @@ class ShardedRolloutEngine:
         torch.save(self.engine.model.state_dict(), buf)
         for conn in self._conns:
             conn.send(("weights", buf.getvalue(), self.engine.policy_version))
-        for k, conn in enumerate(self._conns, start=1):
-            self._reply(conn, k)
+        self._gather()
         self._synced = self.engine.policy_version
 
-    def _reply(self, conn, k: int):
-        try:
-            status, value = conn.recv()
-        except EOFError as exc:
-            self.close()
-            raise RuntimeError(f"sharded rollouts: worker {k} died (exit {self._exitcode(k)})") from exc
-        if status != "ok":
-            raise RuntimeError(f"sharded rollouts: worker {k} failed: {value}")
-        return value
+    def _gather(self) -> list:
+        """Every worker's reply, in worker order; all are read before the first failure is raised, so no
+        reply is left in a pipe for the next call."""
+        values, failure = [], None
+        for k, conn in enumerate(self._conns, start=1):
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                failure = failure or f"worker {k} died (exit {self._exitcode(k)})"
+                continue
+            if status != "ok":
+                failure = failure or f"worker {k} failed: {value}"
+            values.append(value)
+        if failure:
+            if "died" in failure:
+                self.close()
+            raise RuntimeError(f"sharded rollouts: {failure}")
+        return values
 
     def _exitcode(self, k: int):
         return self._procs[k - 1].exitcode if len(self._procs) >= k else None
@@ -174,6 +184,12 @@ class ShardedRolloutEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def close_engine(engine: object) -> None:
+    """Stop a sharded engine's workers; any other engine is left as it is."""
+    if isinstance(engine, ShardedRolloutEngine):
+        engine.close()
 
 
 def eval_workers(workers: int | str) -> int:

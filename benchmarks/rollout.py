@@ -1,7 +1,9 @@
 """Rollout throughput: the local engine (training/rollout/engine.py) vs transformers' `generate` on the same
 checkpoint, batch, prompt lengths and number of new tokens, greedy, in one run; prints tokens/s of each, the
-ratio, and whether the greedy outputs are identical. Also the engine re-expanding MLA's cached latents at
-every step, as transformers does (without `training/rollout/mla_cache.py`), against the engine as it is.
+ratio, and whether the greedy outputs are identical. Also, against the engine as it is: the engine
+re-expanding MLA's cached latents at every step, as transformers does (without `training/rollout/mla_cache.py`),
+and the engine handing strided inputs to nn.Linear (the LM head at prefill, the cache's new positions), which
+in bf16 copies the weight once per row.
 
     .venv/bin/python benchmarks/rollout.py                    # a freshly initialised tiny model
     .venv/bin/python benchmarks/rollout.py --checkpoint DIR   # an HF dir written by the graph (e.g. SFT)
@@ -14,6 +16,7 @@ import contextlib
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -59,10 +62,12 @@ def main() -> int:
     engine = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
     reexpanding = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
     reexpanding.expanded_kv.decoding = contextlib.nullcontext
+    strided = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
+    strided.model.get_output_embeddings()._forward_pre_hooks.clear()
     prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
     tokens = args.batch * args.new_tokens
-    ours, theirs, again, same_rows = [], [], [], 0
+    ours, theirs, again, copied, same_rows = [], [], [], [], 0
     for _ in range(args.repeats):
         t = time.perf_counter()
         gens = engine.generate(prompts, params)
@@ -70,6 +75,10 @@ def main() -> int:
         t = time.perf_counter()
         reexpanding.generate(prompts, params)
         again.append(time.perf_counter() - t)
+        with mock.patch.object(torch.Tensor, "contiguous", lambda x, *a, **k: x):
+            t = time.perf_counter()
+            strided.generate(prompts, params)
+            copied.append(time.perf_counter() - t)
         t = time.perf_counter()
         ref = _hf_generate(engine.model, prompts, args.new_tokens, pad_id=1)  # same weights, same dtype
         theirs.append(time.perf_counter() - t)
@@ -85,6 +94,11 @@ def main() -> int:
     print(f"engine re-expanding MLA every step (baseline): {slow_tps:8.1f} tokens/s")
     print(
         f"engine keeping expanded keys/values:           {ours_tps:8.1f} tokens/s, {ours_tps / slow_tps:.2f}x"
+    )
+    strided_tps = tokens / statistics.median(copied)
+    print(f"engine with strided Linear inputs (baseline):  {strided_tps:8.1f} tokens/s")
+    print(
+        f"engine with contiguous Linear inputs:          {ours_tps:8.1f} tokens/s, {ours_tps / strided_tps:.2f}x"
     )
     print(
         f"greedy outputs identical: {same_rows}/{args.batch} rows (bf16 rows can part at exactly tied logits)"

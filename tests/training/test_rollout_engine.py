@@ -4,9 +4,12 @@ pass of its own copy, a real precision mismatch against the fp32 trainer, seeded
 from __future__ import annotations
 
 import contextlib
+import traceback
+from unittest import mock
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from training.model import ModelConfig, build_model
 from training.rollout.engine import (
@@ -146,6 +149,39 @@ def test_expanded_kv_refuses_a_cropped_cache(model):
             attn.expand_kv(latent[:, :, :4], k_rot[:, :, :4])
     keys, _ = attn.expand_kv(latent[:, :, :4], k_rot[:, :, :4])  # outside the block: the original
     assert keys.shape[2] == 4
+
+
+class _LinearBatchedMatmuls(TorchDispatchMode):
+    """Records the batched matmuls an `nn.Linear` turns into: torch's path for a strided 3-D input, which
+    copies the weight once per row (in bf16 the copy dominated a decode step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.bmm.default and any(
+            f.filename.endswith("modules/linear.py") for f in traceback.extract_stack()
+        ):
+            self.shapes.append((tuple(args[0].shape), tuple(args[1].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_decoding_feeds_every_linear_a_contiguous_input(model):
+    """Prefill (the LM head on the last position) and each step's key / value expansion (a slice of the
+    cache) hand nn.Linear contiguous rows: a plain matmul, never a weight copied per row. Outputs are those
+    of the strided path."""
+    engine = LocalRolloutEngine(model, dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=6, temperature=0)
+    with _LinearBatchedMatmuls() as seen:
+        ours = engine.generate(PROMPTS, params)
+    assert seen.shapes == []
+    strided = LocalRolloutEngine(model, dtype=torch.bfloat16)
+    strided.model.get_output_embeddings()._forward_pre_hooks.clear()
+    with _LinearBatchedMatmuls() as seen, mock.patch.object(torch.Tensor, "contiguous", lambda t, *a, **k: t):
+        theirs = strided.generate(PROMPTS, params)
+    assert {b for _, b in seen.shapes} >= {(len(PROMPTS), model.config.hidden_size, model.config.vocab_size)}
+    assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
 
 
 def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):

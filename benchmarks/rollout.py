@@ -2,8 +2,9 @@
 checkpoint, batch, prompt lengths and number of new tokens, greedy, in one run; prints tokens/s of each, the
 ratio, and whether the greedy outputs are identical. Also, against the engine as it is: the engine
 re-expanding MLA's cached latents at every step, as transformers does (without `training/rollout/mla_cache.py`),
-and the engine handing strided inputs to nn.Linear (the LM head at prefill, the cache's new positions), which
-in bf16 copies the weight once per row.
+the engine handing strided inputs to nn.Linear (the LM head at prefill, the cache's new positions), which
+in bf16 copies the weight once per row, and the engine running DSA's indexer on generations short enough for
+it to select every key (`training/rollout/dsa_short.py`).
 
     .venv/bin/python benchmarks/rollout.py                    # a freshly initialised tiny model
     .venv/bin/python benchmarks/rollout.py --checkpoint DIR   # an HF dir written by the graph (e.g. SFT)
@@ -64,10 +65,12 @@ def main() -> int:
     reexpanding.expanded_kv.decoding = contextlib.nullcontext
     strided = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
     strided.model.get_output_embeddings()._forward_pre_hooks.clear()
+    indexing = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
+    indexing.all_keys.within = lambda length: contextlib.nullcontext()
     prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
     tokens = args.batch * args.new_tokens
-    ours, theirs, again, copied, same_rows = [], [], [], [], 0
+    ours, theirs, again, copied, indexed, same_rows = [], [], [], [], [], 0
     for _ in range(args.repeats):
         t = time.perf_counter()
         gens = engine.generate(prompts, params)
@@ -79,6 +82,9 @@ def main() -> int:
             t = time.perf_counter()
             strided.generate(prompts, params)
             copied.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        indexing.generate(prompts, params)
+        indexed.append(time.perf_counter() - t)
         t = time.perf_counter()
         ref = _hf_generate(engine.model, prompts, args.new_tokens, pad_id=1)  # same weights, same dtype
         theirs.append(time.perf_counter() - t)
@@ -99,6 +105,13 @@ def main() -> int:
     print(f"engine with strided Linear inputs (baseline):  {strided_tps:8.1f} tokens/s")
     print(
         f"engine with contiguous Linear inputs:          {ours_tps:8.1f} tokens/s, {ours_tps / strided_tps:.2f}x"
+    )
+    indexed_tps = tokens / statistics.median(indexed)
+    print(f"engine running the indexer on every forward (baseline): {indexed_tps:8.1f} tokens/s")
+    print(
+        f"engine skipping it while it keeps every key:            {ours_tps:8.1f} tokens/s, "
+        f"{ours_tps / indexed_tps:.2f}x ({args.prompt_len}+{args.new_tokens} tokens <= index_topk "
+        f"{model.config.index_topk}: {args.prompt_len + args.new_tokens <= model.config.index_topk})"
     )
     print(
         f"greedy outputs identical: {same_rows}/{args.batch} rows (bf16 rows can part at exactly tied logits)"

@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaIndexer
 
 from training.model import ModelConfig, build_model
 from training.rollout.engine import (
@@ -182,6 +183,32 @@ def test_decoding_feeds_every_linear_a_contiguous_input(model):
         theirs = strided.generate(PROMPTS, params)
     assert {b for _, b in seen.shapes} >= {(len(PROMPTS), model.config.hidden_size, model.config.vocab_size)}
     assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+
+
+def test_the_indexer_is_skipped_only_while_it_would_select_every_key():
+    """index_topk 8: a generation of at most 8 tokens in all never runs the indexer (it would keep every key)
+    and gives the tokens and log-probs of one that does; a longer one runs it at every forward."""
+    sparse = build_model(
+        ModelConfig.for_size("micro", vocab_size=300, eos_token_id=EOS, pad_token_id=1, index_topk=8), seed=0
+    ).eval()
+    calls = []
+    original = GlmMoeDsaIndexer.forward
+    with mock.patch.object(GlmMoeDsaIndexer, "forward", lambda *a, **k: calls.append(1) or original(*a, **k)):
+        engine = LocalRolloutEngine(sparse, dtype=torch.float32)
+        always = LocalRolloutEngine(sparse, dtype=torch.float32)
+    always.all_keys.within = lambda length: contextlib.nullcontext()
+    layers = sum(isinstance(m, GlmMoeDsaIndexer) for m in sparse.modules())
+    width = max(map(len, PROMPTS))
+    for new_tokens, skipped in ((8 - width, True), (12, False)):
+        params = SamplingParams(max_new_tokens=new_tokens, seed=2)
+        calls.clear()
+        ours = engine.generate(PROMPTS, params)
+        steps = max(len(g.token_ids) for g in ours)
+        assert len(calls) == (0 if skipped else layers * steps)
+        theirs = always.generate(PROMPTS, params)
+        assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
 
 
 def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):

@@ -11,6 +11,8 @@ import pytest
 import torch
 from color_env import color_environments  # noqa: E402  (pytest puts this directory on sys.path)
 
+from infra.cpu import cpus
+from training.agentic import async_loop
 from training.agentic.async_loop import AgenticRLConfig, WorkerSpec, heldout_success, train_agentic_rl
 from training.agentic.buffer import TrajectoryBuffer
 from training.agentic.driver import RolloutDriver
@@ -168,7 +170,9 @@ def test_sampled_rollouts_do_not_depend_on_which_rollouts_share_a_batch(setup):
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_environment(setup, tmp_path, mode):
+def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_environment(
+    setup, tmp_path, mode, monkeypatch
+):
     tok, tok_dir, cfg, tasks = setup
     model = build_model(cfg, seed=0)
     extra = {n: tok_dir / n for n in ("tokenizer.json", "tokenizer_config.json")}
@@ -186,7 +190,19 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
     )  # fmt: skip
     before = heldout_success(model, tok, tasks, color_environments(), config, tok.pad_token_id)
     rows: list[tuple[int, dict]] = []
-    final = train_agentic_rl(model, spec, tmp_path / "run", lambda m, s: rows.append((s, dict(m))))
+    threads, update = [], async_loop.update
+    monkeypatch.setattr(
+        async_loop, "update", lambda *a: threads.append(torch.get_num_threads()) or update(*a)
+    )
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # as in a 2-core stage process; the worker takes one of them
+    try:
+        final = train_agentic_rl(model, spec, tmp_path / "run", lambda m, s: rows.append((s, dict(m))))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before_threads)
+    # the trainer steps on the CPUs the worker leaves (at least one), then gets its own thread count back
+    assert set(threads) == {max(1, min(2, cpus() - spec.threads))}
     after = heldout_success(model, tok, tasks, color_environments(), config, tok.pad_token_id)
     rewards = [m["reward/mean"] for _, m in rows]
     assert len(rewards) == 40

@@ -23,7 +23,8 @@ import random
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -409,6 +410,24 @@ def update(
     return out
 
 
+def trainer_threads(spec: WorkerSpec) -> int:
+    """The trainer's torch threads while the rollout worker runs: the CPUs the worker does not take (and no
+    more than it has). With a thread more, its OpenMP threads spin in barriers against the worker's."""
+    from infra.cpu import cpus
+
+    return max(1, min(torch.get_num_threads(), cpus() - spec.threads))
+
+
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_agentic_rl(
     model: nn.Module, spec: WorkerSpec, run_dir: Path, log_metrics: Log,
     on_batch: Callable[[list[Trajectory], int], None] | None = None,
@@ -425,7 +444,7 @@ def train_agentic_rl(
     spanning = trained = 0
     train_s = 0.0
     t_start = time.perf_counter()
-    with AgenticRun(model, spec, run_dir) as run:
+    with AgenticRun(model, spec, run_dir) as run, _threads(trainer_threads(spec)):
         for step in range(1, cfg.steps + 1):
             groups = run.next_batch(version)
             trajs = [t for g in groups for t in g]

@@ -4,7 +4,7 @@ ratio, and whether the greedy outputs are identical. Also, against the engine as
 re-expanding MLA's cached latents at every step, as transformers does (without `training/rollout/mla_cache.py`),
 the engine handing strided inputs to nn.Linear (the LM head at prefill, the cache's new positions), which
 in bf16 copies the weight once per row, and the engine running DSA's indexer on generations short enough for
-it to select every key (`training/rollout/dsa_short.py`).
+it to select every key (`training/rollout/dsa_decode.py`).
 
     .venv/bin/python benchmarks/rollout.py                    # a freshly initialised tiny model
     .venv/bin/python benchmarks/rollout.py --checkpoint DIR   # an HF dir written by the graph (e.g. SFT)
@@ -66,7 +66,7 @@ def main() -> int:
     strided = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
     strided.model.get_output_embeddings()._forward_pre_hooks.clear()
     indexing = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
-    indexing.all_keys.within = lambda length: contextlib.nullcontext()
+    indexing.indexer.within = lambda length: contextlib.nullcontext()
     prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
     tokens = args.batch * args.new_tokens

@@ -189,6 +189,13 @@ def indexer_topk(
 def indexer_inputs(indexer, hidden_states, q_resid, position_embeddings):
     """Indexer queries [B,S,H,D] (float32), keys [B,T,D] (float32) and head weights [B,S,H], computed
     exactly as in `GlmMoeDsaIndexer.forward`."""
+    q, k, weights = indexer_projections(indexer, hidden_states, q_resid, position_embeddings)
+    return q, k.float(), weights
+
+
+def indexer_projections(indexer, hidden_states, q_resid, position_embeddings):
+    """`indexer_inputs` with the keys [B,S,D] left in the model's dtype, as `GlmMoeDsaIndexer.forward` puts
+    them in its KV cache."""
     batch_size, seq_len, _ = hidden_states.shape
     cos, sin = position_embeddings
     rope = indexer.qk_rope_head_dim
@@ -198,9 +205,30 @@ def indexer_inputs(indexer, hidden_states, q_resid, position_embeddings):
     k_rot, k_pass = torch.split(k, [rope, indexer.head_dim - rope], dim=-1)
     q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
     q = torch.cat([q_rot, q_pass], dim=-1).float()
-    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2).float()
+    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
     weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float()
     return q, k, weights * (indexer.n_heads**-0.5)
+
+
+def cached_indexer_topk(
+    indexer,
+    hidden_states,
+    q_resid,
+    position_embeddings,
+    attention_mask,
+    *args,
+    past_key_values=None,
+    **kwargs,
+) -> torch.Tensor:
+    """`GlmMoeDsaIndexer.forward` (its arguments, its KV cache, its int32 [B, S, k] indices) with the scores
+    of all queries and heads in one GEMM: native's broadcast matmul copies the keys once per query, which
+    made the indexer's scores ~8% of an Agentic RL stage's time (prefills of long multi-turn prompts). The
+    dot products are the same ones (`_indexer_scores`), so the selected key sets are native's."""
+    q, k, weights = indexer_projections(indexer, hidden_states, q_resid, position_embeddings)
+    if past_key_values is not None:
+        k = past_key_values.update_indexer(k, indexer.layer_idx)
+    scores = _indexer_scores(indexer, q, k.float(), weights, attention_mask)
+    return scores.topk(min(indexer.index_topk, scores.shape[-1]), dim=-1).indices.to(torch.int32)
 
 
 def _indexer_scores(indexer, q, k, weights, mask) -> torch.Tensor:

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaIndexer
 
 from training.model import ModelConfig, build_model
+from training.rollout import dsa_decode
 from training.rollout.engine import (
     SAMPLE_BLOCK,
     LocalRolloutEngine,
@@ -185,30 +186,50 @@ def test_decoding_feeds_every_linear_a_contiguous_input(model):
     assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
 
 
+def _sparse_model(topk: int):
+    cfg = ModelConfig.for_size("micro", vocab_size=300, eos_token_id=EOS, pad_token_id=1, index_topk=topk)
+    return build_model(cfg, seed=0).eval()
+
+
 def test_the_indexer_is_skipped_only_while_it_would_select_every_key():
     """index_topk 8: a generation of at most 8 tokens in all never runs the indexer (it would keep every key)
     and gives the tokens and log-probs of one that does; a longer one runs it at every forward."""
-    sparse = build_model(
-        ModelConfig.for_size("micro", vocab_size=300, eos_token_id=EOS, pad_token_id=1, index_topk=8), seed=0
-    ).eval()
-    calls = []
-    original = GlmMoeDsaIndexer.forward
-    with mock.patch.object(GlmMoeDsaIndexer, "forward", lambda *a, **k: calls.append(1) or original(*a, **k)):
-        engine = LocalRolloutEngine(sparse, dtype=torch.float32)
-        always = LocalRolloutEngine(sparse, dtype=torch.float32)
-    always.all_keys.within = lambda length: contextlib.nullcontext()
+    sparse = _sparse_model(8)
+    engine = LocalRolloutEngine(sparse, dtype=torch.float32)
+    always = LocalRolloutEngine(sparse, dtype=torch.float32)
+    always.indexer.within = lambda length: contextlib.nullcontext()
     layers = sum(isinstance(m, GlmMoeDsaIndexer) for m in sparse.modules())
     width = max(map(len, PROMPTS))
     for new_tokens, skipped in ((8 - width, True), (12, False)):
         params = SamplingParams(max_new_tokens=new_tokens, seed=2)
-        calls.clear()
-        ours = engine.generate(PROMPTS, params)
+        with mock.patch.object(
+            dsa_decode, "cached_indexer_topk", wraps=dsa_decode.cached_indexer_topk
+        ) as run:
+            ours = engine.generate(PROMPTS, params)
         steps = max(len(g.token_ids) for g in ours)
-        assert len(calls) == (0 if skipped else layers * steps)
+        assert run.call_count == (0 if skipped else layers * steps)
         theirs = always.generate(PROMPTS, params)
         assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
         for a, b in zip(ours, theirs, strict=True):
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_engines_indexer_selects_natives_keys_through_a_kv_cache(dtype):
+    """index_topk 4, prompts of up to 5 tokens and 16 new ones: most forwards select a strict subset of the
+    keys (the prefill of several queries, then one per step), with the indexer's keys read from its KV cache.
+    One GEMM for the scores gives transformers' own key sets: the same tokens and the same log-probs."""
+    sparse = _sparse_model(4)
+    ours = LocalRolloutEngine(sparse, dtype=dtype)
+    native = LocalRolloutEngine(sparse, dtype=dtype)
+    for module in native.model.modules():
+        if isinstance(module, GlmMoeDsaIndexer):
+            del module.forward  # the class's forward again
+    params = SamplingParams(max_new_tokens=16, seed=5)
+    a, b = ours.generate(PROMPTS, params), native.generate(PROMPTS, params)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.logprobs for g in a] == [g.logprobs for g in b]
+    assert min(len(g.token_ids) for g in a) > 4  # past index_topk: the indexer chose
 
 
 def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):

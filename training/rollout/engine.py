@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.rollout.dsa_short import AllKeysWhileShort
+from training.rollout.dsa_decode import DecodingIndexer
 from training.rollout.mla_cache import ExpandedKV
 from training.trainer import resolve_precision
 
@@ -138,7 +138,7 @@ class LocalRolloutEngine:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.expanded_kv = ExpandedKV(self.model)
-        self.all_keys = AllKeysWhileShort(self.model)
+        self.indexer = DecodingIndexer(self.model)
         # transformers slices the prefill's last position out of the hidden states (a strided view); a bf16
         # linear on a strided input copies its weight once per row: ~0.2 s per 64-row prefill (LM head).
         self.model.get_output_embeddings().register_forward_pre_hook(_contiguous_input)
@@ -181,7 +181,7 @@ class LocalRolloutEngine:
         done = torch.zeros(n, dtype=torch.bool)
         lengths = torch.zeros(n, dtype=torch.long)
         past, step_ids, step_pos = None, ids, positions
-        with self.expanded_kv.decoding(), self.all_keys.within(width + params.max_new_tokens):
+        with self.expanded_kv.decoding(), self.indexer.within(width + params.max_new_tokens):
             for t in range(params.max_new_tokens):
                 out = self.model(
                     input_ids=step_ids,

@@ -4,7 +4,9 @@ ratio, and whether the greedy outputs are identical. Also, against the engine as
 re-expanding MLA's cached latents at every step, as transformers does (without `training/rollout/mla_cache.py`),
 the engine handing strided inputs to nn.Linear (the LM head at prefill, the cache's new positions), which
 in bf16 copies the weight once per row, and the engine running DSA's indexer on generations short enough for
-it to select every key (`training/rollout/dsa_decode.py`).
+it to select every key, and transformers' own indexer (a broadcast matmul that copies the keys once per query)
+against the engine's one GEMM where it runs (`training/rollout/dsa_decode.py`; give `--prompt-len` above
+`index_topk` to see that case).
 
     .venv/bin/python benchmarks/rollout.py                    # a freshly initialised tiny model
     .venv/bin/python benchmarks/rollout.py --checkpoint DIR   # an HF dir written by the graph (e.g. SFT)
@@ -20,6 +22,7 @@ import time
 from unittest import mock
 
 import torch
+from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaIndexer
 
 from training.model import ModelConfig, build_model, load_model
 from training.rollout.engine import LocalRolloutEngine, SamplingParams
@@ -67,10 +70,14 @@ def main() -> int:
     strided.model.get_output_embeddings()._forward_pre_hooks.clear()
     indexing = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
     indexing.indexer.within = lambda length: contextlib.nullcontext()
+    native = LocalRolloutEngine(model, dtype=dtype, pad_id=1)
+    for module in native.model.modules():
+        if isinstance(module, GlmMoeDsaIndexer):
+            del module.forward  # the class's forward: transformers' indexer
     prompts = _prompts(args.batch, args.prompt_len, model.config.vocab_size, seed=0)
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0)
     tokens = args.batch * args.new_tokens
-    ours, theirs, again, copied, indexed, same_rows = [], [], [], [], [], 0
+    ours, theirs, again, copied, indexed, natively, same_rows = [], [], [], [], [], [], 0
     for _ in range(args.repeats):
         t = time.perf_counter()
         gens = engine.generate(prompts, params)
@@ -85,6 +92,9 @@ def main() -> int:
         t = time.perf_counter()
         indexing.generate(prompts, params)
         indexed.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        native.generate(prompts, params)
+        natively.append(time.perf_counter() - t)
         t = time.perf_counter()
         ref = _hf_generate(engine.model, prompts, args.new_tokens, pad_id=1)  # same weights, same dtype
         theirs.append(time.perf_counter() - t)
@@ -112,6 +122,11 @@ def main() -> int:
         f"engine skipping it while it keeps every key:            {ours_tps:8.1f} tokens/s, "
         f"{ours_tps / indexed_tps:.2f}x ({args.prompt_len}+{args.new_tokens} tokens <= index_topk "
         f"{model.config.index_topk}: {args.prompt_len + args.new_tokens <= model.config.index_topk})"
+    )
+    native_tps = tokens / statistics.median(natively)
+    print(f"engine with transformers' indexer (baseline):  {native_tps:8.1f} tokens/s")
+    print(
+        f"engine with its own (skip / one GEMM):         {ours_tps:8.1f} tokens/s, {ours_tps / native_tps:.2f}x"
     )
     print(
         f"greedy outputs identical: {same_rows}/{args.batch} rows (bf16 rows can part at exactly tied logits)"

@@ -143,12 +143,19 @@ def _deb_version(deb: Path) -> str:
     return deb.name.split("_")[1].replace("%3a", ":")
 
 
+def _listed(root: Path, kind: str, package: str, version: str | None) -> list[Path]:
+    """The cached files of one Debian package (binary .deb, or source .dsc first), [] when not cached."""
+    dest = root / f"{_safe(package)}_{_safe(version)}" if version else _cached_unpinned(root, package)
+    if dest is None or not dest.exists():
+        return []
+    return sorted(dest.glob("*.deb")) if kind == "debian" else _source_files(dest)
+
+
 def fetch_debian_binary(apt: AptConfig, package: str, version: str | None, cache_dir: Path) -> FetchedSource:
     """`apt-get download PACKAGE[=VERSION]` into the cache; returns the .deb (version read from its name)."""
     t0 = time.time()
     root = cache_dir / "debian"
-    dest = root / f"{_safe(package)}_{_safe(version)}" if version else _cached_unpinned(root, package)
-    if dest is not None and (debs := sorted(dest.glob("*.deb"))):
+    if debs := _listed(root, "debian", package, version):
         return FetchedSource("debian", package, version or _deb_version(debs[0]), debs, cached=True)
     apt.ensure()
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
@@ -196,8 +203,7 @@ def fetch_debian_source(apt: AptConfig, package: str, version: str | None, cache
     """`apt-get source --download-only PACKAGE[=VERSION]` (needs the deb-src list); returns the .dsc first."""
     t0 = time.time()
     root = cache_dir / "debian_source"
-    dest = root / f"{_safe(package)}_{_safe(version)}" if version else _cached_unpinned(root, package)
-    if dest is not None and (files := _source_files(dest)):
+    if files := _listed(root, "debian_source", package, version):
         return FetchedSource("debian_source", package, version or _dsc_version(files[0]), files, cached=True)
     apt.ensure()
     tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
@@ -219,6 +225,85 @@ def fetch_debian_source(apt: AptConfig, package: str, version: str | None, cache
     dest = root / f"{_safe(package)}_{_safe(version)}"
     _publish_dir(tmp, dest)
     return FetchedSource("debian_source", package, version, _source_files(dest), seconds=time.time() - t0)
+
+
+_APT_UNKNOWN = re.compile(
+    r"Unable to find a source package for (\S+)|Unable to locate package (\S+)"
+    r"|Version '[^']*' for '([^']+)' was not found|Can not find version '[^']*' of package '([^']+)'"
+    r"|Package '([^']+)' has no installation candidate|Can't select candidate version from package (\S+)"
+)
+
+
+def _arrived(batch: Path, kind: str, package: str) -> list[Path] | None:
+    """`package`'s files in a batch download when all arrived whole (.dsc first), else None."""
+    if kind == "debian":
+        debs = [p for p in batch.glob("*.deb") if p.name.split("_")[0] == package]
+        return debs if len(debs) == 1 else None
+    dscs = [p for p in batch.glob("*.dsc") if p.name.split("_")[0] == package]
+    if len(dscs) != 1:
+        return None
+    entries = _DSC_ENTRY.findall(dscs[0].read_text(errors="replace"))
+    if any(name != Path(name).name or name.startswith(".") for _, name in entries):
+        return None  # a file name is a path here: never one that leaves the batch directory
+    listed = [(int(n), batch / name) for n, name in entries]
+    if not listed or not all(f.is_file() and f.stat().st_size == n for n, f in listed):
+        return None
+    return [dscs[0], *(f for _, f in listed)]
+
+
+def prefetch_debian(
+    apt: AptConfig, kind: str, targets: list[tuple[str, str | None]], cache_dir: Path
+) -> set[str]:
+    """Download many Debian packages (`kind` debian: binaries, debian_source: sources) with one `apt-get`
+    call into the cache where `fetch_debian_binary` / `fetch_debian_source` look first: apt reads its package
+    lists once per call (~0.6 s of CPU, most of what a one-package fetch costs). A package is published only
+    when all its files arrived whole (apt checks their hashes); a 404, an unknown name or a name listed twice
+    is left to the one-package fetcher, which reports it. Returns the names published."""
+    root = cache_dir / kind
+    names = [name for name, _ in targets]
+    todo = {n: v for n, v in targets if names.count(n) == 1 and not _listed(root, kind, n, v)}
+    if len(todo) < 2:
+        return set()
+    apt.ensure()
+    verb = ["download"] if kind == "debian" else ["source", "--download-only", "--only-source"]
+    batch = Path(tempfile.mkdtemp(prefix=".batch-", dir=cache_dir))
+    published: set[str] = set()
+    try:
+        asked = dict(todo)
+        for _ in range(8):  # apt refuses the whole call over one unknown name: drop the names it reports
+            cmd = [
+                "apt-get",
+                "-q",
+                *apt.options(),
+                *verb,
+                "--",
+                *(f"{n}={v}" if v else n for n, v in asked.items()),
+            ]
+            try:
+                _run(cmd, f"debian batch of {len(asked)} {kind}", cwd=batch, timeout=900 + 5 * len(asked))
+                break
+            except SourceFetchError as exc:  # a 404 leaves the other files in place
+                unknown = {g for m in _APT_UNKNOWN.finditer(str(exc)) for g in m.groups() if g} & set(asked)
+                if not unknown:
+                    break
+                asked = {n: v for n, v in asked.items() if n not in unknown}
+        for name, version in asked.items():
+            files = _arrived(batch, kind, name)
+            if files is None:
+                continue
+            try:
+                version = version or (_deb_version(files[0]) if kind == "debian" else _dsc_version(files[0]))
+            except (SourceFetchError, IndexError):
+                continue  # an odd file name or .dsc: the one-package fetch says what is wrong
+            tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=cache_dir))
+            for f in files:
+                os.replace(f, tmp / f.name)
+            _publish_dir(tmp, root / f"{_safe(name)}_{_safe(version)}")
+            published.add(name)
+    finally:
+        shutil.rmtree(batch, ignore_errors=True)
+    log.info("debian %s: %d of %d fetched in one apt-get call", kind, len(published), len(todo))
+    return published
 
 
 # --- npm / PyPI -----------------------------------------------------------------------------------------

@@ -256,6 +256,40 @@ def test_row_seeds_make_each_rows_samples_independent_of_its_batch(model):
         engine.generate(PROMPTS, SamplingParams(row_seeds=(1, 2)))
 
 
+@pytest.mark.parametrize(
+    "topk", [512, 4]
+)  # 4: DSA selects from the indexer's own KV cache, which rows leave too
+@pytest.mark.parametrize("row_seeds", [False, True])
+def test_finished_rows_leave_the_batch_with_the_same_tokens_and_logprobs(topk, row_seeds):
+    """Rows that stopped leave the batch and every cache (keys / values, the indexer's keys, the expanded
+    MLA buffers) as they finish; the rows left sample exactly what they would have in the whole batch."""
+    sparse = _sparse_model(topk)
+    prompts = [[5 + i, 6 + i % 5, 7, 8, 9][: 2 + i % 4] for i in range(24)]
+    seeds = tuple(range(24)) if row_seeds else ()
+    params = SamplingParams(
+        max_new_tokens=20, seed=4, stop_token_ids=tuple(range(0, 300, 9)), row_seeds=seeds
+    )
+    leaving = LocalRolloutEngine(sparse, dtype=torch.float32)
+    staying = LocalRolloutEngine(sparse, dtype=torch.float32)
+    staying.leave_share = None
+    sizes: list[int] = []
+    hook = leaving.model.register_forward_pre_hook(
+        lambda _m, _a, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    ours = leaving.generate(prompts, params)
+    hook.remove()
+    theirs = staying.generate(prompts, params)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+    assert [g.finish_reason for g in ours] == [g.finish_reason for g in theirs]
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    lengths = sorted(len(g.token_ids) for g in ours)
+    assert lengths[0] < lengths[-1] and sizes[0] == 24  # rows finished at different steps
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] < 24 / 2  # and the batch shrank as they did
+    # never below the rows still decoding at that step
+    assert all(size >= sum(len(g.token_ids) > step for g in ours) for step, size in enumerate(sizes))
+
+
 def test_weight_sync_copies_casts_and_versions(model):
     engine = LocalRolloutEngine(model, dtype=torch.bfloat16)
     trained = build_model(ModelConfig.for_size("micro", vocab_size=300, index_topk=512), seed=5)

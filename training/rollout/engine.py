@@ -63,16 +63,22 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
-def sample_tokens(probs: torch.Tensor, gens: torch.Generator | Sequence[torch.Generator]) -> torch.Tensor:
+def sample_tokens(
+    probs: torch.Tensor,
+    gens: torch.Generator | Sequence[torch.Generator],
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token per row of `probs` [n, V] (rows need not be normalised), by inverting each row's CDF at a
-    uniform draw: from one generator, or one per row (a row's token then does not depend on the others).
-    A token of probability 0 is never drawn.
+    uniform draw: from one generator, or one per row (a row's token then does not depend on the others), or
+    the given float64 `uniforms` [n]. A token of probability 0 is never drawn.
 
     The CDF is inverted in two levels, blocks of `SAMPLE_BLOCK` tokens and then the chosen block, so only
     block sums and one block per row are accumulated: a full-row float64 cumsum was 10% of a decoding step
     at V = 8k (it was itself ~14x faster than `torch.multinomial`)."""
     n, vocab = probs.shape
-    if isinstance(gens, torch.Generator):
+    if uniforms is not None:
+        u = uniforms
+    elif isinstance(gens, torch.Generator):
         u = torch.rand(n, generator=gens, dtype=torch.float64)
     else:
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens])
@@ -101,7 +107,10 @@ def _first_above(cdf: torch.Tensor, target: torch.Tensor, positive: torch.Tensor
 
 
 def next_tokens(
-    logits: torch.Tensor, params: SamplingParams, gens: torch.Generator | Sequence[torch.Generator]
+    logits: torch.Tensor,
+    params: SamplingParams,
+    gens: torch.Generator | Sequence[torch.Generator],
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The next token of each row of `logits` [n, V] and its log-prob at the temperature (without top-p
     truncation): greedy when the temperature is 0."""
@@ -110,7 +119,7 @@ def next_tokens(
         scaled = logits
     else:
         scaled = logits / params.temperature
-        token = sample_tokens(_top_p_filter(scaled, params.top_p).softmax(-1), gens)
+        token = sample_tokens(_top_p_filter(scaled, params.top_p).softmax(-1), gens, uniforms)
     chosen = scaled.gather(1, token.unsqueeze(1)).squeeze(1)
     return token, chosen - torch.logsumexp(scaled, dim=-1)
 
@@ -131,6 +140,10 @@ def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
 
 class LocalRolloutEngine:
     """Batched sampling with a KV cache on an in-process copy of the policy held in `dtype`."""
+
+    # Finished rows leave the batch (and its caches) once this share of it has finished; None: they stay. A
+    # finished row costs its share of every step: 64 SFT rows sampling to a stop, 1.2-1.3x faster in bf16.
+    leave_share: float | None = 0.25
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, pad_id: int = 1):
         self.dtype, self.pad_id = dtype, pad_id
@@ -180,6 +193,7 @@ class LocalRolloutEngine:
         out_lp = torch.zeros((n, params.max_new_tokens))
         done = torch.zeros(n, dtype=torch.bool)
         lengths = torch.zeros(n, dtype=torch.long)
+        rows = torch.arange(n)  # the rows still in the batch (finished ones leave it, see below)
         past, step_ids, step_pos = None, ids, positions
         with self.expanded_kv.decoding(), self.indexer.within(width + params.max_new_tokens):
             for t in range(params.max_new_tokens):
@@ -192,16 +206,38 @@ class LocalRolloutEngine:
                     logits_to_keep=1,  # the next token's logits only, as transformers' generate computes them
                 )
                 past = out.past_key_values
-                token, logprob = next_tokens(out.logits[:, -1].float(), params, row_gens or gen)
-                token = torch.where(done, torch.full_like(token, self.pad_id), token)
-                out_ids[:, t] = token
-                out_lp[:, t] = logprob
-                lengths += (~done).long()
-                done |= torch.isin(token, stops)
+                gens: torch.Generator | list[torch.Generator] = (
+                    [row_gens[i] for i in rows.tolist()] if row_gens else gen
+                )
+                # one shared generator draws for all n rows, as if none had left: the same samples either way
+                u = (
+                    torch.rand(n, generator=gen, dtype=torch.float64)[rows]
+                    if params.temperature and not row_gens
+                    else None
+                )
+                token, logprob = next_tokens(out.logits[:, -1].float(), params, gens, u)
+                token = torch.where(done[rows], torch.full_like(token, self.pad_id), token)
+                out_ids[rows, t] = token
+                out_lp[rows, t] = logprob
+                lengths[rows] += (~done[rows]).long()
+                done[rows] |= torch.isin(token, stops)
                 if bool(done.all()):
                     break
-                attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long)], dim=1)
+                attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
                 step_ids, step_pos = token.unsqueeze(1), step_pos[:, -1:] + 1
+                finished = done[rows]
+                if self.leave_share is not None and int(finished.sum()) >= max(
+                    1, self.leave_share * len(rows)
+                ):
+                    keep = (~finished).nonzero().squeeze(1)
+                    past.batch_select_indices(keep)
+                    self.expanded_kv.select_rows(keep)
+                    attention, step_ids, step_pos, rows = (
+                        attention[keep],
+                        step_ids[keep],
+                        step_pos[keep],
+                        rows[keep],
+                    )
         results = []
         for i in range(n):
             k = int(lengths[i])

@@ -68,6 +68,12 @@ class ExpandedKV:
         finally:
             self._local.buffers = None
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only `rows` of this thread's buffers (the engine dropped the other rows from its batch)."""
+        for layer in getattr(self._local, "buffers", None) or []:
+            if layer.keys is not None:
+                layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+
     def _expand(self, index: int, expand: Expand, latent: torch.Tensor, k_rot: torch.Tensor):
         buffers = getattr(self._local, "buffers", None)
         if buffers is None:

@@ -6,10 +6,13 @@ the engine handing strided inputs to nn.Linear (the LM head at prefill, the cach
 in bf16 copies the weight once per row, and the engine running DSA's indexer on generations short enough for
 it to select every key, and transformers' own indexer (a broadcast matmul that copies the keys once per query)
 against the engine's one GEMM where it runs (`training/rollout/dsa_decode.py`; give `--prompt-len` above
-`index_topk` to see that case).
+`index_topk` to see that case). With `--tasks` (a task suite's jsonl and a checkpoint that answers to the
+chat template), sampled answers that stop at the end of their turn: the engine keeping finished rows in the
+batch against the engine dropping them as they finish (`LocalRolloutEngine.leave_share`).
 
     .venv/bin/python benchmarks/rollout.py                    # a freshly initialised tiny model
     .venv/bin/python benchmarks/rollout.py --checkpoint DIR   # an HF dir written by the graph (e.g. SFT)
+    .venv/bin/python benchmarks/rollout.py --checkpoint SFT_DIR --tasks .crucible/cache/task_suites/*/heldout.jsonl
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument(
+        "--tasks", help="Task-suite jsonl: also time sampled answers that stop (needs --checkpoint)"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.checkpoint:
@@ -131,7 +137,46 @@ def main() -> int:
     print(
         f"greedy outputs identical: {same_rows}/{args.batch} rows (bf16 rows can part at exactly tied logits)"
     )
+    if args.tasks:
+        _finished_rows(args, model, dtype)
     return 0
+
+
+def _finished_rows(args, model, dtype: torch.dtype) -> None:
+    """Answers sampled to the end of their turn: finished rows kept in the batch vs dropped from it."""
+    from pathlib import Path
+
+    from training.rollout.multiturn import END_OF_TURN, EOS, prompt_ids
+    from training.tasks.suites import read_tasks
+    from training.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.checkpoint)
+    prompts = [prompt_ids(tok, t) for t in read_tasks(Path(args.tasks))[: args.batch]]
+    stops = tuple(tok.convert_tokens_to_ids(t) for t in (END_OF_TURN, EOS))
+    params = SamplingParams(args.new_tokens, temperature=1.0, seed=0, stop_token_ids=stops)
+    leaving = LocalRolloutEngine(model, dtype=dtype, pad_id=tok.pad_token_id)
+    staying = LocalRolloutEngine(model, dtype=dtype, pad_id=tok.pad_token_id)
+    staying.leave_share = None
+    kept, dropped = [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        ref = staying.generate(prompts, params)
+        kept.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        gens = leaving.generate(prompts, params)
+        dropped.append(time.perf_counter() - t)
+    lengths = [len(g.token_ids) for g in gens]
+    tokens = sum(lengths)
+    kept_tps, dropped_tps = tokens / statistics.median(kept), tokens / statistics.median(dropped)
+    print(
+        f"sampled answers, {len(prompts)} tasks of {args.tasks}: {tokens} tokens, {min(lengths)}-{max(lengths)} per row"
+    )
+    print(f"engine keeping finished rows in the batch (baseline): {kept_tps:8.1f} tokens/s")
+    print(
+        f"engine dropping them as they finish:                  {dropped_tps:8.1f} tokens/s, {dropped_tps / kept_tps:.2f}x"
+    )
+    same = sum(a.token_ids == b.token_ids for a, b in zip(gens, ref, strict=True))
+    print(f"same sampled tokens: {same}/{len(prompts)} rows")
 
 
 if __name__ == "__main__":

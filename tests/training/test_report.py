@@ -14,7 +14,7 @@ from training.agentic.terminal import TerminalSuite
 from training.checkpoint import export_hf
 from training.model import ModelConfig, build_model
 from training.recall_tasks import FillerText, passkey_items
-from training.report import HeldoutSets, ReportConfig, post_training_report, report_table
+from training.report import HeldoutSets, ReportConfig, post_training_report, report_table, row_nlls
 from training.rollout.multiturn import prompt_ids
 from training.tasks.base import Task, Verdict
 from training.tokenizer import END_OF_TURN, TokenizerConfig, load_tokenizer, train_tokenizer
@@ -343,3 +343,14 @@ def test_checkpoints_scored_in_two_processes_equal_scoring_in_this_one(chain):
         assert set(two[name].items) == set(one[name].items) >= {"general/helpfulness", "pass_at_1/color"}
         for metric, items in one[name].items.items():
             assert two[name].items[metric] == pytest.approx(items, rel=1e-5), (name, metric)
+
+
+def test_row_nlls_are_each_rows_mean_next_token_nll():
+    model = build_model(ModelConfig.for_size("micro", vocab_size=300), seed=0).eval()
+    rows = torch.randint(2, 300, (5, 12), generator=torch.Generator().manual_seed(0))
+    got = row_nlls(model, rows, batch_size=2)  # the last batch holds one row
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=rows).logits[:, :-1].float(), dim=-1)
+    want = -logp.gather(2, rows[:, 1:, None])[..., 0].mean(1)
+    assert len(got) == 5 and torch.allclose(torch.tensor(got), want, atol=1e-5)
+    assert len(set(got)) == 5  # each row its own

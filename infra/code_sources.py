@@ -37,6 +37,10 @@ class SourceFetchError(RuntimeError):
     """A source could not be fetched; the message names the source and the command that failed."""
 
 
+class FetchTimeout(SourceFetchError):
+    """The fetch command ran past its timeout and was killed: what it left behind may be cut short."""
+
+
 @dataclass
 class FetchedSource:
     kind: str  # debian | debian_source | npm | pypi | git
@@ -61,7 +65,7 @@ def _run(
             f"{what}: command {cmd[0]!r} not found; install it or drop this source"
         ) from None
     except subprocess.TimeoutExpired:
-        raise SourceFetchError(f"{what}: {' '.join(cmd[:4])} timed out after {timeout:.0f}s") from None
+        raise FetchTimeout(f"{what}: {' '.join(cmd[:4])} timed out after {timeout:.0f}s") from None
     if proc.returncode != 0:
         lines = [
             x for x in (proc.stderr or proc.stdout).splitlines() if x.strip() and not x.startswith("W: ")
@@ -281,6 +285,9 @@ def prefetch_debian(
             ]
             try:
                 _run(cmd, f"debian batch of {len(asked)} {kind}", cwd=batch, timeout=900 + 5 * len(asked))
+                break
+            except FetchTimeout:  # killed mid-download: no file in the batch is trusted
+                asked = {}
                 break
             except SourceFetchError as exc:  # a 404 leaves the other files in place
                 unknown = {g for m in _APT_UNKNOWN.finditer(str(exc)) for g in m.groups() if g} & set(asked)

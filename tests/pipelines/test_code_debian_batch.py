@@ -138,3 +138,20 @@ def test_binary_debs_are_cached_by_package_and_version(tmp_path, monkeypatch):
     zsh = code_sources.fetch_debian_binary(_Apt(), "zsh", "9:1.2-3", tmp_path)
     assert grep.cached and grep.version == "1.2-3" and grep.files[0].read_bytes() == b"grep"
     assert zsh.cached and zsh.version == "9:1.2-3" and zsh.files[0].name == "zsh_1.2-3_amd64.deb"
+
+
+def test_a_batch_that_timed_out_publishes_nothing(tmp_path, monkeypatch):
+    def run(cmd, what, cwd=None, **kwargs):  # files written, then apt killed: one may be cut short
+        for n in ("hello", "sed"):
+            version, files = SOURCES[n]
+            (cwd / f"{n}_{version}.dsc").write_text(_dsc(n, version, files))
+            for f, data in files.items():
+                (cwd / f).write_bytes(data)
+        raise code_sources.FetchTimeout(f"{what}: apt-get -q source timed out after 910s")
+
+    monkeypatch.setattr(code_sources, "_run", run)
+    assert (
+        code_sources.prefetch_debian(_Apt(), "debian_source", [("hello", None), ("sed", None)], tmp_path)
+        == set()
+    )
+    assert not (tmp_path / "debian_source").exists()

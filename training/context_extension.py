@@ -286,16 +286,22 @@ def length_weights(lengths: np.ndarray, alpha: float) -> np.ndarray:
 
 def doc_vectors(docs: Sequence[np.ndarray], vocab_size: int, dim: int, seed: int) -> np.ndarray:
     """Unit-norm random projections [n_docs, dim] of the docs' tf-idf vectors (cosine is roughly preserved)."""
+    counted = [np.unique(d, return_counts=True) for d in docs]
     df = np.zeros(vocab_size, dtype=np.float64)
-    for d in docs:
-        df[np.unique(d)] += 1
+    for ids, _ in counted:
+        df[ids] += 1
     idf = np.log((1 + len(docs)) / (1 + df))
     planes = np.random.default_rng(seed).standard_normal((vocab_size, dim))
     vecs = np.zeros((len(docs), dim))
-    for i, d in enumerate(docs):
-        ids, counts = np.unique(d, return_counts=True)
+    for i, (ids, counts) in enumerate(counted):
         vecs[i] = (counts * idf[ids]) @ planes[ids]
     return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+
+
+def _cluster_sums(vecs: np.ndarray, labels: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per cluster: the sum of its member vectors (added in doc order, as `members.sum(0)` does) and its size."""
+    sums = np.stack([np.bincount(labels, weights=vecs[:, j], minlength=k) for j in range(vecs.shape[1])], 1)
+    return sums, np.bincount(labels, minlength=k)
 
 
 def similarity_clusters(vecs: np.ndarray, n_clusters: int, seed: int, iters: int = 10) -> np.ndarray:
@@ -304,13 +310,13 @@ def similarity_clusters(vecs: np.ndarray, n_clusters: int, seed: int, iters: int
     k = max(1, min(n_clusters, n))
     centroids = vecs[np.random.default_rng(seed).choice(n, size=k, replace=False)]
     labels = np.zeros(n, dtype=np.int64)
+    vecs32 = vecs.astype(np.float32)  # the assignment matmul is most of the time; float32 halves it
     for _ in range(iters):
-        labels = np.argmax(vecs @ centroids.T, axis=1)
-        for c in range(k):
-            members = vecs[labels == c]
-            if len(members):
-                mean = members.sum(0)
-                centroids[c] = mean / max(np.linalg.norm(mean), 1e-12)
+        labels = np.argmax(vecs32 @ centroids.T.astype(np.float32), axis=1)
+        sums, sizes = _cluster_sums(vecs, labels, k)
+        filled = sizes > 0  # an empty cluster keeps its centroid
+        norms = np.maximum(np.linalg.norm(sums[filled], axis=1, keepdims=True), 1e-12)
+        centroids[filled] = sums[filled] / norms
     return labels
 
 
@@ -321,15 +327,20 @@ def similarity_order(
     that always moves to the most similar unvisited cluster."""
     vecs = doc_vectors(docs, vocab_size, dim, seed)
     labels = similarity_clusters(vecs, max(1, len(docs) // docs_per_cluster), seed)
-    ids = np.unique(labels)
-    centroids = np.stack([vecs[labels == c].mean(0) for c in ids])
+    ids, labels = np.unique(labels, return_inverse=True)  # clusters renumbered 0..len(ids)-1
+    sums, sizes = _cluster_sums(vecs, labels, len(ids))
+    centroids = sums / sizes[:, None]
     sims = centroids @ centroids.T
-    chain, seen = [0], {0}
-    while len(chain) < len(ids):
-        nxt = max((j for j in range(len(ids)) if j not in seen), key=lambda j: sims[chain[-1], j])
+    chain = [0]
+    unseen = np.ones(len(ids), dtype=bool)
+    unseen[0] = False
+    for _ in range(len(ids) - 1):
+        nxt = int(np.argmax(np.where(unseen, sims[chain[-1]], -np.inf)))  # the first of equals, as max() took
         chain.append(nxt)
-        seen.add(nxt)
-    return np.concatenate([np.flatnonzero(labels == ids[c]) for c in chain])
+        unseen[nxt] = False
+    members = np.argsort(labels, kind="stable")  # doc indices grouped by cluster, in doc order within one
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    return np.concatenate([members[starts[c] : starts[c + 1]] for c in chain])
 
 
 def _window(doc: np.ndarray, length: int, rng: np.random.Generator) -> np.ndarray:
@@ -580,8 +591,15 @@ def build_midtrain_shards(
         n += len(doc)
     filler = FillerText(filler_docs, eos_id=eos_id)
 
+    # Recall rows encode ~650k short template strings on the first stage, many of them repeats (the questions,
+    # " <key>"): each call to the tokenizer costs ~17 us, most of it the binding's, so repeats are looked up.
+    encoded: dict[str, list[int]] = {}
+
     def encode(text: str) -> list[int]:
-        return tok.encode(text, add_special_tokens=False).ids
+        ids = encoded.get(text)
+        if ids is None:
+            ids = encoded[text] = tok.encode(text, add_special_tokens=False).ids
+        return list(ids)
 
     rows, metrics = build_midtrain_rows(
         docs_by_source,

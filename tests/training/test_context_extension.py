@@ -22,6 +22,7 @@ from training.context_extension import (
     pack_random,
     pack_similar,
     row_purity,
+    similarity_clusters,
     similarity_order,
     stage_model_config,
 )
@@ -213,6 +214,26 @@ def test_interleaved_packing_groups_similar_docs():
     assert purity_random < 0.6  # 3 balanced topics: ~0.45 by chance for ~7 docs per row
     # Adjacent docs in similarity order share a topic far more often than in corpus order.
     assert np.mean([labels[order[i]] == labels[order[i + 1]] for i in range(len(order) - 1)]) > 0.9
+
+
+def test_similarity_clusters_match_a_per_cluster_kmeans_and_the_order_is_a_permutation():
+    rng = np.random.default_rng(3)
+    centres = rng.standard_normal((6, 16))
+    vecs = centres[rng.integers(0, 6, 300)] + 0.3 * rng.standard_normal((300, 16))
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    # Reference: the plain loop (one centroid per cluster, empty clusters keep theirs), 12 clusters for 6 blobs.
+    k, centroids = 12, vecs[np.random.default_rng(7).choice(300, size=12, replace=False)].copy()
+    for _ in range(10):
+        expected = np.argmax(vecs @ centroids.T, axis=1)
+        for c in range(k):
+            if (expected == c).any():
+                mean = vecs[expected == c].sum(0)
+                centroids[c] = mean / np.linalg.norm(mean)
+    labels = similarity_clusters(vecs, k, seed=7)
+    assert np.array_equal(labels, expected)
+    docs, _ = topic_docs()
+    order = similarity_order(docs, vocab_size=200, docs_per_cluster=8, seed=0)
+    assert sorted(order.tolist()) == list(range(len(docs)))
 
 
 def test_length_weighted_sampler_upsamples_long_docs():

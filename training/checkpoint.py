@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -196,6 +197,25 @@ def load_checkpoint(path: Path, engine: CheckpointEngine) -> tuple[dict[str, Any
     return trainer_state, data_state
 
 
+def save_pretrained(model: Any, out_dir: str | Path) -> None:
+    """`model.save_pretrained(out_dir)` (safetensors) without importing DeepSpeed when nothing has: transformers
+    unwraps the model first, and accelerate imports DeepSpeed (~1.5-3 s per process) only to test whether the
+    model is a DeepSpeedEngine, which it cannot be if DeepSpeed was never imported. Same files either way."""
+    try:
+        from accelerate.utils import other as accelerate_other
+    except ImportError:
+        accelerate_other = None
+    if "deepspeed" in sys.modules or not hasattr(accelerate_other, "is_deepspeed_available"):
+        model.save_pretrained(str(out_dir), safe_serialization=True)
+        return
+    probe = accelerate_other.is_deepspeed_available
+    accelerate_other.is_deepspeed_available = lambda: False
+    try:
+        model.save_pretrained(str(out_dir), safe_serialization=True)
+    finally:
+        accelerate_other.is_deepspeed_available = probe
+
+
 def export_hf(model: nn.Module, out_dir: Path, extra_files: dict[str, Path] | None = None) -> Path:
     """Save `model` as an HF model dir (config.json + model.safetensors), loadable with
     `AutoModelForCausalLM.from_pretrained`; `extra_files` (e.g. {"tokenizer.json": path}) are copied in.
@@ -203,7 +223,7 @@ def export_hf(model: nn.Module, out_dir: Path, extra_files: dict[str, Path] | No
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".tmp_{out_dir.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    save_pretrained(model, tmp)
     for name, src in (extra_files or {}).items():
         shutil.copy2(src, tmp / name)
     _fsync_tree(tmp)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GlmMoeDsaForCausalLM
@@ -150,6 +153,27 @@ def test_hf_export_loads_with_automodel_and_gives_the_same_logits(micro_model, t
     with torch.no_grad():
         assert torch.equal(micro_model.eval()(input_ids=x).logits, loaded(input_ids=x).logits)
     assert not list(tmp_path.glob(".tmp_*"))
+
+
+def test_export_writes_the_same_files_as_save_pretrained_without_importing_deepspeed(tmp_path):
+    # A fresh interpreter: DeepSpeed must not be imported yet (every training child saves once; importing it
+    # costs 1.5-3 s). Plain save_pretrained imports it (accelerate's wrapper probe) and must write the same bytes.
+    script = f"""
+import hashlib, pathlib, sys
+from training.checkpoint import export_hf
+from training.model import ModelConfig, build_model
+model = build_model(ModelConfig.for_size("micro"), seed=0)
+export_hf(model, pathlib.Path({str(tmp_path / "ours")!r}))
+print("after export", "deepspeed" in sys.modules)
+model.save_pretrained({str(tmp_path / "plain")!r}, safe_serialization=True)
+print("after plain", "deepspeed" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert "after export False" in out and "after plain True" in out
+    names = sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "ours").iterdir()) and "model.safetensors" in names
+    for name in names:
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
 
 
 def test_indexer_topk_mass_compares_the_trained_indexer_with_a_fresh_one(micro_model):

@@ -27,6 +27,7 @@ import requests
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from training.checkpoint import save_pretrained
 from training.rollout.engine import Generation, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def write_hf_weights(state_dict: dict[str, torch.Tensor], model_config: Any, out
         with torch.device("meta"):
             shell = AutoModelForCausalLM.from_config(config)
         shell.load_state_dict({k: v.detach().cpu() for k, v in state_dict.items()}, strict=True, assign=True)
-        shell.save_pretrained(str(tmp))
+        save_pretrained(shell, tmp)
         for file in tmp.iterdir():
             with open(file, "rb") as f:
                 os.fsync(f.fileno())

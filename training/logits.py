@@ -45,3 +45,56 @@ def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
     keep = torch.zeros_like(labels, dtype=torch.bool)
     keep[:, :-1] = labels[:, 1:] != -100
     return keep
+
+
+# fp32 elements upcast at a time: 64 rows of an 8192-token vocabulary, 2 MB, stays in cache
+CE_CHUNK_ELEMENTS = 1 << 19
+
+
+class _SummedCrossEntropy(torch.autograd.Function):
+    """Summed next-token cross-entropy of [N, V] logits, row chunks at a time in float32.
+
+    `F.cross_entropy(logits.float(), ...)` materializes an fp32 copy, an fp32 log-softmax kept for backward and
+    a zero-filled [N, V] gradient: on CPU those passes over memory cost more than the LM head's matmul. Here
+    each chunk is upcast, reduced and dropped; backward recomputes softmax from the logits and the saved
+    log-sum-exp. 2.5-2.8x faster for tiny's 3072 x 8192 logits (benchmarks/cross_entropy.py), same loss and
+    gradient up to rounding."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        chunk = max(1, CE_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float64, device=logits.device)
+        for s in range(0, logits.shape[0], chunk):
+            x = logits[s : s + chunk].float()
+            lse[s : s + chunk] = torch.logsumexp(x, dim=1)
+            picked = x.gather(1, targets[s : s + chunk, None])[:, 0]
+            total += (lse[s : s + chunk] - picked).sum(dtype=torch.float64)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk = chunk
+        return total.float()
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        minus_one = torch.full((ctx.chunk, 1), -1.0, device=logits.device)
+        for s in range(0, logits.shape[0], ctx.chunk):
+            p = (logits[s : s + ctx.chunk].float() - lse[s : s + ctx.chunk, None]).exp_()  # softmax
+            p.scatter_add_(
+                1, targets[s : s + ctx.chunk, None], minus_one[: len(p)]
+            )  # minus the one-hot target
+            grad[s : s + ctx.chunk] = p.mul_(grad_out)
+        return grad, None
+
+
+def summed_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`F.cross_entropy(logits.float(), targets, reduction="sum")` for [N, V] logits (any float dtype) and [N]
+    targets that are all real token ids (no ignore index: select the positions first, e.g. with `logits_at`)."""
+    if logits.dim() != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(f"summed_cross_entropy: logits {tuple(logits.shape)} and targets "
+                         f"{tuple(targets.shape)} must be [N, V] and [N]")  # fmt: skip
+    if len(targets) and not (0 <= int(targets.min()) and int(targets.max()) < logits.shape[1]):
+        raise ValueError(f"summed_cross_entropy: targets outside [0, {logits.shape[1]}): "
+                         f"min {int(targets.min())}, max {int(targets.max())}")  # fmt: skip
+    return _SummedCrossEntropy.apply(logits, targets)

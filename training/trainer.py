@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from tqdm.auto import tqdm
@@ -40,7 +39,7 @@ from training.checkpoint import (
     save_model_state,
 )
 from training.dsa_indexer import collect_dsa_stats, freeze_all_but_indexer, set_dsa_mode
-from training.logits import logits_at, predicting_positions
+from training.logits import logits_at, predicting_positions, summed_cross_entropy
 from training.moe_balance import RouterTaps, expert_loads, sequence_balance_loss, update_router_bias
 from training.optim import OptimConfig, build_optimizers, lr_multiplier, set_lr
 
@@ -281,7 +280,7 @@ class Trainer:
         keep = predicting_positions(labels)
         with logits_at(self.model, keep):
             logits = self.engine.forward(**inputs).logits
-        lm_sum = F.cross_entropy(logits.float(), labels[:, 1:][keep[:, :-1]], reduction="sum")
+        lm_sum = summed_cross_entropy(logits, labels[:, 1:][keep[:, :-1]])
         terms = {"lm_sum": lm_sum, "dsa": collect_dsa_stats(self.model)}
         records = self.router_taps.pop()
         batch_size = batch["input_ids"].shape[0]

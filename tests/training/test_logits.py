@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from training.logits import logits_at, predicting_positions
+from training.logits import logits_at, predicting_positions, summed_cross_entropy
 from training.model import ModelConfig, build_model
 
 MICRO = ModelConfig.for_size("micro")
@@ -71,3 +71,31 @@ def test_a_mask_of_the_wrong_shape_is_refused():
         logits_at(model, predicting_positions(labels[:2])),
     ):
         model(input_ids=ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 63, 64, 200])  # one chunk is 64 rows at V=8192: below, at, across
+def test_summed_cross_entropy_matches_torch_in_loss_and_gradient(dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    base = torch.randn(rows, 8192, generator=g) * 3
+    targets = torch.randint(0, 8192, (rows,), generator=g)
+    ref_in, ours_in = base.to(dtype).requires_grad_(), base.to(dtype).requires_grad_()
+    ref = F.cross_entropy(ref_in.float(), targets, reduction="sum")
+    (ref * 0.5).backward()
+    ours = summed_cross_entropy(ours_in, targets)
+    (ours * 0.5).backward()
+    assert ours.dtype == torch.float32 and ours_in.grad.dtype == dtype
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6)
+    # bf16 gradients: one rounding of the same fp32 value, so at most one bf16 ulp apart
+    tol = 2e-3 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(ours_in.grad.float(), ref_in.grad.float(), rtol=tol, atol=1e-6)
+
+
+def test_summed_cross_entropy_refuses_ignored_or_out_of_range_targets():
+    logits = torch.zeros(3, 10)
+    with pytest.raises(ValueError, match="outside"):
+        summed_cross_entropy(logits, torch.tensor([1, -100, 2]))
+    with pytest.raises(ValueError, match="outside"):
+        summed_cross_entropy(logits, torch.tensor([1, 10, 2]))
+    with pytest.raises(ValueError, match=r"\[N, V\]"):
+        summed_cross_entropy(logits[None], torch.tensor([1, 2, 3]))

@@ -20,6 +20,7 @@ import random
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -208,12 +209,16 @@ def save_pretrained(model: Any, out_dir: str | Path) -> None:
     if "deepspeed" in sys.modules or not hasattr(accelerate_other, "is_deepspeed_available"):
         model.save_pretrained(str(out_dir), safe_serialization=True)
         return
-    probe = accelerate_other.is_deepspeed_available
-    accelerate_other.is_deepspeed_available = lambda: False
-    try:
-        model.save_pretrained(str(out_dir), safe_serialization=True)
-    finally:
-        accelerate_other.is_deepspeed_available = probe
+    with _PROBE_LOCK:  # two threads saving at once must not restore each other's stand-in
+        probe = accelerate_other.is_deepspeed_available
+        accelerate_other.is_deepspeed_available = lambda: False
+        try:
+            model.save_pretrained(str(out_dir), safe_serialization=True)
+        finally:
+            accelerate_other.is_deepspeed_available = probe
+
+
+_PROBE_LOCK = threading.Lock()
 
 
 def export_hf(model: nn.Module, out_dir: Path, extra_files: dict[str, Path] | None = None) -> Path:

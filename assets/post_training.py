@@ -137,6 +137,11 @@ def _tasks_dir(s: ObjectStore) -> Path:
     return _local(s, TASKS_PREFIX, "task_suites")
 
 
+def _read_split(tasks_dir: Path, split: str) -> list:
+    path = tasks_dir / f"{split}.jsonl"
+    return read_tasks(path) if path.exists() else []  # a test split is optional (test_per_level 0)
+
+
 def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
     tasks_dir = _tasks_dir(s)
     facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
@@ -144,7 +149,8 @@ def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
     agentic_dir = _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks")  # agent trajectories: a share of its train
     registry = suites(facts) | agentic_suites(read_agentic_facts(agentic_dir))
     train += read_agentic_sft_tasks(agentic_dir)
-    rows, kinds = sft_data.build_sft_trajectories(train, registry, facts, cfg)
+    excluded = {t.prompt for split in ("heldout", "test") for t in _read_split(tasks_dir, split)}
+    rows, kinds = sft_data.build_sft_trajectories(train, registry, facts, cfg, excluded)
     out = _work("sft_data") / "out"
     sft_data.write_rows(rows, out / "rows.jsonl")
     version = commit(s, SFT_DATA_PREFIX, out, meta={"kinds": dict(kinds)}).version

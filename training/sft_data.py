@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from training.tasks.code import FAMILIES
 # skills left to learn. With no row at all the tiny model never solved three of the four (sampled pass rate 0:
 # no reward to learn from); with 4 it sometimes does, and RL took `floor_div` from 0.67 to 1.0 held-out.
 RL_ONLY_FAMILIES = ("floor_div", "sub2_const", "square_const", "count_above")
+DRILL_SEED_OFFSET = 3_000_017  # the math drill's own stream, beside train / held-out / test (tasks/base.py)
 
 
 class SftDataConfig(BaseModel):
@@ -41,6 +42,12 @@ class SftDataConfig(BaseModel):
         4,
         ge=0,
         description="SFT rows kept per rl_only_families family: a foothold, so RL samples some reward",
+    )
+    math_drill_per_level: int = Field(
+        0,
+        ge=0,
+        description="Extra math worked solutions per level the train tasks have, from a seed stream of their "
+        "own (no held-out or test prompt, none already in train); Reasoning RL trains on the train tasks only",
     )
 
     @field_validator("rl_only_families")
@@ -77,20 +84,38 @@ def _rl_only_cut(tasks: Sequence[Task], families: set[str], keep: int) -> list[T
     return out
 
 
+def math_drill(
+    tasks: Sequence[Task], suite: TaskSuite, per_level: int, seed: int, excluded: Collection[str]
+) -> list[Task]:
+    """`per_level` math tasks per level of `tasks`' math levels, none of whose prompts is in `excluded` (the
+    held-out and test prompts) or in `tasks`; a level with a small prompt space (one-digit sums) gives fewer."""
+    seen = set(excluded) | {t.prompt for t in tasks}
+    out: list[Task] = []
+    for level in sorted({t.difficulty for t in tasks if t.domain == suite.domain}) if per_level else []:
+        fresh = suite.generate("train", 4 * per_level, DRILL_SEED_OFFSET + seed, level)
+        out += [t for t in fresh if t.prompt not in seen][:per_level]
+    return out
+
+
 def build_sft_trajectories(
     tasks: Sequence[Task],
     suites: dict[str, TaskSuite],
     facts: Sequence[tuple[str, str]],
     cfg: SftDataConfig,
+    excluded_prompts: Collection[str] = (),
 ) -> tuple[list[dict[str, Any]], Counter]:
-    """Rows {"kind", "task_id", "messages"}; returns them shuffled and their counts per kind."""
+    """Rows {"kind", "task_id", "messages"}; returns them shuffled and their counts per kind.
+    `excluded_prompts` (held-out and test prompts) never become math drill rows."""
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
     tasks = _rl_only_cut(tasks, set(cfg.rl_only_families), cfg.rl_family_rows)
+    drill = math_drill(tasks, suites["math"], cfg.math_drill_per_level, cfg.seed, excluded_prompts)
+    drill_ids = {t.id for t in drill}
+    tasks = [*tasks, *drill]
     for _ in range(cfg.repeats):
         for task in tasks:
             solution = suites[task.domain].solution(task)
-            kind = task.domain
+            kind = "math_drill" if task.id in drill_ids else task.domain
             if task.domain == "math" and rng.random() < cfg.error_share:
                 messages, kind = (
                     error_correction_trajectory(task.prompt, solution, _wrong_step(task, rng), rng),

@@ -247,3 +247,30 @@ def test_sft_rows_leave_out_the_rl_only_code_families():
     per_family = Counter(family[r["task_id"]] for r in rows)
     assert per_family["floor_div"] == per_family["count_above"] == 2
     assert per_family["add_const"] == sum(family[t.id] == "add_const" for t in code) > 2
+
+
+def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
+    from training.sft_data import SftDataConfig, build_sft_trajectories, math_drill
+
+    sets = build_task_sets(TaskSuitesConfig(train_per_level=40, heldout_per_level=20, test_per_level=10))
+    math = [t for t in sets["train"] if t.domain == "math"]
+    excluded = {t.prompt for split in ("heldout", "test") for t in sets[split]}
+    plain = SftDataConfig(definition_chats=0, error_share=0.0)
+    base_rows, base_kinds = build_sft_trajectories(math, suites(), [], plain, excluded)
+    assert base_rows == build_sft_trajectories(math, suites(), [], plain)[0]  # no drill: rows as before
+    assert "math_drill" not in base_kinds
+
+    drill = {t.id: t for t in math_drill(math, MathSuite(), 60, 0, excluded)}
+    per_level = Counter(t.difficulty for t in drill.values())
+    # one-digit sums have 100 prompts in all, most of them held-out, test or train already
+    assert per_level[1] < 60 and per_level[2] == per_level[3] == per_level[4] == 60, per_level
+    assert not {t.prompt for t in drill.values()} & (excluded | {t.prompt for t in math})
+
+    cfg = plain.model_copy(update={"math_drill_per_level": 60})
+    rows, kinds = build_sft_trajectories(math, suites(), [], cfg, excluded)
+    drilled = [r for r in rows if r["kind"] == "math_drill"]
+    assert kinds["math"] == base_kinds["math"] == len(math)
+    assert sorted(r["task_id"] for r in drilled) == sorted(drill)
+    for r in drilled:  # a worked solution the suite's own verifier accepts
+        answer = r["messages"][-1]["content"]
+        assert MathSuite().verify(drill[r["task_id"]], answer).reward == 1.0, answer

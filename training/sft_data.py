@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from training.sft import error_correction_trajectory, failed_tool_call_trajectory
 from training.tasks.base import Task, TaskSuite
 from training.tasks.code import FAMILIES
+from training.tasks.math import column_steps
 
 # One composition per level of skills the other families teach (// ; minus then plus ; square then plus ; count
 # with a comparison). By default SFT sees only `rl_family_rows` (4) worked solutions of each, so Reasoning RL has
@@ -42,6 +43,11 @@ class SftDataConfig(BaseModel):
         4,
         ge=0,
         description="SFT rows kept per rl_only_families family: a foothold, so RL samples some reward",
+    )
+    math_column_steps: bool = Field(
+        False,
+        description="Math worked solutions of multi-digit sums, differences and products by one digit go one "
+        "digit column at a time (training/tasks/math.py: column_steps) instead of the whole result at once",
     )
     math_drill_per_level: int = Field(
         0,
@@ -115,6 +121,8 @@ def build_sft_trajectories(
     for _ in range(cfg.repeats):
         for task in tasks:
             solution = suites[task.domain].solution(task)
+            if task.domain == "math" and cfg.math_column_steps and (steps := column_steps(task.prompt)):
+                solution = [{**solution[0], "reasoning_content": steps}, *solution[1:]]
             kind = "math_drill" if task.id in drill_ids else task.domain
             if task.domain == "math" and rng.random() < cfg.error_share:
                 messages, kind = (

@@ -274,3 +274,42 @@ def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
     for r in drilled:  # a worked solution the suite's own verifier accepts
         answer = r["messages"][-1]["content"]
         assert MathSuite().verify(drill[r["task_id"]], answer).reward == 1.0, answer
+
+
+def test_column_steps_are_true_one_digit_facts_ending_in_the_answer():
+    import re
+
+    from training.sft_data import SftDataConfig, build_sft_trajectories
+    from training.tasks.math import column_steps
+
+    tasks = [t for level in (1, 2, 3) for t in MathSuite().generate("train", 200, 0, level)]
+    stepped = {t.id: column_steps(t.prompt) for t in tasks}
+    assert all(stepped[t.id] is None for t in tasks if t.difficulty == 1 or "x" in t.prompt)
+    arithmetic = [t for t in tasks if stepped[t.id]]
+    assert len(arithmetic) > 250 and {t.difficulty for t in arithmetic} == {2, 3}
+    borrows = 0
+    for t in arithmetic:
+        *columns, last = stepped[t.id].split(", ")
+        assert last.endswith(f"= {t.answer}") and equivalent(last.split(" = ")[-1], t.answer), stepped[t.id]
+        for step in columns:  # each column: digits (and a carry or a borrowed ten) and its true value
+            lhs, rhs = step.split(" = ")
+            assert re.fullmatch(r"\d+ [-+*] \d( \+ \d)?", lhs) and eval(lhs) == int(rhs), step
+        borrows += columns[0].startswith("1") and " - " in columns[0]
+    assert borrows > 10  # differences that borrow were generated and checked
+    assert column_steps("What is 68 + 55?") == "8 + 5 = 13, 6 + 5 + 1 = 12, 68 + 55 = 123"
+    assert column_steps("What is 72 - 38?") == "12 - 8 = 4, 6 - 3 = 3, 72 - 38 = 34"
+
+    cfg = SftDataConfig(definition_chats=0, error_share=0.0, math_column_steps=True)
+    rows, _ = build_sft_trajectories(arithmetic[:20], suites(), [], cfg)
+    plain, _ = build_sft_trajectories(
+        arithmetic[:20], suites(), [], cfg.model_copy(update={"math_column_steps": False})
+    )
+    by_id = {t.id: t for t in arithmetic}
+    for row, before in zip(rows, plain, strict=True):
+        assert row["messages"][1]["reasoning_content"] == stepped[row["task_id"]]
+        assert before["messages"][1]["reasoning_content"] == by_id[row["task_id"]].meta["steps"]
+        assert (
+            row["messages"][1]["content"]
+            == before["messages"][1]["content"]
+            == f"Answer: {by_id[row['task_id']].answer}"
+        )

@@ -57,6 +57,35 @@ def equivalent(answer: str, reference: str) -> bool:
         return False
 
 
+_ARITHMETIC = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
+
+
+def column_steps(prompt: str) -> str | None:
+    """Worked steps one digit column at a time, units first ("68 + 55" -> "8 + 5 = 13, 6 + 5 + 1 = 12,
+    68 + 55 = 123"), for a multi-digit sum, difference or product by one digit; None for other prompts.
+    Each step is a one-digit fact, so a small model need not do a whole number in one token's forward pass."""
+    m = _ARITHMETIC.fullmatch(prompt)
+    if not m or max(len(m[1]), len(m[3])) < 2 or (m[2] == "*" and len(m[3]) > 1):
+        return None
+    a, op, b = int(m[1]), m[2], int(m[3])
+    da, db = [int(c) for c in reversed(m[1])], [int(c) for c in reversed(m[3])]
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db)) if op == "+" else len(da)):
+        x, y = da[i] if i < len(da) else 0, db[i] if i < len(db) else 0
+        if op == "+":
+            steps.append(f"{x} + {y}{f' + {carry}' if carry else ''} = {x + y + carry}")
+            carry = (x + y + carry) // 10
+        elif op == "-":
+            x -= carry
+            carry = int(x < y)
+            steps.append(f"{x + 10 * carry} - {y} = {x + 10 * carry - y}")
+        else:
+            steps.append(f"{x} * {b}{f' + {carry}' if carry else ''} = {x * b + carry}")
+            carry = (x * b + carry) // 10
+    result = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return ", ".join(steps) + f", {a} {op} {b} = {result}"
+
+
 class MathSuite:
     """Difficulty 1: one-digit sums; 2: two-digit sums and differences; 3: products and x + a = b;
     4: a*x + b = c with an integer root, and collecting like terms."""

@@ -97,7 +97,7 @@ def math_drill(
     held-out and test prompts) or in `tasks`; a level with a small prompt space (one-digit sums) gives fewer."""
     seen = set(excluded) | {t.prompt for t in tasks}
     out: list[Task] = []
-    for level in sorted({t.difficulty for t in tasks if t.domain == suite.domain}) if per_level else []:
+    for level in sorted({t.difficulty for t in tasks if t.domain == suite.domain}):
         fresh = suite.generate("train", 4 * per_level, DRILL_SEED_OFFSET + seed, level)
         out += [t for t in fresh if t.prompt not in seen][:per_level]
     return out
@@ -115,7 +115,11 @@ def build_sft_trajectories(
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
     tasks = _rl_only_cut(tasks, set(cfg.rl_only_families), cfg.rl_family_rows)
-    drill = math_drill(tasks, suites["math"], cfg.math_drill_per_level, cfg.seed, excluded_prompts)
+    drill = (
+        math_drill(tasks, suites["math"], cfg.math_drill_per_level, cfg.seed, excluded_prompts)
+        if cfg.math_drill_per_level
+        else []
+    )  # a registry without math (agentic tasks only) needs no drill
     drill_ids = {t.id for t in drill}
     tasks = [*tasks, *drill]
     for _ in range(cfg.repeats):

@@ -462,6 +462,7 @@ class TaskServiceProcess:
             self.family,
             "--port",
             "0",
+            "--exit-with-parent",
             *self.args,
         ]
         if self.orchestrator:
@@ -572,6 +573,22 @@ class TaskServiceFleet:
             service.stop()
 
 
+def exit_with_parent(parent: int, check_s: float = 0.5) -> threading.Thread:
+    """End this process group once `parent` is gone (this process re-parented). A service runs in a session of
+    its own so that it can be killed as a group, which also means a launcher killed by a signal (its `finally`
+    never runs) would leave it serving forever."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(check_s)
+        log.warning("task service: parent process %d exited; stopping", parent)
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -594,7 +611,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     parser.add_argument("--episode-ttl-s", type=float, default=1800, help="close episodes idle for longer")
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="exit when the process that started this one exits (how TaskServiceProcess starts it)",
+    )
     args = parser.parse_args(argv)
+    if args.exit_with_parent:
+        exit_with_parent(os.getppid())
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     kwargs = dict(arg.split("=", 1) for arg in args.factory_arg if "=" in arg)
     if len(kwargs) != len(args.factory_arg):

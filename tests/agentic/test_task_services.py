@@ -8,6 +8,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -160,6 +162,33 @@ def test_a_dead_service_is_an_environment_crash_naming_the_url():
         episode.tool('{"name": "add", "arguments": {"n": 1}}')
     with pytest.raises(EnvironmentCrash, match=f"{service.url}/episodes failed after 2 attempts"):
         client.open(counter_task(1))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as stat:  # reaped by init soon; a zombie no longer serves
+        return stat.read().split(") ", 1)[1].startswith("Z")
+
+
+def test_a_service_whose_launcher_is_sigkilled_exits_instead_of_serving_on():
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import time; from infra.task_service import TaskServiceProcess as P; "
+         f"s = P('counter', ('--factory', '{FACTORY}')).start(); print(s.pid, s.url, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        pid, url = launcher.stdout.readline().split()
+        assert TaskServiceClient(url, timeout_s=5).health()
+        launcher.kill()  # no finally, no atexit: only the service itself can notice
+        launcher.wait()
+        wait_for(lambda: _gone(int(pid)), timeout_s=10, what="the orphaned service to exit")
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{url}/health", timeout=2)
+    finally:
+        launcher.kill()
 
 
 def test_orchestrator_server_refuses_bad_requests_naming_the_field():

@@ -32,6 +32,7 @@ from training.sft_data import SftDataConfig
 from training.tasks import suites as task_suites_module
 from training.tasks.suites import (
     TaskSuitesConfig,
+    build_rl_pool,
     build_task_sets,
     frozen_test_sha256,
     read_tasks,
@@ -91,10 +92,10 @@ def recorded_dictionary_facts(run, limit: int, seed: int) -> list[tuple[str, str
 def _build_task_suites(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
     facts = recorded_dictionary_facts(run, cfg.max_facts, cfg.seed)
     sets = build_task_sets(cfg, facts)
+    sets = {**sets, "rl_pool": build_rl_pool(cfg, sets, facts)}
     out = _work("task_suites") / "out"
-    write_tasks(sets["train"], out / "train.jsonl")
-    write_tasks(sets["heldout"], out / "heldout.jsonl")
-    write_tasks(sets["test"], out / "test.jsonl")
+    for split, tasks in sets.items():
+        write_tasks(tasks, out / f"{split}.jsonl")
     (out / "facts.jsonl").write_text("".join(json.dumps(list(f)) + "\n" for f in facts))
     version = suite_version(sets)
     test_sha = sha256_of_test_set(sets["test"])
@@ -232,6 +233,7 @@ def _reasoning_rl(launch: PipesLaunch, cfg: ReasoningRLConfig, s, _, run) -> Sta
         train_tasks=str(tasks_dir / "train.jsonl"),
         heldout_tasks=str(tasks_dir / "heldout.jsonl"),
         test_tasks=str(tasks_dir / "test.jsonl") if (tasks_dir / "test.jsonl").exists() else None,
+        rl_pool_tasks=str(tasks_dir / "rl_pool.jsonl") if (tasks_dir / "rl_pool.jsonl").exists() else None,
         facts=str(tasks_dir / "facts.jsonl"),
         config=cfg,
         threads=distributed.threads_per_process or None,

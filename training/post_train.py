@@ -109,6 +109,9 @@ class RLJobSpec(BaseModel):
     test_tasks: str | None = Field(
         None, description="JSONL of the test tasks, scored once at the end for the policy and its parent"
     )
+    rl_pool_tasks: str | None = Field(
+        None, description="JSONL of RL-only train tasks (task_suites' rl_pool), drawn from with train's"
+    )
     facts: str | None = Field(None, description="JSONL of [term, definition] for the knowledge suite")
     config: ReasoningRLConfig
     threads: int | None = Field(None, description="torch threads in the child (None = torch's default)")
@@ -169,8 +172,12 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
         scores = pass_at_1(other, tok, scored, registry, spec.config.max_new_tokens, spec.config.max_turns)
         log_metrics({f"compare/{name}/{k}": v for k, v in scores.items()}, 0)
         samples[f"compare/{name}"] = scores
+    train = read_tasks(Path(spec.train_tasks))
+    pool = read_tasks(Path(spec.rl_pool_tasks)) if spec.rl_pool_tasks else []
+    log_metrics({"tasks/train": float(len(train)), "tasks/rl_pool": float(len(pool))}, 0)
+    train += pool
     final = train_reasoning_rl(
-        model, tok, read_tasks(Path(spec.train_tasks)), scored, registry, spec.config, log_metrics,
+        model, tok, train, scored, registry, spec.config, log_metrics,
         on_sample=on_sample, checkpoint_dir=checkpoints,
     )  # fmt: skip
     (run_dir / "samples.json").write_text(json.dumps(samples))

@@ -50,6 +50,10 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     # SFT continues the midtrained model under its own extended RoPE (it once fell back to the base's)
     assert _rope(store, "sft_checkpoint") == _rope(store, "midtrain_stage3") != _rope(store, "base")
     metrics = rl_run.data.metrics
+    # RL drew from train and the RL-only pool task_suites committed beside it
+    counts = read_committed(store, "post_training/task_suites").meta["counts"]
+    pool = sum(n for key, n in counts.items() if key.startswith("rl_pool/"))
+    assert metrics["tasks/rl_pool"] == pool > 0, (metrics.get("tasks/rl_pool"), counts)
     for domain in ("math", "code", "tool", "knowledge"):
         for who in ("heldout/pass_at_1/", "compare/midtrain_stage3/pass_at_1/"):
             assert 0.0 <= metrics[f"{who}{domain}"] <= 1.0

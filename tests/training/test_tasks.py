@@ -14,6 +14,7 @@ from training.tasks.knowledge import KnowledgeSuite
 from training.tasks.math import MathSuite, equivalent
 from training.tasks.suites import (
     TaskSuitesConfig,
+    build_rl_pool,
     build_task_sets,
     difficulty_filter,
     eval_subset,
@@ -56,6 +57,26 @@ def test_the_tiny_test_set_is_the_frozen_one_and_shares_no_prompt_with_train_or_
     assert sha256_of_test_set(build_task_sets(TaskSuitesConfig(test_per_level=24), FACTS)["test"]) != (
         frozen_test_sha256()
     )
+
+
+def test_rl_pool_is_fresh_prompts_beside_the_frozen_splits():
+    config = TaskSuitesConfig(
+        train_per_level=30, heldout_per_level=10, test_per_level=5, rl_pool_per_level=40
+    )
+    sets = build_task_sets(config, FACTS)
+    pool = build_rl_pool(config, sets, FACTS)
+    assert pool == build_rl_pool(config, sets, FACTS)  # deterministic
+    taken = {t.prompt for split in sets.values() for t in split}
+    assert not taken & {t.prompt for t in pool} and len({t.prompt for t in pool}) == len(pool)
+    per = Counter((t.domain, t.difficulty) for t in pool)
+    assert per[("tool", 1)] == per[("code", 2)] == per[("math", 4)] == 40
+    one_digit = sum(t.domain == "math" and t.difficulty == 1 for split in sets.values() for t in split)
+    assert per[("math", 1)] == min(40, 100 - one_digit)  # one-digit sums: 100 prompts in all
+    assert {t.split for t in pool} == {"train"}
+    # the pool names the suite version (RL trains on it) but moves neither train, held-out nor test
+    assert suite_version({**sets, "rl_pool": pool}) != suite_version(sets)
+    assert build_task_sets(config.model_copy(update={"rl_pool_per_level": 0}), FACTS) == sets
+    assert build_rl_pool(config.model_copy(update={"rl_pool_per_level": 0}), sets, FACTS) == []
 
 
 def test_unknown_domain_is_a_config_error():

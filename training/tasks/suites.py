@@ -20,6 +20,7 @@ DOMAINS = ("math", "code", "tool", "knowledge")
 # partition of the facts would take terms out of train (and change every checkpoint trained on it).
 TEST_DOMAINS = ("math", "code", "tool")
 FROZEN_TEST = Path(__file__).with_name("frozen_test.json")
+RL_POOL_SEED_OFFSET = 4_000_037  # the RL pool's own stream, beside train / held-out / test (tasks/base.py)
 
 
 class TaskSuitesConfig(BaseModel):
@@ -46,6 +47,13 @@ class TaskSuitesConfig(BaseModel):
     )
     max_facts: int = Field(
         2000, ge=0, description="Dictionary / rescued-knowledge facts used for knowledge tasks"
+    )
+    rl_pool_per_level: int = Field(
+        1000,
+        ge=0,
+        description="Extra prompts per domain and level that only RL's difficulty filter draws from (never SFT "
+        "rows, never a train, held-out or test prompt): with train's 200 alone, the kept prompts recur every few "
+        "RL steps and the policy learns their answers, not the skill",
     )
 
 
@@ -78,12 +86,35 @@ def build_task_sets(
     return out
 
 
-def suite_version(tasks: dict[Split, list[Task]]) -> str:
-    """Content hash of the train and held-out splits (what a checkpoint's lineage names); the test split has
-    its own, `sha256_of_test_set`."""
+def build_rl_pool(
+    config: TaskSuitesConfig, sets: dict[Split, list[Task]], facts: Sequence[tuple[str, str]] = ()
+) -> list[Task]:
+    """`rl_pool_per_level` train-kind tasks per domain and level from a seed stream of their own, sharing no
+    prompt with `sets` (train, held-out, test) or each other; fewer where the prompt space runs out (one-digit
+    sums are all train or held-out already)."""
+    registry = suites(facts[: config.max_facts])
+    seen = {t.prompt for tasks in sets.values() for t in tasks}
+    out: list[Task] = []
+    for domain, levels in config.levels.items():
+        for level in levels if config.rl_pool_per_level else []:
+            fresh = registry[domain].generate(
+                "train", 2 * config.rl_pool_per_level, RL_POOL_SEED_OFFSET + config.seed, level
+            )
+            kept = 0
+            for t in fresh:
+                if kept < config.rl_pool_per_level and t.prompt not in seen:
+                    seen.add(t.prompt)
+                    out.append(t)
+                    kept += 1
+    return out
+
+
+def suite_version(tasks: dict[str, list[Task]]) -> str:
+    """Content hash of the train and held-out splits and the RL pool (what a checkpoint's lineage names); the
+    test split has its own, `sha256_of_test_set`."""
     h = hashlib.sha256()
-    for split in ("train", "heldout"):
-        for t in tasks[split]:
+    for split in ("train", "heldout", "rl_pool"):
+        for t in tasks.get(split, []):
             h.update(f"{split}\t{t.id}\t{t.answer}\n".encode())
     return h.hexdigest()[:16]
 

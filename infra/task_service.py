@@ -462,7 +462,8 @@ class TaskServiceProcess:
             self.family,
             "--port",
             "0",
-            "--exit-with-parent",
+            "--parent-pid",
+            str(os.getpid()),
             *self.args,
         ]
         if self.orchestrator:
@@ -612,13 +613,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
     parser.add_argument("--episode-ttl-s", type=float, default=1800, help="close episodes idle for longer")
     parser.add_argument(
-        "--exit-with-parent",
-        action="store_true",
-        help="exit when the process that started this one exits (how TaskServiceProcess starts it)",
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit once this process (the launcher, as TaskServiceProcess passes it) is no longer the parent",
     )
     args = parser.parse_args(argv)
-    if args.exit_with_parent:
-        exit_with_parent(os.getppid())
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     kwargs = dict(arg.split("=", 1) for arg in args.factory_arg if "=" in arg)
     if len(kwargs) != len(args.factory_arg):

@@ -100,6 +100,7 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
             "gain (paired)": f"{metrics.get(f'heldout/paired_gain/{d}', float('nan')):+.3f} ± "
             f"{metrics.get(f'heldout/paired_gain_se/{d}', float('nan')):.3f}",
             "fixed / broken": f"{metrics.get(f'heldout/fixed/{d}', 0):.0f} / {metrics.get(f'heldout/broken/{d}', 0):.0f}",
+            **_sampled_columns(metrics, d),
         }
         for d in sorted(k.split("/")[-1] for k in metrics if k.startswith("heldout/success/"))
     ]
@@ -110,9 +111,8 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
     return StageResult(
         metrics=metrics,
         outputs={"checkpoint": _publish_checkpoint(s, "agentic_rl_checkpoint", hf_dir)},
-        report_md="## Agentic RL: held-out success (greedy) from the distilled Reasoning RL checkpoint\n\n"
-        + markdown_table(rows)
-        + f"\n\ntask services: {services}",
+        report_md="## Agentic RL: held-out success (greedy, and sampled at the rollout temperature) from the "
+        "distilled Reasoning RL checkpoint\n\n" + markdown_table(rows) + f"\n\ntask services: {services}",
         artifacts={
             "checkpoint": hf_dir,
             "samples.json": run_dir / "samples.json",
@@ -121,6 +121,21 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
         data_version=key,
         history=history,
     )
+
+
+def _sampled_columns(metrics: dict[str, float], d: str) -> dict[str, str]:
+    """Sampled success (T = the rollout temperature) before / after and its paired gain, when measured."""
+    if f"heldout/sampled_success/{d}" not in metrics:
+        return {}
+    parent, after = (
+        metrics.get(f"parent/sampled_success/{d}", float("nan")),
+        metrics[f"heldout/sampled_success/{d}"],
+    )
+    return {
+        "sampled: parent / agentic RL": f"{parent:.3f} / {after:.3f}",
+        "sampled gain (paired)": f"{metrics.get(f'heldout/sampled_paired_gain/{d}', float('nan')):+.3f} ± "
+        f"{metrics.get(f'heldout/sampled_paired_gain_se/{d}', float('nan')):.3f}",
+    }
 
 
 agentic_rl_checkpoint = tracked_asset(

@@ -111,6 +111,9 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
         gain = am[f"heldout/success/{d}"] - am[f"parent/success/{d}"]
         assert am[f"heldout/paired_gain/{d}"] == pytest.approx(gain)
         assert am[f"heldout/fixed/{d}"] - am[f"heldout/broken/{d}"] == pytest.approx(gain * 2)
+        # sampled success (2 rollouts per task, the same seeds before and after), paired the same way
+        sampled_gain = am[f"heldout/sampled_success/{d}"] - am[f"parent/sampled_success/{d}"]
+        assert am[f"heldout/sampled_paired_gain/{d}"] == pytest.approx(sampled_gain)
         assert am[f"services/{d}/started"] >= 1
     assert am["policy_version"] == 2  # micro: 2 steps, a push after each
     assert am["buffer/received"] >= 8

@@ -90,6 +90,12 @@ class AgenticRLConfig(BaseModel):
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
     eval_tasks_per_domain: int = Field(150, ge=1, description="Held-out tasks scored per family")
+    eval_samples: int = Field(
+        2,
+        ge=0,
+        description="Held-out rollouts per task at the rollout temperature for sampled success, before and "
+        "after training with the same seeds (0 = greedy only)",
+    )
     eval_workers: Workers = Field(
         "auto",
         description="Extra processes that decode a share of the filter's and held-out evals' batches "

@@ -103,7 +103,8 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     domains = sorted({t.domain for t in train} & {d for d, r in cfg.task_ratios.items() if r > 0})
 
     parent_trajs = greedy_trajectories(model, tok, scored, local_envs, cfg, tok.pad_token_id)
-    parent = success_of(parent_trajs)
+    parent_rates = _sampled_rates(model, tok, scored, local_envs, cfg)
+    parent = success_of(parent_trajs) | sampled_success(parent_rates, scored)
     log_metrics({f"parent/{k}": v for k, v in parent.items()}, 0)
     log.info("agentic RL: parent held-out %s", {k: round(v, 3) for k, v in parent.items() if "success/" in k})
     samples: dict[str, Any] = {}
@@ -134,9 +135,12 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
             service_metrics[f"services/{d}/{k}"] = float(row[k])
     versions = sorted({(s["domain"], s["version"]) for s in stats["services"]})
     after_trajs = greedy_trajectories(model, tok, scored, local_envs, cfg, tok.pad_token_id)
-    after = success_of(after_trajs)
+    after_rates = _sampled_rates(model, tok, scored, local_envs, cfg)
+    after = success_of(after_trajs) | sampled_success(after_rates, scored)
     # paired per task with the parent: tasks both solve or both fail add no noise to the gain
     after |= paired_gain(rewards_by_task(parent_trajs), rewards_by_task(after_trajs), scored)
+    gain = paired_gain(parent_rates, after_rates, scored)
+    after |= {f"sampled_{k}": v for k, v in gain.items() if k.startswith("paired_gain")}
     heldout = {f"heldout/{k}": v for k, v in after.items()}
     log_metrics({**heldout, **service_metrics}, cfg.steps)
     (run_dir / "samples.json").write_text(json.dumps(samples))
@@ -150,6 +154,24 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     }
     write_result(run_dir, result)
     return result
+
+
+def _sampled_rates(model, tok, tasks: list, envs, cfg) -> dict[str, float]:
+    """Each held-out task's success rate over `eval_samples` rollouts at the rollout temperature (the policy
+    as RL trains it; greedy success alone hides gains below the greedy choice); {} when off."""
+    from training.agentic.async_loop import sampled_pass_rates
+
+    if not cfg.eval_samples:
+        return {}
+    return sampled_pass_rates(model, tok, tasks, envs, cfg, tok.pad_token_id, cfg.eval_samples)
+
+
+def sampled_success(rates: dict[str, float], tasks: list) -> dict[str, float]:
+    """`sampled_success/<family>` and `sampled_success_se/<family>` over the tasks that have a rate."""
+    from training.rl.reasoning import sampled_pass_at_1
+
+    out = sampled_pass_at_1(rates, [t for t in tasks if t.id in rates])
+    return {k.replace("sampled_pass_at_1", "sampled_success"): v for k, v in out.items()}
 
 
 def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:

@@ -1,0 +1,24 @@
+"""The Agentic RL job's sampled held-out metrics: what `sampled_success` averages and what it leaves out."""
+
+import math
+
+import pytest
+
+from training.agentic.job import sampled_success
+from training.tasks.base import Task
+
+
+def _task(i: int, domain: str) -> Task:
+    return Task(id=f"{domain}-{i}", domain=domain, prompt=f"p{i}", answer="", difficulty=1, split="heldout")
+
+
+def test_sampled_success_averages_the_rates_of_tasks_that_have_one():
+    tasks = [_task(i, "codefix") for i in range(3)] + [_task(i, "terminal") for i in range(2)]
+    # codefix-2 has no rate: every rollout of it was an environment failure, which says nothing of the policy
+    rates = {"codefix-0": 1.0, "codefix-1": 0.5, "terminal-0": 0.0, "terminal-1": 0.5}
+    out = sampled_success(rates, tasks)
+    assert out["sampled_success/codefix"] == pytest.approx(0.75)
+    assert out["sampled_success_se/codefix"] == pytest.approx(math.sqrt(0.125 / 2))  # sample var 0.125, n 2
+    assert out["sampled_success/terminal"] == pytest.approx(0.25)
+    assert set(out) == {f"sampled_success{s}/{d}" for s in ("", "_se") for d in ("codefix", "terminal")}
+    assert sampled_success({}, tasks) == {}  # eval_samples 0: nothing measured, nothing reported

@@ -348,3 +348,28 @@ def test_the_difficulty_filter_keeps_tasks_solved_sometimes_and_leaves_out_famil
     assert metrics["filter/kept/color"] >= 3 and {t.domain for t in kept} == {"color"}
     assert len(kept) == metrics["filter/kept"] == metrics["filter/kept/color"]
     assert _filtered(model, tok, tasks, envs, config.model_copy(update={"filter_samples": 0}), print) == tasks
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_the_update_ratio_is_one_on_rollouts_sampled_at_the_configured_temperature(setup, temperature):
+    """Rollouts at T record the tempered distribution's log-probs; before any step, with the engine in the
+    trainer's precision, the trainer's own log-probs must match them token for token (ratio 1, nothing
+    masked). Scored at T = 1 instead (the bug this guards against), the ratios spread by 10% or more."""
+    from training.agentic.async_loop import _rollouts, update
+
+    tok, _, cfg, tasks = setup
+    model = build_model(cfg, seed=0)
+    config = AgenticRLConfig(max_new_tokens=6, max_turns=1, temperature=temperature, learning_rate=1e-9)
+    params = SamplingParams(config.max_new_tokens, temperature=temperature, seed=3)
+    trajs = _rollouts(model, tok, tasks[:4], color_environments(), config, tok.pad_token_id, torch.float32,
+                      params, 4, "t")  # fmt: skip
+    groups = [[t for t in trajs if t.prompt_id == task.id] for task in tasks[:4]]
+    assert [len(g) for g in groups] == [4] * 4
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = update(model, optimizer, groups, tok.pad_token_id, config)
+    assert stats["ratio/min"] == pytest.approx(1.0, abs=1e-3) and stats["ratio/max"] == pytest.approx(
+        1.0, abs=1e-3
+    )
+    assert stats["is/masked_fraction"] == 0.0
+    wrong = update(model, optimizer, groups, tok.pad_token_id, config.model_copy(update={"temperature": 1.0}))
+    assert min(wrong["ratio/min"], 1 / wrong["ratio/max"]) < 0.9, wrong

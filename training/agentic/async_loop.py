@@ -387,7 +387,8 @@ def update(
     rewards = torch.tensor([[t.reward for t in g] for g in groups])
     adv = group_advantages(rewards, normalise_std=False).flatten()
     batch = response_batch(trajs, pad_id)
-    logp, entropy = token_logprobs(model, batch)
+    # the rollouts' log-probs are of the tempered distribution: the ratio must compare like with like
+    logp, entropy = token_logprobs(model, batch, cfg.temperature)
     loss, stats = double_sided_is_loss(
         logp, batch["logp_infer"], adv, batch["mask"], cfg.eps_low, cfg.eps_high
     )

@@ -388,6 +388,7 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
         extend_split,
         frozen_set,
         load_frozen,
+        match_frozen,
         split_groups,
         write_frozen,
     )  # fmt: skip
@@ -415,15 +416,19 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
         if f["over_cap"] and f["split"] != "train":
             f["split"] = "over_cap"
     dropped = drop_held_out_copies(files)
+    drift = {}
     for name, path in (("test", FROZEN_TEST), ("dev", FROZEN_DEV)):
-        frozen = frozen_set([f for f in files if f["split"] == name], name, seed)
+        held = [f for f in files if f["split"] == name]
         if path.exists():
-            if frozen["files"] != load_frozen(path)["files"]:
-                raise SystemExit(f"{path.name}: the data no longer gives the frozen {name} set; crawl the same "
-                                 f"snapshots or freeze a new version")  # fmt: skip
+            try:
+                drift[name] = match_frozen(held, load_frozen(path))
+            except ValueError as e:
+                raise SystemExit(f"{path.name}: {e}") from None
+            if drift[name]["frozen_missing"] or drift[name]["not_frozen"]:
+                log.warning("%s: %s", path.name, drift[name])
         else:
-            write_frozen(frozen, path)
-    return {"split_by_component": made, "held_out_in_train": dropped}
+            write_frozen(frozen_set(held, name, seed), path)
+    return {"split_by_component": made, "held_out_in_train": dropped, "frozen_drift": drift}
 
 
 def train_main(argv: list[str]) -> dict:
@@ -673,7 +678,9 @@ def protocol_bench_main(argv: list[str]) -> dict:
     if args.model_snapshot:
         args.model_dir = fetch_committed_model(args.model_snapshot)
     files, _ = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
-    assign_splits(files, args.seed)  # raises if the data no longer gives the frozen sets
+    # raises if the data no longer gives the frozen sets
+    drift = assign_splits(files, args.seed)["frozen_drift"]
+    cal_extra = {"frozen_drift": drift}
     test = sorted((f for f in files if f["split"] == "test"), key=lambda f: f["id"])
     load_frozen(FROZEN_TEST)  # checked against its sha256
     texts, y_true = [f["text"] for f in test], [f["label"] for f in test]
@@ -692,12 +699,13 @@ def protocol_bench_main(argv: list[str]) -> dict:
     ]
     speed["magika"] = len(texts) / mg_s
     counts = args.model_dir / "train_counts.json"
-    report_frozen_test(test, probs, ours_s, sorted(set(y_true)), cal,
+    report_frozen_test(test, probs, ours_s, sorted(set(y_true)), {**cal, **cal_extra},
                        json.loads(counts.read_text()) if counts.exists() else None, args.model_dir)  # fmt: skip
     magika_labels = set(MAGIKA_NAMES.values()) | MAGIKA_LISP
     labels = sorted(set(y_true))
     print(f"frozen test set {FROZEN_TEST.name} (sha256 {frozen_digest_of(FROZEN_TEST)[:16]}): {len(texts)} files, "
-          f"{len({f['group'] for f in test})} projects, {len(labels)} labels; content only; ours one process "
+          f"{len({f['group'] for f in test})} projects, {len(labels)} labels ({drift['test']['frozen_missing']} frozen "
+          f"files missing from the data); content only; ours one process "
           f"(temperature {cal['temperature']}), magika at its default settings (identify_paths)")  # fmt: skip
     sections = {"all files, all labels (a label magika lacks counts as its error)": list(range(len(texts))),
                 "labels magika has": [i for i, y in enumerate(y_true) if y in magika_labels]}  # fmt: skip

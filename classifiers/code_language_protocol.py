@@ -156,6 +156,45 @@ def load_frozen(path: Path) -> dict:
     return frozen
 
 
+# `unknown` prose comes from /usr/share/doc of the packages installed here: a Debian update to one of them
+# (chromium's changelog) changes a frozen file's hash. A drift this small is scored without the changed files and
+# reported; a larger one means other data, and the set must be re-crawled or frozen anew.
+MAX_FROZEN_DRIFT = 0.005
+
+
+def match_frozen(held: list[dict], frozen: dict, max_drift: float = MAX_FROZEN_DRIFT) -> dict:
+    """Hold `held` (the files of a frozen set's projects) to the frozen list: a file not on it gets split
+    `not_frozen` (neither trained nor scored), and frozen files the data no longer gives are counted. Raises
+    ValueError naming the labels and projects when more than `max_drift` of the frozen files are missing."""
+    wanted = {(sha, label) for sha, label in frozen["files"]}
+    present: set[tuple[str, str]] = set()
+    extra: Counter = Counter()
+    for f in held:
+        key = (text_sha256(f["text"]), f["label"])
+        if key in wanted:
+            present.add(key)
+        else:
+            f["split"] = "not_frozen"
+            extra[f["group"]] += 1
+    missing = wanted - present
+    if len(missing) > max_drift * len(wanted):
+        by_label = Counter(label for _, label in missing).most_common(5)
+        projects = sorted(set(frozen["groups"]) - {f["group"] for f in held})
+        raise ValueError(
+            f"frozen {frozen['name']} set: {len(missing)} of {len(wanted)} files are missing from the data (more "
+            f"than {max_drift:.1%}; by label {by_label}; projects with no file: {projects[:8]}"
+            f"{' ...' if len(projects) > 8 else ''}). Crawl the same snapshots; `unknown` prose comes from "
+            f"/usr/share/doc, so install what `make test` installs (make browser-deps postgres-deps); or freeze a "
+            f"new version"
+        )
+    return {
+        "frozen_files": len(wanted),
+        "frozen_missing": len(missing),
+        "not_frozen": sum(extra.values()),
+        "not_frozen_groups": dict(extra.most_common(5)),
+    }
+
+
 # --- calibration -----------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from classifiers.code_language_protocol import (
     frozen_digest,
     frozen_set,
     load_frozen,
+    match_frozen,
     split_groups,
     write_frozen,
 )
@@ -91,6 +92,25 @@ def test_frozen_set_round_trip_and_tamper(tmp_path):
     path.write_text(json.dumps({**frozen, "groups": ["Go-p9"]}))
     with pytest.raises(ValueError, match="does not match"):
         load_frozen(path)
+
+
+def test_match_frozen_scores_only_frozen_files_and_bounds_the_drift():
+    held = _files("Python", 4, 50) + _files(UNKNOWN, 2, 50)
+    frozen = frozen_set(held, "test", 0)
+    held[-1]["text"] += " (a Debian update to this changelog)"  # one unknown file changed upstream
+    for f in held:
+        f["split"] = "test"
+    info = match_frozen(held, frozen)
+    assert (info["frozen_files"], info["frozen_missing"], info["not_frozen"]) == (300, 1, 1)
+    assert held[-1]["split"] == "not_frozen"  # neither trained on nor scored
+    assert sum(f["split"] == "test" for f in held) == 299
+    held[0]["text"] += " changed"
+    with pytest.raises(ValueError, match="2 of 300 files are missing") as err:
+        match_frozen(held, frozen)  # 2 > 0.5% of 300
+    assert "('Python', 1)" in str(err.value) and "('unknown', 1)" in str(err.value)
+    gone = [f for f in held if f["group"] != "Python-p3"]
+    with pytest.raises(ValueError, match="projects with no file: \\['Python-p3'\\]"):
+        match_frozen(gone, frozen)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2", "v3"])

@@ -7,9 +7,9 @@
 
 Issue 19, the frozen protocol (see README, "Frozen protocol"):
 
-    .venv/bin/python benchmarks/code_lang_id.py crawl --state STATE_DIR    # code-0001, code-langs-0001, -0002
+    .venv/bin/python benchmarks/code_lang_id.py crawl --state STATE_DIR    # code-0001, code-langs-0001 to -0003
     .venv/bin/python benchmarks/code_lang_id.py train --data STATE_DIR:code-0001 STATE_DIR:code-langs-0001 \
-        STATE_DIR:code-langs-0002 --frozen-version v3 --out DIR
+        STATE_DIR:code-langs-0002 STATE_DIR:code-langs-0003 --frozen-version v3 --out DIR
     .venv/bin/python benchmarks/code_lang_id.py protocol --data ... --model-dir DIR    # ours vs magika
     .venv/bin/python benchmarks/code_lang_id.py log-test DIR    # re-log a finished test report to MLflow
 
@@ -347,8 +347,8 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "classifiers" / "data"
 FROZEN_TEST = DATA_DIR / "code_language_test_v1.json"
 FROZEN_DEV = DATA_DIR / "code_language_dev_v1.json"
 # snapshots the classifier is trained from: tiny's crawl (33 languages) + classifiers/data/code_language_extra.yaml
-# + code_language_extra2.yaml
-DEFAULT_DATA = ["code-0001", "code-langs-0001", "code-langs-0002"]
+# + code_language_extra2.yaml + code_language_extra3.yaml (more training projects for labels with few)
+DEFAULT_DATA = ["code-0001", "code-langs-0001", "code-langs-0002", "code-langs-0003"]
 
 
 def use_frozen_version(version: str) -> None:
@@ -759,6 +759,7 @@ PROTOCOL_MANIFESTS = {
     "code-0001": "pipelines/code/manifests/tiny.yaml",
     "code-langs-0001": "classifiers/data/code_language_extra.yaml",
     "code-langs-0002": "classifiers/data/code_language_extra2.yaml",
+    "code-langs-0003": "classifiers/data/code_language_extra3.yaml",
 }
 
 

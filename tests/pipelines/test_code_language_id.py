@@ -236,3 +236,27 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     assert set(read_committed(store, "code/files/s1").meta["labels"]) == set(calibration["labels"])
     with pytest.raises(ValueError, match=r"code_quality.languages: \['Bash'\] are not labels"):
         train_code_quality(CodeQualityConfig(languages=["Lua", "Bash"]), store, "s1")
+
+
+def test_label_snapshot_manifests_load_and_the_newest_adds_no_frozen_held_out_project():
+    """The label snapshots `make run` crawls parse as code manifests; code-langs-0003 only adds training projects
+    (were one of its sources a frozen dev / test project, the frozen protocol would hold it out unscored)."""
+    from classifiers.code_language_protocol import load_frozen
+    from infra.settings import REPO_ROOT
+    from pipelines.code.language_protocol import frozen_paths
+    from pipelines.code.manifest import load_manifest
+
+    config = CodeLanguageIdConfig()
+    manifests = {snap: load_manifest(REPO_ROOT / path) for snap, path in config.label_snapshots.items()}
+    assert all(m.sources for m in manifests.values())
+    held_out = {
+        g for path in frozen_paths(config.frozen_version).values() for g in load_frozen(path)["groups"]
+    }
+    newest = {f"{s.kind}:{s.name}" for s in manifests["code-langs-0003"].sources}
+    assert len(newest) == len(manifests["code-langs-0003"].sources) == 50
+    assert not newest & held_out
+    corpus = load_manifest(REPO_ROOT / "pipelines/code/manifests/tiny.yaml")  # code-0001, the corpus crawl
+    earlier = {
+        f"{s.kind}:{s.name}" for snap, m in manifests.items() if snap != "code-langs-0003" for s in m.sources
+    }
+    assert not newest & (earlier | {f"{s.kind}:{s.name}" for s in corpus.sources})

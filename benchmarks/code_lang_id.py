@@ -439,6 +439,7 @@ def train_main(argv: list[str]) -> dict:
         calibration_report,
         fit_temperature,
         load_frozen,
+        paired_project_bootstrap,
     )  # fmt: skip
     from classifiers.fasttext_train import FastTextParams
     from pipelines.code.language_protocol import training_sample
@@ -476,7 +477,7 @@ def train_main(argv: list[str]) -> dict:
     def predict(clf: CodeLanguageClassifier, texts: list[str]) -> list[dict[str, float]]:
         return clf.predict_content(texts, k=-1)
 
-    best = None
+    best, dev_correct = None, {}
     for epoch in args.epochs:  # every choice on dev
         params = FastTextParams(lr=0.5, epoch=epoch, dim=100, word_ngrams=2, minn=0, maxn=0, min_count=1,
                                 bucket=200_000, threads=args.threads, seed=args.seed)  # fmt: skip
@@ -490,12 +491,24 @@ def train_main(argv: list[str]) -> dict:
             by["dev"]
         )
         print(f"epoch {epoch}: dev accuracy {acc:.4f} ({time.time() - t0:.0f}s)")
+        dev_correct[epoch] = [
+            max(p, key=p.get) == f["label"] for p, f in zip(dev_probs, by["dev"], strict=True)
+        ]
         if best is None or acc > best[0]:
             best = (acc, epoch, path, dev_probs)
     dev_acc, epoch, path, dev_probs = best
+    # how far dev resolves the choice: the chosen epoch against each other candidate, projects resampled
+    margins = {}
+    for other in (e for e in args.epochs if e != epoch):
+        diff, lo, hi = paired_project_bootstrap(dev_correct[other], dev_correct[epoch],
+                                                [f["group"] for f in by["dev"]], seed=args.seed)  # fmt: skip
+        margins[str(other)] = {"difference": round(diff, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+        print(f"epoch {epoch} - epoch {other}: {diff:+.4f} dev accuracy, 95% [{lo:+.4f}, {hi:+.4f}] over "
+              f"resampled projects{'' if lo > 0 else ' (not resolved: the interval holds 0)'}")  # fmt: skip
     dev_true = [f["label"] for f in by["dev"]]
     temperature = fit_temperature(dev_probs, dev_true)
     cal = {"epoch": epoch, "temperature": temperature, "dev_accuracy": round(dev_acc, 4), "labels": labels,
+           "dev_margin_over": margins,
            "frozen_test_sha256": (FROZEN_TEST.with_suffix(".json.sha256")).read_text().split()[0]}  # fmt: skip
     final = args.out / "code_language.bin"
     final.write_bytes(path.read_bytes())

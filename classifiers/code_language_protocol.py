@@ -257,6 +257,29 @@ def calibration_report(y_true: Sequence[str], y_pred: Sequence[str], conf: Seque
     }
 
 
+def paired_project_bootstrap(correct_a: Sequence[bool], correct_b: Sequence[bool], groups: Sequence[str],
+                             draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:  # fmt: skip
+    """Accuracy of B minus A on the same files, and its 95% interval when whole projects are resampled: files of
+    one project err together, so a per-file interval would claim a resolution dev does not have."""
+    import random
+
+    by: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # project -> [sum of differences, files]
+    for a, b, g in zip(correct_a, correct_b, groups, strict=True):
+        by[g][0] += int(b) - int(a)
+        by[g][1] += 1
+    cells = list(by.values())
+    if not cells:
+        raise ValueError("paired_project_bootstrap: no files")
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(draws):
+        picked = [cells[rng.randrange(len(cells))] for _ in cells]
+        stats.append(sum(c[0] for c in picked) / sum(c[1] for c in picked))
+    stats.sort()
+    diff = sum(c[0] for c in cells) / sum(c[1] for c in cells)
+    return diff, stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
+
+
 def decide_unknown(probs: dict[str, float], min_prob: float) -> tuple[str, float]:
     """Top label and its probability; `unknown` when the top probability is under `min_prob`."""
     if not probs:

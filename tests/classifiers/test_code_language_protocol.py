@@ -21,6 +21,7 @@ from classifiers.code_language_protocol import (
     frozen_set,
     load_frozen,
     match_frozen,
+    paired_project_bootstrap,
     split_groups,
     write_frozen,
 )
@@ -181,3 +182,21 @@ def test_repo_v3_keeps_every_v2_held_out_project():
         assert not v3 & set(
             load_frozen(DATA / f"code_language_{'dev' if name == 'test' else 'test'}_v3.json")["groups"]
         )
+
+
+def test_paired_project_bootstrap_resolves_broad_gains_not_one_projects():
+    groups = [f"p{i // 20}" for i in range(2000)]  # 100 projects of 20 files
+    a = [i % 10 != 0 for i in range(2000)]  # 90% right
+    assert paired_project_bootstrap(a, a, groups) == (0.0, 0.0, 0.0)
+    broad = [x or (i % 20 == 0 and i % 80 != 0) for i, x in enumerate(a)]  # a fix in 3 of every 4 projects
+    diff, lo, hi = paired_project_bootstrap(a, broad, groups)
+    assert diff == pytest.approx(0.0375) and 0 < lo < diff < hi
+    one = [x or g == "p7" for x, g in zip(a, groups, strict=True)]  # all of one project's errors fixed
+    one = [y if g != "p8" else False for y, g in zip(one, groups, strict=True)]  # and one project broken
+    diff, lo, hi = paired_project_bootstrap(a, one, groups)
+    assert diff == pytest.approx((2 - 18) / 2000) and lo < 0 < hi  # a project each way: not resolved
+    assert paired_project_bootstrap(a, one, groups, seed=3) == paired_project_bootstrap(
+        a, one, groups, seed=3
+    )
+    with pytest.raises(ValueError):
+        paired_project_bootstrap([], [], [])

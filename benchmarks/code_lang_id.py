@@ -12,6 +12,8 @@ Issue 19, the frozen protocol (see README, "Frozen protocol"):
         STATE_DIR:code-langs-0002 STATE_DIR:code-langs-0003 --frozen-version v3 --out DIR
     .venv/bin/python benchmarks/code_lang_id.py protocol --data ... --model-dir DIR    # ours vs magika
     .venv/bin/python benchmarks/code_lang_id.py log-test DIR    # re-log a finished test report to MLflow
+    .venv/bin/python benchmarks/code_lang_id.py train --dev-only --epochs 140 --threads 1 --seed 1 --out DIR
+        # a recipe variant scored on dev only (flags: --train-group-cap, --max-train-per-label, --dim, ...)
 
 `train` splits projects into train / dev / test (or reads the frozen split in `classifiers/data/`), chooses the
 epochs and the temperature on dev and scores the frozen test set once; `protocol` runs ours and magika (its own
@@ -378,6 +380,14 @@ def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: in
     return kept, info
 
 
+def protocol_seed(seed: int) -> int:
+    """The seed that picks the held-out files and the `unknown` texts: the frozen set's own once there is one (any
+    other gives other files, which the frozen lists then miss), else `seed` (freezing a new version)."""
+    from classifiers.code_language_protocol import load_frozen
+
+    return load_frozen(FROZEN_TEST)["seed"] if FROZEN_TEST.exists() else seed
+
+
 def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) -> dict:
     """Split by project, or read the frozen split: the first run freezes test and dev (their groups and file
     hashes, sha256 next to them in classifiers/data/); later runs reuse those groups, so no choice can move them.
@@ -459,13 +469,20 @@ def train_main(argv: list[str]) -> dict:
     ap.add_argument("--max-train-per-label", type=int, default=1500)
     ap.add_argument("--min-files", type=int, default=60, help="labels with fewer files are left out")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the training sample's and fastText's (files and split follow the frozen set's own seed)")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="directory for the model and its calibration")
+    ap.add_argument("--dim", type=int, default=100, help="fastText vector size")
+    ap.add_argument("--vocabulary-min-groups", type=int, default=6,
+                    help="tokens seen in fewer training projects become their shape")  # fmt: skip
+    ap.add_argument("--dev-only", action="store_true",
+                    help="stop after dev (a recipe sweep): the frozen test set is not predicted or scored")  # fmt: skip
     args = ap.parse_args(argv)
     use_frozen_version(args.frozen_version)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    files, info = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
-    info.update(assign_splits(files, args.seed, args.extend_from))
+    data_seed = protocol_seed(args.seed)
+    files, info = protocol_files(args.data, data_seed, args.per_group_cap, args.min_files)
+    info.update(assign_splits(files, data_seed, args.extend_from))
     by = {s: [f for f in files if f["split"] == s] for s in ("train", "dev", "test")}
     train = training_sample(files, args.train_group_cap, args.max_train_per_label, args.seed)
     labels = sorted({f["label"] for f in files})
@@ -479,12 +496,12 @@ def train_main(argv: list[str]) -> dict:
 
     best, dev_correct = None, {}
     for epoch in args.epochs:  # every choice on dev
-        params = FastTextParams(lr=0.5, epoch=epoch, dim=100, word_ngrams=2, minn=0, maxn=0, min_count=1,
+        params = FastTextParams(lr=0.5, epoch=epoch, dim=args.dim, word_ngrams=2, minn=0, maxn=0, min_count=1,
                                 bucket=200_000, threads=args.threads, seed=args.seed)  # fmt: skip
         t0 = time.time()
         path = args.out / f"code_language_e{epoch}.bin"
         train_code_language_model([(f["label"], f["text"]) for f in train], params, path,
-                                  groups=[f["group"] for f in train], min_groups=6)  # fmt: skip
+                                  groups=[f["group"] for f in train], min_groups=args.vocabulary_min_groups)  # fmt: skip
         clf = CodeLanguageClassifier.load(path)
         dev_probs = predict(clf, [f["text"] for f in by["dev"]])
         acc = sum(max(p, key=p.get) == f["label"] for p, f in zip(dev_probs, by["dev"], strict=True)) / len(
@@ -519,6 +536,8 @@ def train_main(argv: list[str]) -> dict:
     )
     print(f"chosen on dev: epoch {epoch}, temperature {temperature}; dev calibration {dev_report}")
 
+    if args.dev_only:
+        return {**cal, "dev_report": dev_report}
     # the frozen test set: scored once for this model version
     load_frozen(FROZEN_TEST)
     clf = CodeLanguageClassifier.load(final, temperature=temperature)
@@ -690,9 +709,9 @@ def protocol_bench_main(argv: list[str]) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.model_snapshot:
         args.model_dir = fetch_committed_model(args.model_snapshot)
-    files, _ = protocol_files(args.data, args.seed, args.per_group_cap, args.min_files)
+    files, _ = protocol_files(args.data, protocol_seed(args.seed), args.per_group_cap, args.min_files)
     # raises if the data no longer gives the frozen sets
-    drift = assign_splits(files, args.seed)["frozen_drift"]
+    drift = assign_splits(files, protocol_seed(args.seed))["frozen_drift"]
     cal_extra = {"frozen_drift": drift}
     test = sorted((f for f in files if f["split"] == "test"), key=lambda f: f["id"])
     load_frozen(FROZEN_TEST)  # checked against its sha256

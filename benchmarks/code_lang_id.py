@@ -504,13 +504,11 @@ def train_main(argv: list[str]) -> dict:
                                   groups=[f["group"] for f in train], min_groups=args.vocabulary_min_groups)  # fmt: skip
         clf = CodeLanguageClassifier.load(path)
         dev_probs = predict(clf, [f["text"] for f in by["dev"]])
-        acc = sum(max(p, key=p.get) == f["label"] for p, f in zip(dev_probs, by["dev"], strict=True)) / len(
-            by["dev"]
-        )
-        print(f"epoch {epoch}: dev accuracy {acc:.4f} ({time.time() - t0:.0f}s)")
         dev_correct[epoch] = [
             max(p, key=p.get) == f["label"] for p, f in zip(dev_probs, by["dev"], strict=True)
         ]
+        acc = sum(dev_correct[epoch]) / len(by["dev"])
+        print(f"epoch {epoch}: dev accuracy {acc:.4f} ({time.time() - t0:.0f}s)")
         if best is None or acc > best[0]:
             best = (acc, epoch, path, dev_probs)
     dev_acc, epoch, path, dev_probs = best

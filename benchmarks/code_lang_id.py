@@ -707,10 +707,11 @@ def protocol_bench_main(argv: list[str]) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.model_snapshot:
         args.model_dir = fetch_committed_model(args.model_snapshot)
-    files, _ = protocol_files(args.data, protocol_seed(args.seed), args.per_group_cap, args.min_files)
-    # raises if the data no longer gives the frozen sets
-    drift = assign_splits(files, protocol_seed(args.seed))["frozen_drift"]
-    cal_extra = {"frozen_drift": drift}
+    data_seed = protocol_seed(args.seed)
+    files, _ = protocol_files(args.data, data_seed, args.per_group_cap, args.min_files)
+    drift = assign_splits(files, data_seed)[
+        "frozen_drift"
+    ]  # raises if the data no longer gives the frozen sets
     test = sorted((f for f in files if f["split"] == "test"), key=lambda f: f["id"])
     load_frozen(FROZEN_TEST)  # checked against its sha256
     texts, y_true = [f["text"] for f in test], [f["label"] for f in test]
@@ -729,7 +730,7 @@ def protocol_bench_main(argv: list[str]) -> dict:
     ]
     speed["magika"] = len(texts) / mg_s
     counts = args.model_dir / "train_counts.json"
-    report_frozen_test(test, probs, ours_s, sorted(set(y_true)), {**cal, **cal_extra},
+    report_frozen_test(test, probs, ours_s, sorted(set(y_true)), {**cal, "frozen_drift": drift},
                        json.loads(counts.read_text()) if counts.exists() else None, args.model_dir)  # fmt: skip
     magika_labels = set(MAGIKA_NAMES.values()) | MAGIKA_LISP
     labels = sorted(set(y_true))

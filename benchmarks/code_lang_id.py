@@ -350,7 +350,8 @@ FROZEN_TEST = DATA_DIR / "code_language_test_v1.json"
 FROZEN_DEV = DATA_DIR / "code_language_dev_v1.json"
 # snapshots the classifier is trained from: tiny's crawl (33 languages) + classifiers/data/code_language_extra.yaml
 # + code_language_extra2.yaml + code_language_extra3.yaml (more training projects for labels with few)
-DEFAULT_DATA = ["code-0001", "code-langs-0001", "code-langs-0002", "code-langs-0003"]
+# the corpus crawl `make run` makes, then the pipeline's label and dev-only snapshots
+DEFAULT_DATA = ["code-0001", *CodeLanguageIdConfig().label_snapshots, *CodeLanguageIdConfig().dev_snapshots]
 
 
 def use_frozen_version(version: str) -> None:
@@ -371,28 +372,35 @@ def protocol_files(data: list[str], seed: int, per_group_cap: int, min_files: in
     profile = load_profile()
     stats: Counter = Counter()
     files: list[dict] = []
+    dev_snapshots = CodeLanguageIdConfig().dev_snapshots
     for spec in data:
         state, _, snapshot = spec.rpartition(":")
         store = open_store(profile.store, Path(state) if state else profile.state_path)
-        files += labelled_files(read_shards(store, f"code/raw/{snapshot}"), CodeLanguageIdConfig(), stats)
+        for f in labelled_files(read_shards(store, f"code/raw/{snapshot}"), CodeLanguageIdConfig(), stats):
+            files.append({**f, "dev_only": snapshot in dev_snapshots})
     kept, info = build(files + unknown_files(default_cache_dir(), seed), seed, per_group_cap, min_files)
     info["stats"].update(stats)
     return kept, info
 
 
-def protocol_seed(seed: int) -> int:
+def protocol_seed(seed: int, extend_from: str | None = None) -> int:
     """The seed that picks the held-out files and the `unknown` texts: the frozen set's own once there is one (any
-    other gives other files, which the frozen lists then miss), else `seed` (freezing a new version)."""
+    other gives other files, which the frozen lists then miss), else the version it extends, else `seed`."""
     from classifiers.code_language_protocol import load_frozen
 
-    return load_frozen(FROZEN_TEST)["seed"] if FROZEN_TEST.exists() else seed
+    if FROZEN_TEST.exists():
+        return load_frozen(FROZEN_TEST)["seed"]
+    if extend_from:
+        return load_frozen(DATA_DIR / f"code_language_test_{extend_from}.json")["seed"]
+    return seed
 
 
 def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) -> dict:
     """Split by project, or read the frozen split: the first run freezes test and dev (their groups and file
     hashes, sha256 next to them in classifiers/data/); later runs reuse those groups, so no choice can move them.
     `extend_from` (an earlier version) freezes a new version that keeps the earlier held-out projects and splits
-    only labels added since (`code_language_protocol.extend_split`)."""
+    only labels added since (`code_language_protocol.extend_split`); the projects of dev-only crawls join dev, and
+    when the test projects are the earlier version's, its test file is kept byte for byte (same sha256)."""
     from classifiers.code_language_protocol import (
         component_groups,
         extend_split,
@@ -402,29 +410,32 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
         split_groups,
         write_frozen,
     )  # fmt: skip
-    from pipelines.code.language_protocol import drop_held_out_copies
+    from pipelines.code.language_protocol import check_dev_only_groups, drop_held_out_copies, frozen_side
 
+    dev_only = check_dev_only_groups(files)
     made = component_groups(files, min_groups=4)
-    capped = [f for f in files if not f["over_cap"]]
+    capped = [f for f in files if not f["over_cap"] and not f.get("dev_only")]
+    earlier_test = None
     if FROZEN_TEST.exists():
         test_groups = set(load_frozen(FROZEN_TEST)["groups"])
         dev_groups = set(load_frozen(FROZEN_DEV)["groups"])
-        where = {f["group"]: "test" if f["group"] in test_groups else "dev" if f["group"] in dev_groups else "train"
-                 for f in files}  # fmt: skip
-    elif extend_from:  # a new version: the earlier one's held-out projects stay, new labels are split
-        earlier = {
-            name: load_frozen(DATA_DIR / f"code_language_{name}_{extend_from}.json")
-            for name in ("test", "dev")
-        }
-        previous = {g: name for name, frozen in earlier.items() for g in frozen["groups"]}
-        labels = {label for frozen in earlier.values() for _, label in frozen["files"]}
-        where = extend_split(capped, previous, labels, seed)
     else:
-        where = split_groups(capped, seed)
+        if extend_from:  # a new version: the earlier one's held-out projects stay, new labels are split
+            earlier = {
+                name: DATA_DIR / f"code_language_{name}_{extend_from}.json" for name in ("test", "dev")
+            }
+            frozen = {name: load_frozen(path) for name, path in earlier.items()}
+            previous = {g: name for name, fz in frozen.items() for g in fz["groups"]}
+            labels = {label for fz in frozen.values() for _, label in fz["files"]}
+            where = extend_split(capped, previous, labels, seed)
+        else:
+            where = split_groups(capped, seed)
+        test_groups = {g for g, side in where.items() if side == "test"}
+        dev_groups = {g for g, side in where.items() if side == "dev"} | dev_only
+        if extend_from and test_groups <= set(frozen["test"]["groups"]):  # no new test project
+            earlier_test, test_groups = earlier["test"], set(frozen["test"]["groups"])
     for f in files:
-        f["split"] = where.get(f["group"], "train")
-        if f["over_cap"] and f["split"] != "train":
-            f["split"] = "over_cap"
+        f["split"] = frozen_side(f, test_groups, dev_groups)
     dropped = drop_held_out_copies(files)
     drift = {}
     for name, path in (("test", FROZEN_TEST), ("dev", FROZEN_DEV)):
@@ -436,6 +447,10 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
                 raise SystemExit(f"{path.name}: {e}") from None
             if drift[name]["frozen_missing"] or drift[name]["not_frozen"]:
                 log.warning("%s: %s", path.name, drift[name])
+        elif name == "test" and earlier_test is not None:  # the same test set: the same bytes and sha256
+            path.write_bytes(earlier_test.read_bytes())
+            path.with_suffix(".json.sha256").write_text(f"{frozen_digest_of(earlier_test)}  {path.name}\n")
+            drift[name] = match_frozen(held, load_frozen(path))
         else:
             write_frozen(frozen_set(held, name, seed), path)
     return {"split_by_component": made, "held_out_in_train": dropped, "frozen_drift": drift}
@@ -480,7 +495,7 @@ def train_main(argv: list[str]) -> dict:
     args = ap.parse_args(argv)
     use_frozen_version(args.frozen_version)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    data_seed = protocol_seed(args.seed)
+    data_seed = protocol_seed(args.seed, args.extend_from)
     files, info = protocol_files(args.data, data_seed, args.per_group_cap, args.min_files)
     info.update(assign_splits(files, data_seed, args.extend_from))
     by = {s: [f for f in files if f["split"] == s] for s in ("train", "dev", "test")}
@@ -788,9 +803,8 @@ def frozen_digest_of(path: Path) -> str:
 # the snapshots DEFAULT_DATA names and the manifests they are crawled from
 PROTOCOL_MANIFESTS = {
     "code-0001": "pipelines/code/manifests/tiny.yaml",
-    "code-langs-0001": "classifiers/data/code_language_extra.yaml",
-    "code-langs-0002": "classifiers/data/code_language_extra2.yaml",
-    "code-langs-0003": "classifiers/data/code_language_extra3.yaml",
+    **CodeLanguageIdConfig().label_snapshots,
+    **CodeLanguageIdConfig().dev_snapshots,
 }
 
 

@@ -29,16 +29,18 @@ def component_groups(files: list[dict], min_groups: int) -> dict[str, int]:
     """A label found in fewer than `min_groups` projects cannot be split three ways by project: its files in its
     largest project are regrouped by component (the two directories below their common prefix, e.g.
     `lib/mix` vs `lib/ex_unit`). Mutates `group`; returns label -> components made (reported as a caveat: the
-    split of such a label is by component, not by project)."""
+    split of such a label is by component, not by project). Dev-only projects (`dev_only`) are not counted: adding
+    them must not regroup a project a frozen set was made with."""
     by_label: dict[str, Counter] = defaultdict(Counter)
     for f in files:
-        by_label[f["label"]][f["group"]] += 1
+        if not f.get("dev_only"):
+            by_label[f["label"]][f["group"]] += 1
     made = {}
     for label, groups in by_label.items():
         if len(groups) >= min_groups:
             continue
         main = groups.most_common(1)[0][0]
-        mine = [f for f in files if f["label"] == label and f["group"] == main]
+        mine = [f for f in files if f["label"] == label and f["group"] == main and not f.get("dev_only")]
         dirs = [f["path"].split("/")[:-1] for f in mine]
         common = 0
         while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:

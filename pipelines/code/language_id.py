@@ -67,6 +67,11 @@ class CodeLanguageIdConfig(BaseModel):
         description="Crawls that source the labels a corpus crawl lacks: snapshot -> manifest (repo-relative); "
         "crawled into <in_prefix>/<snapshot> once, then reused",
     )
+    dev_snapshots: dict[str, str] = Field(
+        {},
+        description="Crawls whose projects only ever serve the frozen dev set (never train): snapshot -> manifest; "
+        "crawled like label_snapshots",
+    )
     unknown_label: bool = Field(
         True, description="Train an `unknown` label on logs, prose, CSV, minified and encoded text"
     )
@@ -382,12 +387,15 @@ def _frozen_protocol_split(
 ):
     """The partition's files plus the label snapshots' (crawled here the first time) and the `unknown` texts;
     train on all but the frozen test and dev projects, score on dev (`pipelines/code/language_protocol.py`)."""
-    for name, manifest in config.label_snapshots.items():
+    for name, manifest in {**config.label_snapshots, **config.dev_snapshots}.items():
         prefix = partition_prefix(config.in_prefix, name)
         if not is_committed(store, prefix):  # a killed crawl leaves files but no pointer: crawl again
             log.info("language id: crawling label snapshot %s from %s", name, manifest)
             crawl_code(CodeCrawlConfig(manifest=manifest), store, name)
-        files = files + labelled_files(read_shards(store, prefix), config, stats)
+        dev_only = name in config.dev_snapshots
+        files = files + [
+            {**f, "dev_only": dev_only} for f in labelled_files(read_shards(store, prefix), config, stats)
+        ]
     if config.unknown_label:
         files = files + language_protocol.unknown_files(default_cache_dir(), config.seed)
     files, info = language_protocol.protocol_files(

@@ -84,7 +84,10 @@ def protocol_files(
     seen: set[str] = set()
     per_group: Counter = Counter()
     kept = []
-    for f in sorted(labelled, key=lambda f: (f["group"], _hash_key(seed, f["path"]))):
+    # dev-only files come last, so a copy of a file in a training or frozen project never moves to them
+    for f in sorted(
+        labelled, key=lambda f: (bool(f.get("dev_only")), f["group"], _hash_key(seed, f["path"]))
+    ):
         sha = text_sha256(f["text"])
         if sha in seen:
             stats["dropped/duplicate_content"] += 1
@@ -137,15 +140,36 @@ def apply_frozen_split(files: list[dict], version: str) -> dict:
                                     f"{sorted(p.stem.rsplit('_', 1)[1] for p in FROZEN_DIR.glob('code_language_test_*.json'))} "
                                     f"or null (package split)")  # fmt: skip
     groups = {name: set(load_frozen(path)["groups"]) for name, path in paths.items()}
+    check_dev_only_groups(files)
     made = component_groups(
         files, min_groups=4
     )  # as when frozen: a label of few projects splits by component
     for f in files:
-        side = "test" if f["group"] in groups["test"] else "dev" if f["group"] in groups["dev"] else "train"
-        f["split"] = "over_cap" if f["over_cap"] and side != "train" else side
+        f["split"] = frozen_side(f, groups["test"], groups["dev"])
     counts = Counter(f["split"] for f in files)
     return {"held_out_in_train": drop_held_out_copies(files), "split_by_component": made,
             **{f"files/{k}": v for k, v in counts.items()}}  # fmt: skip
+
+
+def frozen_side(f: dict, test_groups: set[str], dev_groups: set[str]) -> str:
+    """A file's split under frozen test / dev groups: held out if its project is, else train. An over-cap file of a
+    held-out project is not used; so is a dev-only file (a crawl of `dev_snapshots`) whose project is in neither
+    set, since such a project must never train."""
+    side = "test" if f["group"] in test_groups else "dev" if f["group"] in dev_groups else "train"
+    if f.get("dev_only") and side != "dev":
+        return "unused_dev_only"
+    return "over_cap" if f["over_cap"] and side != "train" else side
+
+
+def check_dev_only_groups(files: list[dict]) -> set[str]:
+    """The projects of dev-only crawls; raises ValueError if one of them also has files in a training crawl
+    (the same project on both sides of the split)."""
+    dev_only = {f["group"] for f in files if f.get("dev_only")}
+    shared = sorted(dev_only & {f["group"] for f in files if not f.get("dev_only")})
+    if shared:
+        raise ValueError(f"projects both in a dev-only crawl and in a training crawl: {shared[:8]}; remove them "
+                         f"from one of the manifests")  # fmt: skip
+    return dev_only
 
 
 def training_sample(files: list[dict], group_cap: int, per_label: int, seed: int) -> list[dict]:

@@ -200,3 +200,32 @@ def test_paired_project_bootstrap_resolves_broad_gains_not_one_projects():
     )
     with pytest.raises(ValueError):
         paired_project_bootstrap([], [], [])
+
+
+def test_dev_only_projects_regroup_nothing_never_train_and_may_not_share_a_training_project():
+    from pipelines.code.language_protocol import check_dev_only_groups, frozen_side
+
+    def elixir() -> list[dict]:
+        return [{"label": "Elixir", "group": "deb:elixir", "path": f"elixir/lib/{c}/lib/f{i}.ex", "text": "x"}
+                for c in ("mix", "ex_unit") for i in range(3)] + _files("Elixir", 2, 3)  # fmt: skip
+
+    before = elixir()
+    component_groups(before, min_groups=4)
+    # two dev-only projects bring Elixir to five: counted, they would stop splitting deb:elixir by component and
+    # move the frozen sets' `deb:elixir#mix/lib` files into training
+    dev = [{**f, "dev_only": True} for f in _files("Elixir", 4, 3)[6:]]
+    after = elixir() + dev
+    assert component_groups(after, min_groups=4) == {"Elixir": 2}
+    assert [f["group"] for f in after[: len(before)]] == [f["group"] for f in before]
+    assert {f["group"] for f in dev} == {"Elixir-p2", "Elixir-p3"}
+
+    test, dev_groups = {"Elixir-p0"}, {"Elixir-p2"}
+    sides = {f["group"]: frozen_side({**f, "over_cap": False}, test, dev_groups) for f in after}
+    assert sides["Elixir-p0"] == "test" and sides["Elixir-p1"] == "train" and sides["Elixir-p2"] == "dev"
+    assert sides["Elixir-p3"] == "unused_dev_only"  # a dev-only project the frozen dev set lacks never trains
+    assert frozen_side({**dev[0], "over_cap": True}, test, dev_groups) == "over_cap"
+    assert check_dev_only_groups(after) == {"Elixir-p2", "Elixir-p3"}
+    with pytest.raises(
+        ValueError, match=r"both in a dev-only crawl and in a training crawl: \['Elixir-p1'\]"
+    ):
+        check_dev_only_groups(after + [{**after[-1], "group": "Elixir-p1"}])

@@ -171,6 +171,9 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     labels = {f"hw{i}": [(f"rtl/core{j}.sv", snippet("Verilog", rng)) for j in range(6)]
               + [(f"ui/view{j}.tsx", snippet("TypeScript", rng)) for j in range(6)] for i in range(6)}  # fmt: skip
     _commit(store, "labels-1", labels, source="debian")
+    # a dev-only snapshot: its projects may only ever be dev (one is in the frozen dev set, one is not)
+    dev_only = {f"dv{i}": [(f"rtl/x{j}.sv", snippet("Verilog", rng)) for j in range(5)] for i in range(2)}
+    _commit(store, "dev-1", dev_only, source="pypi")
     # the pinned packaged logs, already unpacked in the cache (no download); the rest of `unknown` is this machine's
     for (package, version), _ in protocol.PACKAGED_LOGS.items():
         logs = default_cache_dir() / "unknown-logs" / f"{package}_{version}"
@@ -187,7 +190,7 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     frozen = tmp_path / "frozen"
     frozen.mkdir()
     test_groups = ["npm:pkg6", "debian:hw4", *unknown_groups[:3]]
-    dev_groups = ["npm:pkg7", "debian:hw5", *unknown_groups[3:6]]
+    dev_groups = ["npm:pkg7", "debian:hw5", "pypi:dv0", *unknown_groups[3:6]]
     for name, groups in (("test", test_groups), ("dev", dev_groups)):
         write_frozen(frozen_set([{"group": g, "text": g, "label": "x"} for g in groups], name, 0),
                      frozen / f"code_language_{name}_t1.json")  # fmt: skip
@@ -195,7 +198,7 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     # a second label snapshot whose earlier crawl was killed: files under its prefix, no committed pointer
     store.put_bytes("code/raw/labels-2/v-0123456789abcdef/part-00000.jsonl.gz", b"half-written")
     snapshots = {"labels-1": "unused: already crawled", "labels-2": "pipelines/code/manifests/micro.yaml"}
-    config = CodeLanguageIdConfig(label_snapshots=snapshots, frozen_version="t1",
+    config = CodeLanguageIdConfig(label_snapshots=snapshots, dev_snapshots={"dev-1": "unused"}, frozen_version="t1",
                                   min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
                                   vocabulary_min_groups=0, max_train_files_per_language=200)  # fmt: skip
     result = train_code_language_classifier(config, store, "s1")
@@ -207,6 +210,8 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
         is_committed(store, "code/raw/labels-2") and "git:crucible" in report["train_groups"]
     )  # crawled anew
     assert set(report["test_groups"]) <= set(dev_groups) and "npm:pkg7" in report["test_groups"]
+    assert "pypi:dv0" in report["test_groups"]  # the dev-only project the frozen dev set names is scored
+    assert not {"pypi:dv0", "pypi:dv1"} & set(report["train_groups"])  # and no dev-only project trains
     assert {"Verilog", "unknown"} <= set(report["test_counts"])  # scored on the dev projects
     assert report["held_out"] == "frozen dev projects (t1)"
     lid = read_committed(store, "code/language_id/s1")

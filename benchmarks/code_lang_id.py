@@ -9,7 +9,7 @@ Issue 19, the frozen protocol (see README, "Frozen protocol"):
 
     .venv/bin/python benchmarks/code_lang_id.py crawl --state STATE_DIR    # code-0001, code-langs-0001 to -0003
     .venv/bin/python benchmarks/code_lang_id.py train --data STATE_DIR:code-0001 STATE_DIR:code-langs-0001 \
-        STATE_DIR:code-langs-0002 STATE_DIR:code-langs-0003 --frozen-version v3 --out DIR
+        STATE_DIR:code-langs-0002 STATE_DIR:code-langs-0003 --frozen-version v4 --out DIR
     .venv/bin/python benchmarks/code_lang_id.py protocol --data ... --model-dir DIR    # ours vs magika
     .venv/bin/python benchmarks/code_lang_id.py log-test DIR    # re-log a finished test report to MLflow
     .venv/bin/python benchmarks/code_lang_id.py train --dev-only --epochs 140 --threads 1 --seed 1 --out DIR
@@ -470,7 +470,7 @@ def train_main(argv: list[str]) -> dict:
     from pipelines.code.language_protocol import training_sample
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py train")
-    ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
+    ap.add_argument("--frozen-version", default="v4", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA, help="[STATE_DIR:]SNAPSHOT of crawled code")
     ap.add_argument("--extend-from", default=None,
                     help="freezing a new version: keep this earlier version's held-out projects (e.g. v2)")  # fmt: skip
@@ -706,7 +706,7 @@ def protocol_bench_main(argv: list[str]) -> dict:
     from classifiers.code_language_protocol import UNKNOWN, load_frozen
 
     ap = argparse.ArgumentParser(prog="code_lang_id.py protocol")
-    ap.add_argument("--frozen-version", default="v3", help="which frozen dev / test sets (classifiers/data/)")
+    ap.add_argument("--frozen-version", default="v4", help="which frozen dev / test sets (classifiers/data/)")
     ap.add_argument("--data", nargs="+", default=DEFAULT_DATA)
     model = ap.add_mutually_exclusive_group(required=True)
     model.add_argument("--model-dir", type=Path, help="output of `code_lang_id.py train`")

@@ -68,7 +68,7 @@ class CodeLanguageIdConfig(BaseModel):
         "crawled into <in_prefix>/<snapshot> once, then reused",
     )
     dev_snapshots: dict[str, str] = Field(
-        {},
+        {"code-langs-dev-0001": "classifiers/data/code_language_dev_extra.yaml"},
         description="Crawls whose projects only ever serve the frozen dev set (never train): snapshot -> manifest; "
         "crawled like label_snapshots",
     )
@@ -76,7 +76,7 @@ class CodeLanguageIdConfig(BaseModel):
         True, description="Train an `unknown` label on logs, prose, CSV, minified and encoded text"
     )
     frozen_version: str | None = Field(
-        "v3",
+        "v4",
         description="Hold out the frozen test / dev projects of classifiers/data/code_language_{test,dev}_<v>"
         ".json: test never trains, dev scores the model and fits its temperature (null: split packages by "
         "test_fraction)",

@@ -114,7 +114,7 @@ def test_match_frozen_scores_only_frozen_files_and_bounds_the_drift():
         match_frozen(gone, frozen)
 
 
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 def test_repo_frozen_test_set_matches_its_hash(version):
     frozen = load_frozen(DATA / f"code_language_test_{version}.json")  # raises on a mismatch with its .sha256
     dev = load_frozen(DATA / f"code_language_dev_{version}.json")
@@ -182,6 +182,22 @@ def test_repo_v3_keeps_every_v2_held_out_project():
         assert not v3 & set(
             load_frozen(DATA / f"code_language_{'dev' if name == 'test' else 'test'}_v3.json")["groups"]
         )
+
+
+def test_repo_v4_is_v3_test_byte_for_byte_and_v3_dev_plus_the_dev_only_projects():
+    import yaml
+
+    assert (DATA / "code_language_test_v4.json").read_bytes() == (
+        DATA / "code_language_test_v3.json"
+    ).read_bytes()
+    v3, v4 = (load_frozen(DATA / f"code_language_dev_{v}.json") for v in ("v3", "v4"))
+    assert set(v3["groups"]) < set(v4["groups"]) and set(map(tuple, v3["files"])) <= set(
+        map(tuple, v4["files"])
+    )
+    manifest = yaml.safe_load((DATA / "code_language_dev_extra.yaml").read_text())["sources"]
+    added = set(v4["groups"]) - set(v3["groups"])
+    assert added == {f"{s['kind']}:{s['name']}" for s in manifest}  # every dev-only project gave dev files
+    assert len(v4["files"]) - len(v3["files"]) > 3000
 
 
 def test_paired_project_bootstrap_resolves_broad_gains_not_one_projects():

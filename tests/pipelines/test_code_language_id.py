@@ -265,3 +265,25 @@ def test_label_snapshot_manifests_load_and_the_newest_adds_no_frozen_held_out_pr
         f"{s.kind}:{s.name}" for snap, m in manifests.items() if snap != "code-langs-0003" for s in m.sources
     }
     assert not newest & (earlier | {f"{s.kind}:{s.name}" for s in corpus.sources})
+
+
+def test_dev_only_manifest_shares_no_project_with_training_or_the_frozen_sets():
+    """Every project of a `dev_snapshots` manifest is new: in no label snapshot, corpus manifest or frozen v3 set
+    (a shared project would put one project on both sides of the split; the pipeline refuses that at run time)."""
+    from classifiers.code_language_protocol import load_frozen
+    from infra.settings import REPO_ROOT
+    from pipelines.code.language_protocol import frozen_paths
+    from pipelines.code.manifest import load_manifest
+
+    config = CodeLanguageIdConfig()
+    assert config.dev_snapshots and not set(config.dev_snapshots) & set(config.label_snapshots)
+    paths = [
+        *config.label_snapshots.values(),
+        *(f"pipelines/code/manifests/{m}.yaml" for m in ("tiny", "heldout")),
+    ]
+    training = {f"{s.kind}:{s.name}" for p in paths for s in load_manifest(REPO_ROOT / p).sources}
+    frozen_v3 = {g.split("#")[0] for p in frozen_paths("v3").values() for g in load_frozen(p)["groups"]}
+    for manifest in config.dev_snapshots.values():
+        dev = [f"{s.kind}:{s.name}" for s in load_manifest(REPO_ROOT / manifest).sources]
+        assert len(dev) == len(set(dev)) >= 90
+        assert not set(dev) & (training | frozen_v3)

@@ -63,6 +63,7 @@ class CodeLanguageIdConfig(BaseModel):
             "code-langs-0001": "classifiers/data/code_language_extra.yaml",
             "code-langs-0002": "classifiers/data/code_language_extra2.yaml",
             "code-langs-0003": "classifiers/data/code_language_extra3.yaml",
+            "code-langs-0004": "classifiers/data/code_language_extra4.yaml",
         },
         description="Crawls that source the labels a corpus crawl lacks: snapshot -> manifest (repo-relative); "
         "crawled into <in_prefix>/<snapshot> once, then reused",

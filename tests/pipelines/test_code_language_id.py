@@ -243,28 +243,38 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
         train_code_quality(CodeQualityConfig(languages=["Lua", "Bash"]), store, "s1")
 
 
-def test_label_snapshot_manifests_load_and_the_newest_adds_no_frozen_held_out_project():
-    """The label snapshots `make run` crawls parse as code manifests; code-langs-0003 only adds training projects
-    (were one of its sources a frozen dev / test project, the frozen protocol would hold it out unscored)."""
+@pytest.mark.parametrize("snapshot,sources", [("code-langs-0003", 50), ("code-langs-0004", 36)])
+def test_label_snapshot_manifests_load_and_later_ones_add_no_frozen_held_out_project(snapshot, sources):
+    """The label snapshots `make run` crawls parse as code manifests; code-langs-0003 and -0004 only add training
+    projects (were one of their sources a frozen dev / test project, the frozen protocol would hold it out unscored,
+    and a project already in another crawl would add nothing new)."""
     from classifiers.code_language_protocol import load_frozen
     from infra.settings import REPO_ROOT
     from pipelines.code.language_protocol import frozen_paths
     from pipelines.code.manifest import load_manifest
 
     config = CodeLanguageIdConfig()
-    manifests = {snap: load_manifest(REPO_ROOT / path) for snap, path in config.label_snapshots.items()}
+    crawls = {**config.label_snapshots, **config.dev_snapshots}
+    manifests = {snap: load_manifest(REPO_ROOT / path) for snap, path in crawls.items()}
     assert all(m.sources for m in manifests.values())
     held_out = {
-        g for path in frozen_paths(config.frozen_version).values() for g in load_frozen(path)["groups"]
+        g.split("#")[0]
+        for path in frozen_paths(config.frozen_version).values()
+        for g in load_frozen(path)["groups"]
     }
-    newest = {f"{s.kind}:{s.name}" for s in manifests["code-langs-0003"].sources}
-    assert len(newest) == len(manifests["code-langs-0003"].sources) == 50
+    newest = {f"{s.kind}:{s.name}" for s in manifests[snapshot].sources}
+    assert len(newest) == len(manifests[snapshot].sources) == sources
     assert not newest & held_out
-    corpus = load_manifest(REPO_ROOT / "pipelines/code/manifests/tiny.yaml")  # code-0001, the corpus crawl
-    earlier = {
-        f"{s.kind}:{s.name}" for snap, m in manifests.items() if snap != "code-langs-0003" for s in m.sources
-    }
-    assert not newest & (earlier | {f"{s.kind}:{s.name}" for s in corpus.sources})
+    others = {f"{s.kind}:{s.name}" for snap, m in manifests.items() if snap != snapshot for s in m.sources}
+    for corpus in (
+        "tiny",
+        "heldout",
+    ):  # code-0001 (the corpus crawl) and the older benchmark's held-out crawl
+        others |= {
+            f"{s.kind}:{s.name}"
+            for s in load_manifest(REPO_ROOT / f"pipelines/code/manifests/{corpus}.yaml").sources
+        }
+    assert not newest & others
 
 
 def test_dev_only_manifest_shares_no_project_with_training_or_the_frozen_sets():

@@ -460,8 +460,8 @@ def train_main(argv: list[str]) -> dict:
     """Train (epochs chosen on dev), calibrate (temperature on dev), score the frozen test set once, log to MLflow."""
     from classifiers.code_language import train_code_language_model
     from classifiers.code_language_protocol import (
-        apply_temperature,
         calibration_report,
+        fit_marker_confidence,
         fit_temperature,
         load_frozen,
         paired_project_bootstrap,
@@ -536,14 +536,20 @@ def train_main(argv: list[str]) -> dict:
         print(f"epoch {epoch} - epoch {other}: {diff:+.4f} dev accuracy, 95% [{lo:+.4f}, {hi:+.4f}] over "
               f"resampled projects{'' if lo > 0 else ' (not resolved: the interval holds 0)'}")  # fmt: skip
     dev_true = [f["label"] for f in by["dev"]]
-    temperature = fit_temperature(dev_probs, dev_true)
-    cal = {"epoch": epoch, "temperature": temperature, "dev_accuracy": round(dev_acc, 4), "labels": labels,
-           "dev_margin_over": margins,
+    dev_texts = [f["text"] for f in by["dev"]]
+    temperature = fit_temperature(dev_probs, dev_true)  # marker-decided files do not move with it
+    clf = CodeLanguageClassifier.load(path, temperature=temperature)
+    markers = fit_marker_confidence(
+        [(hit[0], hit[1] == y) for hit, y in zip(clf.marker_hits(dev_texts), dev_true, strict=True) if hit]
+    )
+    cal = {"epoch": epoch, "temperature": temperature, "marker_confidence": markers, "dev_accuracy": round(dev_acc, 4),
+           "labels": labels, "dev_margin_over": margins,
            "frozen_test_sha256": (FROZEN_TEST.with_suffix(".json.sha256")).read_text().split()[0]}  # fmt: skip
     final = args.out / "code_language.bin"
     final.write_bytes(path.read_bytes())
     (args.out / "calibration.json").write_text(json.dumps(cal, indent=1))
-    dev_cal = [apply_temperature(p, temperature) for p in dev_probs]
+    clf.marker_confidence = markers
+    dev_cal = clf.predict_content(dev_texts, k=-1)
     dev_report = calibration_report(
         dev_true, [max(p, key=p.get) for p in dev_cal], [max(p.values()) for p in dev_cal]
     )
@@ -553,7 +559,7 @@ def train_main(argv: list[str]) -> dict:
         return {**cal, "dev_report": dev_report}
     # the frozen test set: scored once for this model version
     load_frozen(FROZEN_TEST)
-    clf = CodeLanguageClassifier.load(final, temperature=temperature)
+    clf = CodeLanguageClassifier.load(final, temperature=temperature, marker_confidence=markers)
     t0 = time.time()
     test_probs = clf.predict_content([f["text"] for f in by["test"]], k=-1)
     secs = time.time() - t0
@@ -731,7 +737,11 @@ def protocol_bench_main(argv: list[str]) -> dict:
     load_frozen(FROZEN_TEST)  # checked against its sha256
     texts, y_true = [f["text"] for f in test], [f["label"] for f in test]
     cal = json.loads((args.model_dir / "calibration.json").read_text())
-    clf = CodeLanguageClassifier.load(args.model_dir / "code_language.bin", temperature=cal["temperature"])
+    clf = CodeLanguageClassifier.load(
+        args.model_dir / "code_language.bin",
+        temperature=cal["temperature"],
+        marker_confidence=cal.get("marker_confidence"),  # absent for models calibrated before it existed
+    )
     clf.predict_content(texts[:50], k=1)
     t0 = time.time()
     probs = clf.predict_content(texts, k=1)

@@ -67,6 +67,23 @@ _STOPWORDS = frozenset(
 _MAX_MEMO = 500_000  # token -> feature memo entries (identifiers repeat across files; bounded for long runs)
 
 
+def marker_of(text: str) -> tuple[str, str] | None:
+    """The language a content marker (`content:<language>`) or the script's own header (`script:<language>`)
+    decides, with that key; None when neither does."""
+    if (lang := language_from_content_marker(text)) is not None:
+        return f"content:{lang}", lang
+    if (lang := language_from_script_header(text)) is not None:
+        return f"script:{lang}", lang
+    return None
+
+
+def marker_probability(confidence: dict[str, float] | None, key: str) -> float:
+    """A marker's probability: its own dev estimate, else its kind's (`content:*`), else all markers' (`*`)."""
+    if not confidence:
+        return 1.0
+    return confidence.get(key, confidence.get(f"{key.split(':', 1)[0]}:*", confidence.get("*", 1.0)))
+
+
 def content_window(text: str, max_chars: int | None = None) -> str:
     """What the classifier reads: the whole file if short, else its head and a window from its middle, so a
     long licence header cannot hide the code."""
@@ -257,10 +274,13 @@ class CodeLanguageClassifier:
     """A trained content model plus the rules that combine it with the priors."""
 
     def __init__(self, model, override_threshold: float = 0.98, min_confidence: float = 0.5,
-                 override_unambiguous: bool = True, temperature: float = 1.0):  # fmt: skip
+                 override_unambiguous: bool = True, temperature: float = 1.0,
+                 marker_confidence: dict[str, float] | None = None):  # fmt: skip
         self.model = model
         # temperature scaling fit on a dev set (`code_language_protocol.fit_temperature`): 1.0 = the raw softmax
         self.temperature = temperature
+        # how often each content marker / script header was right on dev (`fit_marker_confidence`); None = 1.0
+        self.marker_confidence = marker_confidence
         self.override_threshold = override_threshold
         self.override_unambiguous = override_unambiguous
         self.min_confidence = min_confidence
@@ -292,14 +312,17 @@ class CodeLanguageClassifier:
             size = -(-len(texts) // (workers * 4))
             chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
             with ProcessPoolExecutor(
-                workers, initializer=_load_worker_model, initargs=(str(self.path), self.temperature)
+                workers,
+                initializer=_load_worker_model,
+                initargs=(str(self.path), self.temperature, self.marker_confidence),
             ) as pool:  # each worker applies the markers and corrections to its chunk
                 return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
         probs, raw_top = self._probabilities([self.features.line(t) for t in texts], k)
-        # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model
+        # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model, with
+        # the probability it earned on dev (a PHP page can open with an HTML doctype)
         for i, text in enumerate(texts):
-            if (lang := language_from_content_marker(text) or language_from_script_header(text)) is not None:
-                probs[i] = {lang: 1.0}
+            if (hit := marker_of(text)) is not None:
+                probs[i] = self._marker_probs(*hit, probs[i], k)
             elif probs[i]:
                 top = max(probs[i], key=probs[i].get)
                 if top == "YAML" and (body := front_matter_body(text)) is not None:
@@ -313,6 +336,20 @@ class CodeLanguageClassifier:
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
         return probs
+
+    def _marker_probs(self, key: str, lang: str, model: dict[str, float], k: int) -> dict[str, float]:
+        """`lang` at its marker's dev probability; the rest shared out as the model's probabilities say."""
+        p = marker_probability(self.marker_confidence, key)
+        rest = {lab: q for lab, q in model.items() if lab != lang}
+        total = sum(rest.values())
+        if p >= 1.0 or total <= 0:
+            return {lang: 1.0}
+        out = {lang: p, **{lab: q * (1.0 - p) / total for lab, q in rest.items()}}
+        return dict(sorted(out.items(), key=lambda kv: -kv[1])[: k if k > 0 else None])
+
+    def marker_hits(self, texts: Sequence[str]) -> list[tuple[str, str] | None]:
+        """(marker key, language) of each text whose content marker or script header decides it, else None."""
+        return [marker_of(t) for t in texts]
 
     def _probabilities(self, lines: list[str], k: int) -> tuple[list[dict[str, float]], list[float]]:
         """The model's top-`k` probabilities, temperature-scaled over all labels (`p^(1/T)` renormalised, one
@@ -360,8 +397,10 @@ class CodeLanguageClassifier:
 _WORKER_MODEL: list[CodeLanguageClassifier] = []  # one model per worker process, loaded by the initializer
 
 
-def _load_worker_model(path: str, temperature: float = 1.0) -> None:
-    _WORKER_MODEL[:] = [CodeLanguageClassifier.load(path, temperature=temperature)]
+def _load_worker_model(path: str, temperature: float = 1.0, marker_confidence: dict | None = None) -> None:
+    _WORKER_MODEL[:] = [
+        CodeLanguageClassifier.load(path, temperature=temperature, marker_confidence=marker_confidence)
+    ]
 
 
 def _predict_in_worker(texts: list[str], k: int) -> list[dict[str, float]]:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.code_language import CodeLanguageClassifier, train_code_language_model
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
-from classifiers.code_language_protocol import calibration_report, fit_temperature
+from classifiers.code_language_protocol import calibration_report, fit_marker_confidence, fit_temperature
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
 from infra.committed import commit, is_committed
 from infra.partition_keys import partition_prefix
@@ -276,6 +276,10 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         dev_probs = clf.predict_content([f["text"] for f in test], k=-1)
         temperature = fit_temperature(dev_probs, [f["label"] for f in test])
         clf.temperature = temperature
+        hits = clf.marker_hits([f["text"] for f in test])
+        clf.marker_confidence = fit_marker_confidence(
+            [(hit[0], hit[1] == f["label"]) for hit, f in zip(hits, test, strict=True) if hit]
+        )
     t_pred = time.time()
     probs = clf.predict_content([f["text"] for f in eval_files], k=-1)
     pred_seconds = time.time() - t_pred
@@ -294,7 +298,8 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         ) / len(shebang_files)
     confusions = Counter((f["label"], p) for f, p in zip(eval_files, y_pred, strict=True) if f["label"] != p)
     # what `benchmarks/code_lang_id.py protocol --model-snapshot` reads to score this model on the frozen test set
-    calibration = {"temperature": temperature, "labels": clf.languages, "frozen_version": config.frozen_version,
+    calibration = {"temperature": temperature, "marker_confidence": clf.marker_confidence,
+                   "labels": clf.languages, "frozen_version": config.frozen_version,
                    "epoch": config.epoch, "dev_accuracy": round(report.accuracy, 4),
                    "frozen_test_sha256": language_protocol.frozen_test_digest(config.frozen_version),
                    **calibration_report([f["label"] for f in eval_files], y_pred, confidence)}  # fmt: skip

@@ -172,7 +172,7 @@ def fix_metadata(
     stats: Counter = Counter()
     transitions: Counter = Counter()
     crawled = read_committed(store, src)
-    temperature = 1.0
+    temperature, markers = 1.0, None
     origins = load_origins(store, crawled.key(ORIGINS) if ORIGINS in crawled.files else None)
     with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:
         if model_path is None:
@@ -181,14 +181,16 @@ def fix_metadata(
             )
             name = "code_language.ftz" if "code_language.ftz" in lid.files else "code_language.bin"
             model_path = fetch_file(store, lid, name, Path(tmp) / name)
-            if CALIBRATION in lid.files:  # the temperature fit on the frozen dev set
-                temperature = json.loads(store.get_bytes(lid.key(CALIBRATION)))["temperature"]
+            if CALIBRATION in lid.files:  # the temperature and marker probabilities fit on the frozen dev set
+                calibration = json.loads(store.get_bytes(lid.key(CALIBRATION)))
+                temperature, markers = calibration["temperature"], calibration.get("marker_confidence")
         clf = CodeLanguageClassifier.load(
             model_path,
             override_threshold=config.override_threshold,
             min_confidence=config.min_confidence,
             override_unambiguous=config.override_unambiguous,
             temperature=temperature,
+            marker_confidence=markers,
         )  # fmt: skip
         kept: list[dict] = []
         languages = Counter()

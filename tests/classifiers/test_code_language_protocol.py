@@ -245,3 +245,41 @@ def test_dev_only_projects_regroup_nothing_never_train_and_may_not_share_a_train
         ValueError, match=r"both in a dev-only crawl and in a training crawl: \['Elixir-p1'\]"
     ):
         check_dev_only_groups(after + [{**after[-1], "group": "Elixir-p1"}])
+
+
+def test_marker_confidence_is_each_markers_dev_hit_rate_smoothed_with_pooled_fallbacks():
+    from classifiers.code_language import marker_probability
+    from classifiers.code_language_protocol import fit_marker_confidence
+
+    hits = [("content:HTML", True)] * 126 + [("content:HTML", False)] + [("script:Shell", True)] * 18
+    conf = fit_marker_confidence(hits)
+    assert conf["content:HTML"] == round(127 / 129, 4) == 0.9845  # 126 of 127 right
+    assert conf["script:Shell"] == round(19 / 20, 4)  # 18 of 18 is not certainty
+    assert conf["content:*"] == conf["content:HTML"] and conf["*"] == round(145 / 147, 4)
+    assert marker_probability(conf, "content:JSON") == conf["content:*"]  # a marker dev never saw: its kind's
+    assert marker_probability(conf, "script:Ruby") == conf["script:*"]
+    assert marker_probability({"*": 0.97}, "script:Ruby") == 0.97
+    assert marker_probability(None, "content:HTML") == 1.0  # an uncalibrated model keeps markers decisive
+
+
+def test_a_marker_decides_at_its_dev_probability_and_the_model_shares_out_the_rest(tmp_path):
+    from classifiers.code_language import CodeLanguageClassifier, marker_of, train_code_language_model
+    from classifiers.fasttext_train import FastTextParams
+
+    php = ["<?php\necho $x;\nfunction f($a) { return $a; }\n", "<?php\n$y = array(1, 2);\n"] * 10
+    c = ["#include <stdio.h>\nint main(void) { return 0; }\n", "static int g(int x) { return x * 2; }\n"] * 10
+    path = tmp_path / "m.bin"
+    examples = [("PHP", t) for t in php] + [("C", t) for t in c]
+    train_code_language_model(examples, FastTextParams(epoch=5, dim=8, bucket=1000, threads=1, seed=0), path)
+    page = '<!DOCTYPE html>\n<html><body><?php echo "hi"; ?></body></html>\n'
+    assert marker_of(page) == ("content:HTML", "HTML") and marker_of("int x;\n") is None
+    raw = CodeLanguageClassifier.load(path)
+    assert raw.predict_content([page], k=-1) == [{"HTML": 1.0}]
+    calibrated = CodeLanguageClassifier.load(path, marker_confidence={"content:HTML": 0.9, "*": 0.95})
+    (full,) = calibrated.predict_content([page], k=-1)
+    assert full["HTML"] == 0.9 and sum(full.values()) == pytest.approx(1.0) and set(full) == {"HTML", "PHP", "C"}
+    model = raw._probabilities([raw.features.line(page)], k=-1)[0][0]
+    assert full["PHP"] / full["C"] == pytest.approx(model["PHP"] / model["C"])  # the model's odds, kept
+    assert calibrated.predict_content([page], k=1) == [{"HTML": 0.9}]
+    assert calibrated.predict_content([page] * 400, k=1, workers=2) == [{"HTML": 0.9}] * 400  # workers too
+    assert calibrated.predict_content(["#!/bin/sh\necho hi\n"], k=1) == [{"Shell": 0.95}]  # the pooled fallback

@@ -218,6 +218,9 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     calibration = json.loads(store.get_bytes(lid.key("calibration.json")))
     assert calibration["temperature"] == result.metrics["temperature"] != 1.0  # fit on dev (grid skips 1.0)
     assert "unknown" in calibration["labels"] and 0 <= calibration["ece"] <= 1
+    # the dev projects' shebang scripts: each marker's dev hit rate, (n+1)/(n+2) at best, never 1
+    assert "script:*" in calibration["marker_confidence"]
+    assert all(0 < p < 1 for p in calibration["marker_confidence"].values())
     # what the protocol benchmark needs to score this model on the frozen test set, the one it was kept from
     assert (
         calibration["frozen_test_sha256"]
@@ -230,7 +233,9 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     fix_metadata(MetadataFixConfig(), store, "s1")
     rec = next(r for r in read_shards(store, "code/files/s1") if r["metadata"]["path"].endswith(".lua"))
     calibrated = CodeLanguageClassifier.load(
-        result.extra["model_path"], temperature=calibration["temperature"]
+        result.extra["model_path"],
+        temperature=calibration["temperature"],
+        marker_confidence=calibration["marker_confidence"],
     )
     raw = CodeLanguageClassifier.load(result.extra["model_path"])
     lang = rec["metadata"]["language"]

@@ -277,9 +277,13 @@ def test_a_marker_decides_at_its_dev_probability_and_the_model_shares_out_the_re
     assert raw.predict_content([page], k=-1) == [{"HTML": 1.0}]
     calibrated = CodeLanguageClassifier.load(path, marker_confidence={"content:HTML": 0.9, "*": 0.95})
     (full,) = calibrated.predict_content([page], k=-1)
-    assert full["HTML"] == 0.9 and sum(full.values()) == pytest.approx(1.0) and set(full) == {"HTML", "PHP", "C"}
+    assert (
+        full["HTML"] == 0.9 and sum(full.values()) == pytest.approx(1.0) and set(full) == {"HTML", "PHP", "C"}
+    )
     model = raw._probabilities([raw.features.line(page)], k=-1)[0][0]
     assert full["PHP"] / full["C"] == pytest.approx(model["PHP"] / model["C"])  # the model's odds, kept
     assert calibrated.predict_content([page], k=1) == [{"HTML": 0.9}]
     assert calibrated.predict_content([page] * 400, k=1, workers=2) == [{"HTML": 0.9}] * 400  # workers too
-    assert calibrated.predict_content(["#!/bin/sh\necho hi\n"], k=1) == [{"Shell": 0.95}]  # the pooled fallback
+    assert calibrated.predict_content(["#!/bin/sh\necho hi\n"], k=1) == [
+        {"Shell": 0.95}
+    ]  # the pooled fallback

@@ -7,9 +7,9 @@
 
 Issue 19, the frozen protocol (see README, "Frozen protocol"):
 
-    .venv/bin/python benchmarks/code_lang_id.py crawl --state STATE_DIR    # code-0001, code-langs-0001 to -0003
+    .venv/bin/python benchmarks/code_lang_id.py crawl --state STATE_DIR    # code-0001, code-langs-0001 to -0004, -dev-0001
     .venv/bin/python benchmarks/code_lang_id.py train --data STATE_DIR:code-0001 STATE_DIR:code-langs-0001 \
-        STATE_DIR:code-langs-0002 STATE_DIR:code-langs-0003 --frozen-version v4 --out DIR
+        ... STATE_DIR:code-langs-0004 STATE_DIR:code-langs-dev-0001 --frozen-version v4 --out DIR
     .venv/bin/python benchmarks/code_lang_id.py protocol --data ... --model-dir DIR    # ours vs magika
     .venv/bin/python benchmarks/code_lang_id.py log-test DIR    # re-log a finished test report to MLflow
     .venv/bin/python benchmarks/code_lang_id.py train --dev-only --epochs 140 --threads 1 --seed 1 --out DIR

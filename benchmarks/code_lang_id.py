@@ -810,11 +810,14 @@ def frozen_digest_of(path: Path) -> str:
     return path.with_suffix(path.suffix + ".sha256").read_text().split()[0]
 
 
-# the snapshots DEFAULT_DATA names and the manifests they are crawled from
+# training data tried on dev and not (yet) in the model: crawled by `crawl`, used only when `--data` names it
+CANDIDATE_SNAPSHOTS = {"code-langs-0005": "classifiers/data/code_language_extra5.yaml"}
+# the snapshots DEFAULT_DATA names and the manifests they are crawled from, then the candidates
 PROTOCOL_MANIFESTS = {
     "code-0001": "pipelines/code/manifests/tiny.yaml",
     **CodeLanguageIdConfig().label_snapshots,
     **CodeLanguageIdConfig().dev_snapshots,
+    **CANDIDATE_SNAPSHOTS,
 }
 
 

@@ -248,18 +248,27 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
         train_code_quality(CodeQualityConfig(languages=["Lua", "Bash"]), store, "s1")
 
 
-@pytest.mark.parametrize("snapshot,sources", [("code-langs-0003", 50), ("code-langs-0004", 36)])
+@pytest.mark.parametrize(
+    "snapshot,sources", [("code-langs-0003", 50), ("code-langs-0004", 36), ("code-langs-0005", 39)]
+)
 def test_label_snapshot_manifests_load_and_later_ones_add_no_frozen_held_out_project(snapshot, sources):
-    """The label snapshots `make run` crawls parse as code manifests; code-langs-0003 and -0004 only add training
-    projects (were one of their sources a frozen dev / test project, the frozen protocol would hold it out unscored,
-    and a project already in another crawl would add nothing new)."""
+    """The label snapshots `make run` crawls (and the benchmark's candidate data) parse as code manifests;
+    code-langs-0003 to -0005 only add training projects (were one of their sources a frozen dev / test project, the
+    frozen protocol would hold it out unscored, and a project already in another crawl would add nothing new)."""
+    import importlib.util
+
     from classifiers.code_language_protocol import load_frozen
     from infra.settings import REPO_ROOT
     from pipelines.code.language_protocol import frozen_paths
     from pipelines.code.manifest import load_manifest
 
+    spec = importlib.util.spec_from_file_location(
+        "code_lang_id", REPO_ROOT / "benchmarks" / "code_lang_id.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     config = CodeLanguageIdConfig()
-    crawls = {**config.label_snapshots, **config.dev_snapshots}
+    crawls = {**config.label_snapshots, **config.dev_snapshots, **bench.CANDIDATE_SNAPSHOTS}
     manifests = {snap: load_manifest(REPO_ROOT / path) for snap, path in crawls.items()}
     assert all(m.sources for m in manifests.values())
     held_out = {

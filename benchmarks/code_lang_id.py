@@ -458,10 +458,9 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
 
 def train_main(argv: list[str]) -> dict:
     """Train (epochs chosen on dev), calibrate (temperature on dev), score the frozen test set once, log to MLflow."""
-    from classifiers.code_language import train_code_language_model
+    from classifiers.code_language import fit_markers, train_code_language_model
     from classifiers.code_language_protocol import (
         calibration_report,
-        fit_marker_confidence,
         fit_temperature,
         load_frozen,
         paired_project_bootstrap,
@@ -538,17 +537,14 @@ def train_main(argv: list[str]) -> dict:
     dev_true = [f["label"] for f in by["dev"]]
     dev_texts = [f["text"] for f in by["dev"]]
     temperature = fit_temperature(dev_probs, dev_true)  # marker-decided files do not move with it
-    clf = CodeLanguageClassifier.load(path, temperature=temperature)
-    markers = fit_marker_confidence(
-        [(hit[0], hit[1] == y) for hit, y in zip(clf.marker_hits(dev_texts), dev_true, strict=True) if hit]
-    )
+    markers = fit_markers(dev_texts, dev_true)
+    clf = CodeLanguageClassifier.load(path, temperature=temperature, marker_confidence=markers)
     cal = {"epoch": epoch, "temperature": temperature, "marker_confidence": markers, "dev_accuracy": round(dev_acc, 4),
            "labels": labels, "dev_margin_over": margins,
            "frozen_test_sha256": (FROZEN_TEST.with_suffix(".json.sha256")).read_text().split()[0]}  # fmt: skip
     final = args.out / "code_language.bin"
     final.write_bytes(path.read_bytes())
     (args.out / "calibration.json").write_text(json.dumps(cal, indent=1))
-    clf.marker_confidence = markers
     dev_cal = clf.predict_content(dev_texts, k=-1)
     dev_report = calibration_report(
         dev_true, [max(p, key=p.get) for p in dev_cal], [max(p.values()) for p in dev_cal]

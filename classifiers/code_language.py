@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from classifiers.code_language_protocol import UNKNOWN
+from classifiers.code_language_protocol import UNKNOWN, fit_marker_confidence
 from classifiers.code_language_rules import (
     AMBIGUOUS,
     Prior,
@@ -82,6 +82,17 @@ def marker_probability(confidence: dict[str, float] | None, key: str) -> float:
     if not confidence:
         return 1.0
     return confidence.get(key, confidence.get(f"{key.split(':', 1)[0]}:*", confidence.get("*", 1.0)))
+
+
+def fit_markers(texts: Sequence[str], labels: Sequence[str]) -> dict[str, float]:
+    """The probability each marker decides with (`fit_marker_confidence`), from the files of a dev set it decides."""
+    return fit_marker_confidence(
+        [
+            (hit[0], hit[1] == y)
+            for t, y in zip(texts, labels, strict=True)
+            if (hit := marker_of(t)) is not None
+        ]
+    )
 
 
 def content_window(text: str, max_chars: int | None = None) -> str:
@@ -346,10 +357,6 @@ class CodeLanguageClassifier:
             return {lang: 1.0}
         out = {lang: p, **{lab: q * (1.0 - p) / total for lab, q in rest.items()}}
         return dict(sorted(out.items(), key=lambda kv: -kv[1])[: k if k > 0 else None])
-
-    def marker_hits(self, texts: Sequence[str]) -> list[tuple[str, str] | None]:
-        """(marker key, language) of each text whose content marker or script header decides it, else None."""
-        return [marker_of(t) for t in texts]
 
     def _probabilities(self, lines: list[str], k: int) -> tuple[list[dict[str, float]], list[float]]:
         """The model's top-`k` probabilities, temperature-scaled over all labels (`p^(1/T)` renormalised, one

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from classifiers.code_language import CodeLanguageClassifier, train_code_language_model
+from classifiers.code_language import CodeLanguageClassifier, fit_markers, train_code_language_model
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
-from classifiers.code_language_protocol import calibration_report, fit_marker_confidence, fit_temperature
+from classifiers.code_language_protocol import calibration_report, fit_temperature
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
 from infra.committed import commit, is_committed
 from infra.partition_keys import partition_prefix
@@ -276,10 +276,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         dev_probs = clf.predict_content([f["text"] for f in test], k=-1)
         temperature = fit_temperature(dev_probs, [f["label"] for f in test])
         clf.temperature = temperature
-        hits = clf.marker_hits([f["text"] for f in test])
-        clf.marker_confidence = fit_marker_confidence(
-            [(hit[0], hit[1] == f["label"]) for hit, f in zip(hits, test, strict=True) if hit]
-        )
+        clf.marker_confidence = fit_markers([f["text"] for f in test], [f["label"] for f in test])
     t_pred = time.time()
     probs = clf.predict_content([f["text"] for f in eval_files], k=-1)
     pred_seconds = time.time() - t_pred

@@ -448,8 +448,11 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
             if drift[name]["frozen_missing"] or drift[name]["not_frozen"]:
                 log.warning("%s: %s", path.name, drift[name])
         elif name == "test" and earlier_test is not None:  # the same test set: the same bytes and sha256
-            path.write_bytes(earlier_test.read_bytes())
+            # the set itself last, by rename: a killed run leaves no frozen file that is there but unverifiable
             path.with_suffix(".json.sha256").write_text(f"{frozen_digest_of(earlier_test)}  {path.name}\n")
+            tmp = path.with_suffix(".json.partial")
+            tmp.write_bytes(earlier_test.read_bytes())
+            tmp.replace(path)
             drift[name] = match_frozen(held, load_frozen(path))
         else:
             write_frozen(frozen_set(held, name, seed), path)

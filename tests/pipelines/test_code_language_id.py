@@ -311,3 +311,44 @@ def test_dev_only_manifest_shares_no_project_with_training_or_the_frozen_sets():
         dev = [f"{s.kind}:{s.name}" for s in load_manifest(REPO_ROOT / manifest).sources]
         assert len(dev) == len(set(dev)) >= 90
         assert not set(dev) & (training | frozen_v3)
+
+
+def test_benchmark_extends_a_frozen_version_with_dev_only_projects_keeping_its_test_file(
+    tmp_path, monkeypatch
+):
+    """`code_lang_id.py train --extend-from`: the earlier test file is copied byte for byte (same sha256), dev gains
+    the dev-only projects, and no dev-only project trains."""
+    import importlib.util
+
+    from classifiers.code_language_protocol import frozen_set, load_frozen, write_frozen
+    from infra.settings import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "code_lang_id", REPO_ROOT / "benchmarks" / "code_lang_id.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def files(group: str, label: str, n: int, dev_only: bool = False) -> list[dict]:
+        return [{"group": group, "label": label, "path": f"src/f{i}.x", "text": f"{group} {label} {i}",
+                 "over_cap": False, "dev_only": dev_only} for i in range(n)]  # fmt: skip
+
+    data = [f for i in range(8) for f in files(f"npm:py{i}", "Python", 3)]
+    data += files("pypi:devA", "Python", 4, dev_only=True) + files("pypi:devB", "Lua", 2, dev_only=True)
+    for name, group in (("test", "npm:py0"), ("dev", "npm:py1")):
+        # seed 7: a test set frozen anew by this run (seed 0) would differ from v1 in its bytes
+        write_frozen(frozen_set([f for f in data if f["group"] == group], name, 7),
+                     tmp_path / f"code_language_{name}_v1.json")  # fmt: skip
+    monkeypatch.setattr(bench, "DATA_DIR", tmp_path)
+    bench.use_frozen_version("v2")
+    bench.assign_splits(data, seed=0, extend_from="v1")
+
+    v1, v2 = (tmp_path / f"code_language_test_{v}.json" for v in ("v1", "v2"))
+    assert v2.read_bytes() == v1.read_bytes()
+    assert v2.with_suffix(".json.sha256").read_text() == f"{bench.frozen_digest_of(v1)}  {v2.name}\n"
+    assert load_frozen(v2) == load_frozen(v1)  # and it verifies against its own sha256
+    assert not list(tmp_path.glob("*.partial"))
+    dev = load_frozen(tmp_path / "code_language_dev_v2.json")
+    assert set(dev["groups"]) == {"npm:py1", "pypi:devA", "pypi:devB"}
+    assert {f["split"] for f in data if f["dev_only"]} == {"dev"}
+    assert {f["group"] for f in data if f["split"] == "test"} == {"npm:py0"}

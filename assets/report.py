@@ -16,7 +16,7 @@ from assets.post_training import AGENTIC_TASKS_PREFIX, PARENT, TASKS_PREFIX, _lo
 from assets.pretraining import SHARDS_PREFIX
 from assets.stage_config import launchpad_config
 from infra.committed import is_committed
-from infra.figures import plot_dir
+from infra.figures import artifact_dir
 from infra.settings import load_profile, validate_stage
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -94,7 +94,7 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         read_agentic_tasks(agentic_dir)["heldout"], read_agentic_facts(agentic_dir),
         read_tasks(test) if test.exists() else [],
     )  # fmt: skip
-    out = plot_dir("post-training-report-")
+    out = artifact_dir("post-training-report-")
     general = _general_builder(s, cfg, facts)
     result = post_training_report(checkpoints, sets, cfg, out, tokenizer=tok, general_builder=general)
     md = (

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from assets.resources import MlflowResource, ObjectStoreResource
 from assets.stage_config import resolve
 from infra.committed import CommittedOutput, Producer
-from infra.figures import discard_plot_dirs
+from infra.figures import discard_artifact_dirs
 from infra.lineage_report import STATUS_TAG as LINEAGE_STATUS_TAG
 from infra.lineage_report import render_html
 from infra.partition_keys import validate_partition_keys
@@ -198,8 +198,8 @@ def run_stage(
                 },
             )
     yield _materialize_result(results, cfg, checks, per_partition_events=len(partitions) > 1)
-    # logged to MLflow and inlined in the events above: the stages' scratch plot dirs can go
-    discard_plot_dirs(path for _, result, _ in results.values() for path in result.artifacts.values())
+    # logged to MLflow and inlined in the events above: the stages' artifact dirs can go
+    discard_artifact_dirs(path for _, result, _ in results.values() for path in result.artifacts.values())
 
 
 def _log_lineage_report(tracker, run: StageRun, object_store: ObjectStore) -> str:

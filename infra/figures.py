@@ -7,8 +7,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-# PNGs a stage draws outside any work dir of its own live here until the asset has logged them.
-PLOT_ROOT = Path(tempfile.gettempdir()) / "crucible-plots"
+# Files a stage returns as artifacts (plots, models, reports) live here until the asset has logged them.
+ARTIFACT_ROOT = Path(tempfile.gettempdir()) / "crucible-artifacts"
 
 
 def pyplot():
@@ -40,17 +40,17 @@ def save_figure(fig, path: Path, title: str = "", dpi: int = 90) -> Path:
     return path
 
 
-def plot_dir(prefix: str = "plots-") -> Path:
-    """A new directory for a stage's PNGs that outlives the stage function (the asset logs the files after
-    it returns, then `discard_plot_dirs` removes it)."""
-    PLOT_ROOT.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=PLOT_ROOT))
+def artifact_dir(prefix: str = "artifacts-") -> Path:
+    """A new directory for files a stage returns as artifacts, which outlives the stage function (the asset
+    logs the files after it returns, then `discard_artifact_dirs` removes the directory with all it holds)."""
+    ARTIFACT_ROOT.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=ARTIFACT_ROOT))
 
 
-def discard_plot_dirs(paths: Iterable[Path]) -> None:
-    """Remove the `plot_dir` directories holding any of `paths` (other paths are left alone)."""
+def discard_artifact_dirs(paths: Iterable[Path]) -> None:
+    """Remove the `artifact_dir` directories holding any of `paths` (other paths are left alone)."""
     for path in paths:
         path = Path(path).resolve()
-        root = PLOT_ROOT.resolve()
+        root = ARTIFACT_ROOT.resolve()
         if root in path.parents and path.parent != root:
             shutil.rmtree(root / path.relative_to(root).parts[0], ignore_errors=True)

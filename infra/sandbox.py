@@ -110,7 +110,7 @@ def sandbox_available() -> str | None:
 def _hidden_paths(extra: list[Path]) -> list[str]:
     from infra.settings import REPO_ROOT
 
-    paths = [REPO_ROOT, Path(tempfile.gettempdir()), Path("/root"), Path("/home"), *extra]
+    paths = [REPO_ROOT, Path(tempfile.gettempdir()), Path("/tmp"), Path("/root"), Path("/home"), *extra]
     state = os.environ.get("CRUCIBLE_STATE_DIR")
     if state:
         paths.append(Path(state))

@@ -26,9 +26,11 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -435,13 +437,17 @@ class Heartbeat:
 @dataclass
 class TaskServiceProcess:
     """A task service running as a subprocess in its own process group: `start` waits until it is healthy,
-    `stop` ends it politely (SIGTERM: it deregisters), `kill` crashes it (SIGKILL: no goodbye)."""
+    `stop` ends it politely (SIGTERM: it deregisters), `kill` crashes it (SIGKILL: no goodbye).
+
+    Its temp files (episode dirs, sandbox dirs) go to a scratch dir of its own, which it removes when it exits
+    and `stop` / `kill` remove after it has exited: a service killed mid-episode leaves nothing behind."""
 
     family: str
     args: tuple[str, ...] = ()
     orchestrator: str | None = None
     url: str = ""
     proc: subprocess.Popen | None = None
+    scratch: Path | None = None
 
     @property
     def pid(self) -> int:
@@ -466,6 +472,9 @@ class TaskServiceProcess:
             str(os.getpid()),
             *self.args,
         ]
+        self._discard_scratch()  # a replacement's predecessor has exited
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"crucible-{self.family}-service-"))
+        command += ["--scratch-dir", str(self.scratch)]
         if self.orchestrator:
             command += ["--orchestrator", self.orchestrator]
         self.proc = proc = subprocess.Popen(
@@ -495,6 +504,7 @@ class TaskServiceProcess:
         if self.alive():
             os.killpg(self.pid, signal.SIGKILL)
             self.proc.wait()
+        self._discard_scratch()
 
     def stop(self) -> None:
         if self.alive():
@@ -503,6 +513,12 @@ class TaskServiceProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self._discard_scratch()
+
+    def _discard_scratch(self) -> None:
+        if self.scratch is not None and not self.alive():
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 @contextmanager
@@ -618,7 +634,26 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="exit once this process (the launcher, as TaskServiceProcess passes it) is no longer the parent",
     )
+    parser.add_argument(
+        "--scratch-dir",
+        type=Path,
+        default=None,
+        help="an existing dir for this service's temp files (episode and sandbox dirs); removed on exit",
+    )
     args = parser.parse_args(argv)
+    if args.scratch_dir is not None:
+        if not args.scratch_dir.is_dir():
+            parser.error(f"--scratch-dir {args.scratch_dir}: not an existing directory")
+        tempfile.tempdir = str(args.scratch_dir)
+        os.environ["TMPDIR"] = str(args.scratch_dir)  # and for the processes it starts
+    try:
+        _serve(args, parser)
+    finally:
+        if args.scratch_dir is not None:
+            shutil.rmtree(args.scratch_dir, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)

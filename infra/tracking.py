@@ -376,9 +376,3 @@ class Tracker:
         from infra.lineage_report import lineage
 
         return lineage(self.client, run_id, store)
-
-
-def write_temp_text(text: str, name: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="crucible-")) / name
-    path.write_text(text)
-    return path

@@ -47,6 +47,17 @@ def _state_dir(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _artifact_root(tmp_path_factory):
+    """Stages called directly (not through an asset, which removes them once logged) leave their artifact
+    dirs under pytest's temp dir, not in /tmp."""
+    import infra.figures
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(infra.figures, "ARTIFACT_ROOT", tmp_path_factory.mktemp("artifacts"))
+        yield
+
+
 @pytest.fixture
 def dagster_home(tmp_path, monkeypatch):
     """A fresh DAGSTER_HOME holding the instance config we ship (dagster.yaml)."""

@@ -709,14 +709,17 @@ def midtrain_shard_paths(
     """Local paths of the committed shards at `prefix` (read in place on a local store; else downloaded,
     hash-checked, to `cache_dir`), each with its doc index and loss mask (if any) beside it."""
     out = read_committed(store, prefix)
-    cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-rows-")) / out.prefix / out.version
+    in_place = isinstance(store, LocalStore)  # read in place: no cache dir to make
+    cache = (
+        None
+        if in_place
+        else Path(cache_dir or tempfile.mkdtemp(prefix="crucible-rows-")) / out.prefix / out.version
+    )
 
     def local(name: str) -> Path:
         names = [name, name.replace(".tokens.npy", ".docs.npy"), targets_path(name).as_posix()]
         paths = [
-            store.local_path(out.key(n))
-            if isinstance(store, LocalStore)
-            else fetch_file(store, out, n, cache / n)
+            store.local_path(out.key(n)) if in_place else fetch_file(store, out, n, cache / n)
             for n in names
             if n in out.files
         ]

@@ -532,7 +532,12 @@ def shard_paths(
     """Local paths of the committed token shards at `prefix` per source (`outputs["prefix"]` of
     `build_token_shards`); a remote store's files are downloaded, hash-checked, to `cache_dir`."""
     out = read_committed(store, prefix)
-    cache = Path(cache_dir or tempfile.mkdtemp(prefix="crucible-shards-")) / out.prefix / out.version
+    in_place = isinstance(store, LocalStore)  # read in place: no cache dir to make
+    cache = (
+        None
+        if in_place
+        else Path(cache_dir or tempfile.mkdtemp(prefix="crucible-shards-")) / out.prefix / out.version
+    )
     paths: dict[str, list[Path]] = {}
     for source, entry in out.meta["sources"].items():
         for name in entry[f"{split}_shards"]:
@@ -541,8 +546,8 @@ def shard_paths(
                 name.replace(".tokens.npy", ".docs.npy"),
                 name.replace(".tokens.npy", ".meta.jsonl.gz"),
             ):
-                if isinstance(store, LocalStore):
-                    path = store.local_path(out.key(n))  # read in place: its size was just checked
+                if in_place:
+                    path = store.local_path(out.key(n))  # its size was just checked
                 elif not (cache / n).exists() or (cache / n).stat().st_size != out.files[n].bytes:
                     path = fetch_file(store, out, n, cache / n)
                 else:

@@ -23,7 +23,6 @@ import gzip
 import hashlib
 import json
 import logging
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -35,6 +34,7 @@ from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, traini
 from classifiers.code_language_protocol import calibration_report, fit_temperature
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
 from infra.committed import commit, is_committed
+from infra.figures import artifact_dir
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -261,7 +261,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     not_scored = sorted(keep - set(scored))
     log.info("language id: %d train files, %d held-out files in %d groups, %d languages", len(train), len(test),
              len(test_groups), len(keep))  # fmt: skip
-    work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-langid-"))
+    work = Path(work_dir) if work_dir else artifact_dir("crucible-langid-")  # removed once logged
     model_path = work / ("code_language.ftz" if config.quantize else "code_language.bin")
     t_train = time.time()
     model = train_code_language_model(

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from classifiers.code_language import CodeLanguageClassifier
 from classifiers.code_language_rules import extension_of
 from infra.committed import commit, fetch_file, read_committed
-from infra.figures import plot_dir
+from infra.figures import artifact_dir
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -242,7 +242,7 @@ def plot_language_mix(files: Counter, size: Counter, title: str, top: int = 24):
     n_files = [files[k] for k in shown] + ([sum(files[k] for k in rest)] if rest else [])
     n_kib = [size[k] / 1024 for k in shown] + ([sum(size[k] for k in rest) / 1024] if rest else [])
     return bar_panels(
-        plot_dir("crucible-code-plots-") / "language_mix.png",
+        artifact_dir("crucible-code-plots-") / "language_mix.png",
         [
             BarPanel("files", labels, {"files": n_files}, "files"),
             BarPanel("size (KiB of UTF-8 text)", labels, {"KiB": [round(v, 1) for v in n_kib]}, "KiB"),

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import math
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -38,7 +37,7 @@ from classifiers.code_quality import (
 )
 from classifiers.fasttext_train import FastTextParams, classification_report
 from infra.committed import commit, read_committed
-from infra.figures import plot_dir
+from infra.figures import artifact_dir
 from infra.partition_keys import partition_prefix
 from infra.schemas import CodeSamplingWeights, LanguageSamplingWeight
 from infra.stage import StageResult, markdown_table
@@ -120,7 +119,7 @@ def train_code_quality(
     """Label, train and evaluate one quality model per configured language; score every file; write scores
     and sampling weights. Returns per-language eval metrics and the model files."""
     t0 = time.time()
-    work = Path(work_dir or tempfile.mkdtemp(prefix="crucible-quality-"))
+    work = Path(work_dir) if work_dir else artifact_dir("crucible-quality-")  # removed once logged
     src = partition_prefix(config.in_prefix, snapshot)
     check_languages_are_labels(config.languages, read_committed(store, src).meta.get("labels"), src)
     records = list(read_shards(store, src))
@@ -268,7 +267,7 @@ def _plots(snapshot: str, config: CodeQualityConfig, by_lang: dict[str, list[dic
     P(high quality), 0.5 being its decision; the heuristic score if it got no classifier) and one for all
     other languages (heuristic scores). `language_mix.png`: each language's share of the characters and its
     share once sampled with the language weights (temperature sampling)."""
-    folder = plot_dir("crucible-code-quality-plots-")
+    folder = artifact_dir("crucible-code-quality-plots-")
     panels = []
     for lang in config.languages:
         classified = lang in evals and "skipped" not in evals[lang]

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 import pyarrow.parquet as pq
 
 from infra.committed import CommittedFile, commit_uploaded, committed_keys
+from infra.figures import artifact_dir
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
 from pipelines.dedup.config import DedupConfig
@@ -243,7 +244,11 @@ def draw_report_plots(
     histogram: dict[int, int], metrics: dict[str, float], title: str, scratch: Path | None = None
 ) -> tuple[dict[str, Path], dict[str, dict]]:
     """The stage's two PNGs: (artifacts {name: path}, {plot name: the numbers it shows})."""
-    out_dir = Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
+    out_dir = (
+        Path(tempfile.mkdtemp(prefix="dedup-report-", dir=scratch))
+        if scratch
+        else artifact_dir("dedup-report-")
+    )
     histogram_png = plot_cluster_sizes(histogram, out_dir / "cluster_sizes.png", title)
     funnel = funnel_chart(out_dir / "dedup_funnel.png", dedup_funnel(metrics), f"dedup {title}")
     artifacts = {"dedup/cluster_sizes.png": histogram_png, "plots/dedup_funnel.png": funnel.path}

@@ -34,7 +34,7 @@ from classifiers.world_knowledge import (
     train_world_knowledge_classifier,
 )
 from infra.committed import commit, read_committed
-from infra.figures import plot_dir
+from infra.figures import artifact_dir
 from infra.partition_keys import partition_prefix
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -444,7 +444,7 @@ def _heldout_panel(clf: TrainedClassifier, test: list[LabelledText], scores) -> 
 def _rescue_plots(snapshot: str, threshold: float, by_outcome: dict[str, list[float]], rows: list[dict]):
     """`rescue_scores.png`: the classifier's score of every scored dropped document, rescued or not, with
     the threshold; `rescued_by_reason.png`: dropped and rescued documents per drop reason."""
-    folder = plot_dir("crucible-rescue-plots-")
+    folder = artifact_dir("crucible-rescue-plots-")
     title = f"world-knowledge rescue ({snapshot})"
     hist = score_histograms(
         folder / "rescue_scores.png",

@@ -45,7 +45,7 @@ from datatrove.utils.text import TERMINAL_PUNCTUATION
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.committed import POINTER, commit
-from infra.figures import plot_dir
+from infra.figures import artifact_dir
 from infra.packaged import LID_176, packaged_file
 from infra.stage import StageResult, markdown_table
 from infra.store import ObjectStore
@@ -518,7 +518,7 @@ def fineweb_score_panels(config: ExtractConfig, out: Path) -> list[ScorePanel]:
 def _plots(
     title: str, snapshot: str, funnel: list[FunnelStep], panels: list[ScorePanel]
 ) -> tuple[dict[str, Path], dict]:
-    folder = plot_dir("crucible-web-plots-")
+    folder = artifact_dir("crucible-web-plots-")
     drawn = [funnel_chart(folder / "funnel.png", [vars(s) for s in funnel], f"{title} ({snapshot})")]
     if panels:
         drawn.append(score_histograms(folder / "quality_scores.png", panels, f"{title} ({snapshot})"))

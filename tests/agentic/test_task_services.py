@@ -164,6 +164,20 @@ def test_a_dead_service_is_an_environment_crash_naming_the_url():
         client.open(counter_task(1))
 
 
+def test_a_killed_service_leaves_no_episode_dir_behind():
+    from training.agentic.episodes import ExtraLatency
+    from training.agentic.families import agentic_suites
+
+    task = agentic_suites([], ExtraLatency())["terminal"].generate("train", 1, 0, 1)[0]
+    with task_service_process("terminal") as service:
+        scratch = service.scratch
+        TaskServiceClient(service.url).open(task)  # never closed: the service dies mid-episode
+        episode_dirs = list(scratch.glob("crucible-terminal-*"))
+        assert [sorted(p.name for p in d.iterdir()) for d in episode_dirs] == [sorted(task.meta["files"])]
+        service.kill()
+        assert service.scratch is None and not scratch.exists()
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -176,17 +190,19 @@ def _gone(pid: int) -> bool:
 def test_a_service_whose_launcher_is_sigkilled_exits_instead_of_serving_on():
     launcher = subprocess.Popen(
         [sys.executable, "-c", "import time; from infra.task_service import TaskServiceProcess as P; "
-         f"s = P('counter', ('--factory', '{FACTORY}')).start(); print(s.pid, s.url, flush=True); time.sleep(600)"],
+         f"s = P('counter', ('--factory', '{FACTORY}')).start(); print(s.pid, s.url, s.scratch, flush=True); "
+         "time.sleep(600)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        pid, url = launcher.stdout.readline().split()
-        assert TaskServiceClient(url, timeout_s=5).health()
+        pid, url, scratch = launcher.stdout.readline().split()
+        assert TaskServiceClient(url, timeout_s=5).health() and os.path.isdir(scratch)
         launcher.kill()  # no finally, no atexit: only the service itself can notice
         launcher.wait()
         wait_for(lambda: _gone(int(pid)), timeout_s=10, what="the orphaned service to exit")
         with pytest.raises(requests.ConnectionError):
             requests.get(f"{url}/health", timeout=2)
+        assert not os.path.exists(scratch)  # the service removed its own scratch dir on the way out
     finally:
         launcher.kill()
 

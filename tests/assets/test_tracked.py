@@ -211,15 +211,15 @@ def test_a_running_mlflow_run_whose_dagster_run_ended_is_failed_when_its_partiti
 @dg.asset(group_name="test")
 def curves(context, store: ObjectStoreResource, mlflow: MlflowResource) -> dg.MaterializeResult:
     """A stage with a per-step history and a plot of it, drawn by the real plotting helper into a scratch
-    plot dir (as data stages without a work dir do)."""
-    from infra.figures import plot_dir
+    artifact dir (as data stages without a work dir do)."""
+    from infra.figures import artifact_dir
     from training.curves import plot_history
 
     def stage(cfg, object_store, part, run):
         rows = [{"step": s, "time": 1.0, "loss": 10.0 / (s + 1), "reward/math": s / 100} for s in (0, 10, 20)]
         rows.append({"step": 20, "heldout/pass_at_1/math": 0.3, "heldout/pass_at_1_se/math": 0.05})
         plot = plot_history(
-            rows, {"loss": "loss", "held-out": r"heldout/pass_at_1/\w+"}, plot_dir() / "c.png"
+            rows, {"loss": "loss", "held-out": r"heldout/pass_at_1/\w+"}, artifact_dir() / "c.png"
         )
         PLOTS.append(plot)
         return StageResult(metrics={"loss": 0.5}, history=rows, artifacts={"plots/c.png": plot})
@@ -250,4 +250,4 @@ def test_history_becomes_mlflow_curves_and_plots_show_in_the_dagster_event(insta
     png = base64.b64decode(data.rstrip(")"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000  # a drawn figure, not an empty canvas
     assert "c.png" in {a.path.rsplit("/", 1)[-1] for a in tracker.client.list_artifacts(run_id, "plots")}
-    assert PLOTS and not PLOTS[-1].parent.exists()  # the scratch plot dir is removed once logged
+    assert PLOTS and not PLOTS[-1].parent.exists()  # the artifact dir is removed once logged

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,18 @@ def test_project_and_store_are_invisible(tmp_path):
         result = run_python(f"print(open({str(target)!r}).read())", FAST)
         assert result.status == "error" and "No such file or directory" in result.reason, (target, result)
         assert "s3cret" not in result.stdout
+
+
+def test_tmp_is_hidden_also_when_tmpdir_points_elsewhere(tmp_path, monkeypatch):
+    secret = Path("/tmp") / f"crucible-secret-{os.getpid()}.txt"  # where other jobs' scratch files live
+    secret.write_text("s3cret")
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # TMPDIR=<somewhere else>
+        result = run_python(f"print(open({str(secret)!r}).read())", FAST)
+    finally:
+        secret.unlink()
+    assert result.status == "error" and "No such file or directory" in result.reason, result
+    assert "s3cret" not in result.stdout
 
 
 @pytest.mark.parametrize("target", ["/etc/crucible-x", "/usr/crucible-x", "/tmp/crucible-x", "../escape"])

@@ -7,7 +7,7 @@ import gzip
 import json
 import random
 import sys
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 from code_snippets import snippet
@@ -94,6 +94,16 @@ def test_headline_accuracy_counts_extension_labelled_files_only(stage):
     cut_acc = sum(max(p, key=p.get) == h["label"] for h, p in zip(scripts, cut, strict=True)) / len(scripts)
     assert m["accuracy/shebang_line_removed"] == pytest.approx(cut_acc)
     assert "accuracy/extension_only" in result.report_md.split("\n")[1]
+
+
+def test_stage_files_share_one_artifact_dir_so_the_asset_removes_them_once_logged(stage):
+    import infra.figures
+
+    result, _ = stage
+    root = infra.figures.ARTIFACT_ROOT.resolve()
+    dirs = {Path(p).resolve().relative_to(root).parts[0] for p in result.artifacts.values()}
+    assert any(k.startswith("model/code_language.") for k in result.artifacts)  # the model is among them
+    assert len(dirs) == 1 and dirs.pop().startswith("crucible-langid-")
 
 
 def test_benchmark_defaults_to_the_code_snapshot_make_run_creates(monkeypatch):

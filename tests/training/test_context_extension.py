@@ -4,6 +4,7 @@ import json
 import math
 import random
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -433,7 +434,9 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
         "recall-eval-256/shard-00000.targets.npy", "recall-eval-256/shard-00000.tokens.npy",
         "shard-00000.docs.npy", "shard-00000.tokens.npy",
     ]  # fmt: skip
-    shards = midtrain_shard_paths(store, "rows/s1")
+    with pytest.MonkeyPatch.context() as mp:  # a local store is read in place: no cache dir is made
+        mp.setattr(tempfile, "mkdtemp", lambda *a, **k: pytest.fail("a cache dir for a local store"))
+        shards = midtrain_shard_paths(store, "rows/s1")
     tokens, offsets = load_shard(shards.rows)
     assert tokens.shape == (10 * 512,) and list(offsets) == list(range(0, 11 * 512, 512))
     recall = shards.recall

@@ -107,6 +107,16 @@ def test_partition_of():
     assert partition_of("code/files/gh-1/") == "gh-1"
 
 
+def test_a_local_store_is_read_in_place_with_no_cache_dir_made(corpus, monkeypatch):
+    def no_cache_dir(*args, **kwargs):
+        raise AssertionError("a local store's shards need no cache dir")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_cache_dir)
+    store = corpus["store"]
+    paths = shard_paths(store, corpus["result"].outputs["manifest"], "train")
+    assert paths and all(p.is_relative_to(store.root) for ps in paths.values() for p in ps)
+
+
 def test_shard_tokens_equal_doc_tokens_plus_eos(corpus):
     store, result = corpus["store"], corpus["result"]
     tok = load_tokenizer(corpus["tok_dir"])

@@ -13,7 +13,6 @@ import os
 import re
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

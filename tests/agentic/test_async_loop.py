@@ -126,6 +126,37 @@ def test_driver_keeps_engine_tokens_masks_observations_and_resumes_paused_rollou
         assert {m["role"] for m in t.messages} == {"user", "assistant", "tool"}
 
 
+def test_closing_the_driver_closes_every_episode_even_those_whose_close_was_still_queued(setup):
+    from color_env import ColorEnv, _ColorEpisode
+
+    class SlowClose(_ColorEpisode):  # an episode that holds something (a dir, a sandbox) to release
+        def close(self) -> None:
+            time.sleep(0.02)
+            super().close()
+
+    class Env(ColorEnv):
+        def __init__(self):
+            super().__init__(target="blue")
+            self.episodes: list[SlowClose] = []
+
+        def open(self, task: Task) -> SlowClose:
+            self.episodes.append(SlowClose(self, task))
+            return self.episodes[-1]
+
+    tok, _, _, tasks = setup
+    env = Env()
+    driver = RolloutDriver(
+        ScriptedEngine(tok), tok, {"color": env}, SamplingParams(16), max_turns=3, env_threads=1
+    )
+    trajs = driver.run(tasks, group_size=2)
+    assert len(trajs) == len(env.episodes) == 16 and all(t.reward == 1.0 for t in trajs)
+    driver.close()  # returns at once; closes queued behind the others were cancelled, and are run here
+    deadline = time.time() + 5
+    while not all(e.closed for e in env.episodes) and time.time() < deadline:
+        time.sleep(0.01)
+    assert [e.closed for e in env.episodes] == [True] * 16
+
+
 def test_sampled_rollouts_do_not_depend_on_which_rollouts_share_a_batch(setup):
     """Which rollouts the driver batches depends on when their environments answer (threads); each rollout's
     turn samples with its own seed, so the trajectories come out the same in one batch or one at a time."""

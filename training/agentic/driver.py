@@ -67,6 +67,7 @@ class RolloutDriver:
         # batches (and the float rounding of their forward passes) are the same in every run
         self.lockstep = lockstep
         self.env_calls: dict[Future, tuple[str, _Live]] = {}
+        self._closing: dict[Future, _Live] = {}  # episode closes queued on the pool
         self.finished: list[Trajectory] = []
         self.paused = False
         self._seed = itertools.count(params.seed * 1_000_003)
@@ -129,6 +130,13 @@ class RolloutDriver:
         for live in self.waiting:
             self._close_episode(live)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        # a close still queued was cancelled with the rest: run it here (an episode holds a dir, a sandbox)
+        for fut, live in list(self._closing.items()):
+            if fut.cancelled():
+                self._close_episode(live)
+        for fut, (kind, _) in self.env_calls.items():
+            if kind == "open" and not fut.cancelled():  # still opening: close the episode once it is open
+                fut.add_done_callback(_close_opened)
 
     # -- internals -----------------------------------------------------------------------------------------
     def _enqueue(self, live: _Live) -> None:
@@ -219,7 +227,11 @@ class RolloutDriver:
         traj.reward, traj.reward_components = verdict.reward, {"verifier": verdict.reward}
         if traj.status == "ok":
             traj.reason = verdict.reason
-        self.pool.submit(self._close_episode, live)
+        fut = self.pool.submit(self._close_episode, live)
+        self._closing[fut] = live
+        fut.add_done_callback(
+            lambda f: f.cancelled() or self._closing.pop(f, None)
+        )  # cancelled: close() runs it
         self._done(live)
 
     def _fail(self, live: _Live, reason: str) -> None:
@@ -242,3 +254,12 @@ class RolloutDriver:
                 live.episode.close()
             except Exception:  # closing is best effort; the episode is over either way
                 pass
+
+
+def _close_opened(fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        episode, _ = fut.result()
+        try:
+            episode.close()
+        except Exception:  # best effort, as in RolloutDriver._close_episode
+            pass

@@ -39,7 +39,7 @@ KILLS_PER_SCENARIO = {"local": 2, "s3": 1}  # random points per scenario, plus t
 
 _RUNNER = textwrap.dedent(
     """
-    import gzip, json, os, signal, sys, tempfile
+    import gzip, json, os, shutil, signal, sys, tempfile
     from pathlib import Path
     from infra.settings import StoreSettings, load_profile, validate_stage
     from infra.store import LocalStore, S3Store
@@ -88,6 +88,7 @@ _RUNNER = textwrap.dedent(
     shard.parent.mkdir(parents=True)
     shard.write_bytes(gzip.compress(json.dumps({"id": "d", "text": "a b c d e f g"}).encode() + b"\\n"))
     dedup_partition(cfg, LocalStore(warm / "store"), "warm", scratch=warm)
+    shutil.rmtree(warm)
     print("ready", flush=True)
     for line in sys.stdin:
         root, endpoint, snapshot, scratch, kill_at = json.loads(line)

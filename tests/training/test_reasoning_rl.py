@@ -260,3 +260,45 @@ def test_rollout_verifies_on_several_threads_and_keeps_each_verdict_with_its_tra
         response = "\n".join(m["content"] for m in t.messages if m["role"] == "assistant")
         assert t.reward == float(int(t.prompt_id[1:]) % 3 == 0) + len(response) / 1e6
         assert t.status != "ok" or t.reason == f"{t.prompt_id}:{len(response)}"  # truncation keeps its reason
+
+
+def test_solved_anchors_are_a_seeded_share_of_the_always_solved_prompts_of_trained_domains():
+    """The filter drops always-solved prompts, so RL on a neighbouring skill can break them unseen; a share kept
+    as anchors trains only once a sample fails. Only domains that train get anchors."""
+    from training.rl.reasoning import solved_anchors
+
+    pool = [Task(f"{d}{i}", d, "", "", 1, "train") for d in ("code", "math") for i in range(10)]
+    rates = {t.id: 1.0 if int(t.id[-1]) < 6 else 0.5 for t in pool}  # 6 always solved per domain
+    anchors = solved_anchors(pool, rates, {"code"}, 0.5, seed=0)
+    assert len(anchors) == 3 and {t.domain for t in anchors} == {"code"}
+    assert all(rates[t.id] == 1.0 for t in anchors)
+    assert anchors == solved_anchors(pool, rates, {"code"}, 0.5, seed=0)
+    assert solved_anchors(pool, rates, {"code"}, 0.0, seed=0) == []
+    assert len(solved_anchors(pool, rates, {"code", "math"}, 1.0, seed=0)) == 12
+
+
+class HalfAlways(OneInN):
+    """Even-numbered tasks always pass (the filter drops them as solved), the others one sample in n."""
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        if int(task.id[1:]) % 2 == 0:
+            return Verdict(1.0, "correct")
+        return super().verify(task, response)
+
+
+def test_the_filter_keeps_the_configured_share_of_solved_prompts_as_anchors(setup):
+    tok, cfg, _ = setup
+    tasks = [Task(f"m{i}", "mix", f"pick a color {i}", "e", 1, "train") for i in range(8)]
+    rows: list[dict] = []
+    config = ReasoningRLConfig(
+        steps=1, prompts_per_step=2, group_size=4, max_new_tokens=4, max_turns=1, eval_every=1,
+        eval_tasks_per_domain=2, filter_samples=4, filter_prompts_per_domain=8, min_domain_prompts=1,
+        keep_solved_share=0.5,
+    )  # fmt: skip
+    train_reasoning_rl(
+        build_model(cfg, seed=0), tok, tasks, tasks, {"mix": HalfAlways("mix", 4)}, config,
+        lambda m, s: rows.append(dict(m)),
+    )  # fmt: skip
+    filt = next(r for r in rows if "filter/pool" in r)
+    counts = (filt["filter/kept/mix"], filt["filter/always_solved"], filt["filter/anchors/mix"])
+    assert counts == (4, 4, 2), filt

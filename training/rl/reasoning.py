@@ -81,6 +81,13 @@ class ReasoningRLConfig(PolicyUpdateConfig):
         description="A domain the filter keeps fewer prompts of is left out of training: every batch gives each "
         "domain the same share, so 2 kept prompts would take a quarter of every step and be memorised",
     )
+    keep_solved_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the prompts the filter found always solved kept in training (seeded) as anchors: "
+        "their groups give no gradient while solved and pull the policy back once it starts failing them",
+    )
     seed: int = Field(0, description="Seed of prompt order and sampling")
 
 
@@ -389,8 +396,10 @@ def _filtered_train(
     pool = per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
     rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
     kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, "reasoning_rl")
-    log_metrics(metrics, 0)
-    return kept
+    anchors = solved_anchors(pool, rates, {t.domain for t in kept}, cfg.keep_solved_share, cfg.seed)
+    counts = Counter(t.domain for t in anchors)
+    log_metrics(metrics | {f"filter/anchors/{d}": float(n) for d, n in counts.items()}, 0)
+    return kept + anchors
 
 
 def keep_sometimes_solved(
@@ -418,6 +427,18 @@ def keep_sometimes_solved(
         log.warning("difficulty filter: no %s task is solved sometimes by the starting policy; left out of "
                     "training", ", ".join(left_out))  # fmt: skip
     return kept, metrics
+
+
+def solved_anchors(
+    pool: list[Task], rates: dict[str, float], domains: set[str], share: float, seed: int
+) -> list[Task]:
+    """A seeded `share` of the always-solved prompts of the trained `domains`. Difficulty filtering drops them,
+    so nothing stops RL on a related skill from breaking them (on tiny, RL on `add2_const` took `add2` from
+    1.0 to 0.33); kept, they cost rollouts but no gradient until a sample fails."""
+    solved = [t for t in pool if rates.get(t.id, 0.0) >= 1.0 and t.domain in domains]
+    if share <= 0 or not solved:
+        return []
+    return random.Random(seed).sample(solved, round(share * len(solved)))
 
 
 def per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:

@@ -390,7 +390,8 @@ def _filtered_train(
 ) -> list[Task]:
     """The difficulty filter: train prompts the starting policy solves sometimes. A domain with none is left
     out (never or always solved, its groups have zero advantage: rollouts with no gradient); only if no domain
-    has any is the whole pool kept, with a warning that this run cannot learn from it."""
+    has any is the whole pool kept, with a warning that this run cannot learn from it. A `keep_solved_share` of
+    the always-solved prompts of the trained domains is added as anchors."""
     if not cfg.filter_samples:
         return train
     pool = per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)

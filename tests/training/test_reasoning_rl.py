@@ -302,3 +302,26 @@ def test_the_filter_keeps_the_configured_share_of_solved_prompts_as_anchors(setu
     filt = next(r for r in rows if "filter/pool" in r)
     counts = (filt["filter/kept/mix"], filt["filter/always_solved"], filt["filter/anchors/mix"])
     assert counts == (4, 4, 2), filt
+
+
+class AlwaysPass:
+    domain, version = "all", "t1"
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        return Verdict(1.0, "correct")
+
+
+def test_no_anchor_repeats_a_prompt_when_the_filter_falls_back_to_the_whole_pool(setup):
+    tok, cfg, _ = setup
+    tasks = [Task(f"a{i}", "all", f"pick a color {i}", "e", 1, "train") for i in range(4)]
+    rows: list[dict] = []
+    config = ReasoningRLConfig(
+        steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, max_turns=1, eval_every=1,
+        eval_tasks_per_domain=2, filter_samples=2, filter_prompts_per_domain=4, keep_solved_share=1.0,
+    )  # fmt: skip
+    train_reasoning_rl(
+        build_model(cfg, seed=0), tok, tasks, tasks, {"all": AlwaysPass()}, config,
+        lambda m, s: rows.append(dict(m)),
+    )  # fmt: skip
+    filt = next(r for r in rows if "filter/pool" in r)
+    assert filt["filter/always_solved"] == 4 and "filter/anchors/all" not in filt, filt

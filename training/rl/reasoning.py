@@ -397,7 +397,9 @@ def _filtered_train(
     pool = per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
     rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
     kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, "reasoning_rl")
-    anchors = solved_anchors(pool, rates, {t.domain for t in kept}, cfg.keep_solved_share, cfg.seed)
+    kept_ids = {t.id for t in kept}  # with no prompt solved sometimes the filter keeps the whole pool
+    rest = [t for t in pool if t.id not in kept_ids]
+    anchors = solved_anchors(rest, rates, {t.domain for t in kept}, cfg.keep_solved_share, cfg.seed)
     counts = Counter(t.domain for t in anchors)
     log_metrics(metrics | {f"filter/anchors/{d}": float(n) for d, n in counts.items()}, 0)
     return kept + anchors

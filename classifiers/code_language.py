@@ -31,6 +31,7 @@ from classifiers.code_language_rules import (
     correct_content_prediction,
     extension_of,
     front_matter_body,
+    lacks_markdown_syntax,
     language_from_content_marker,
     language_from_script_header,
     language_prior,
@@ -328,7 +329,10 @@ class CodeLanguageClassifier:
                 initargs=(str(self.path), self.temperature, self.marker_confidence),
             ) as pool:  # each worker applies the markers and corrections to its chunk
                 return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
-        probs, raw_top = self._probabilities([self.features.line(t) for t in texts], k)
+        # k >= 2 inside: Markdown without Markdown syntax falls to the runner-up
+        probs, raw_top = self._probabilities(
+            [self.features.line(t) for t in texts], -1 if k < 0 else max(k, 2)
+        )
         # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model, with
         # the probability it earned on dev (a PHP page can open with an HTML doctype)
         for i, text in enumerate(texts):
@@ -342,10 +346,16 @@ class CodeLanguageClassifier:
                     body_top = max(body_probs[0], key=body_probs[0].get) if body_probs[0] else "YAML"
                     if body_top != "YAML":
                         probs[i], top, raw_top[i] = body_probs[0], body_top, body_raw[0]
+                if top == "Markdown" and len(probs[i]) > 1 and lacks_markdown_syntax(text):
+                    runner_up = sorted(probs[i], key=probs[i].get)[-2]
+                    probs[i]["Markdown"], probs[i][runner_up] = probs[i][runner_up], probs[i]["Markdown"]
+                    top = runner_up
                 # how sure the model is, before calibration: CORRECT_BELOW_PROB was chosen on raw probabilities
                 fixed = correct_content_prediction(text, top, sure=raw_top[i] >= CORRECT_BELOW_PROB)
                 if fixed != top:  # the top language's score moves to the correction
                     probs[i][fixed], probs[i][top] = probs[i][top], probs[i].get(fixed, 0.0)
+        if k > 0:
+            probs = [dict(sorted(p.items(), key=lambda kv: -kv[1])[:k]) for p in probs]
         return probs
 
     def _marker_probs(self, key: str, lang: str, model: dict[str, float], k: int) -> dict[str, float]:

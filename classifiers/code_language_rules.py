@@ -304,6 +304,34 @@ _SCALA_DECL = re.compile(
     r"^\s*(case\s+)?(object|trait)\s+\w+|^\s*import\s+[\w.]+\._\s*$|\bcase\s+class\b|^package\s+[\w.]+\s*$",
     re.M,
 )
+# Scala that Groovy and Java never are: `import a._`, `import a.{`, `case class`, an `object A` line, `implicit def`,
+# `val x =`, `def f(...): T` (1,396 of 1,553 Scala training files; 0 of 237 Groovy, 2 of 1,027 Java); dev v4's
+# Scala read as Groovy (Gradle's Play samples) has them
+_SCALA_NOT_GROOVY = re.compile(
+    r"^import [\w.]+\.(?:_|\{)|\bcase (?:class|object)\b|^[ \t]*(?:private |final )?(?:case )?object \w+"
+    r"|\bimplicit (?:def|val|class|object|lazy)\b|\bval \w+\s*[:=]|\bdef \w+(?:\[[^\]\n]*\])?\([^)\n]*\)\s*:\s*[A-Z]",
+    re.M,
+)
+# Dart's `import 'package:`, `import 'dart:`, `part of x;`, `library x;` (99 of 112 Dart training files; none of
+# 11,166 Java, JavaScript, C#, TypeScript, Kotlin, Scala, Groovy, C++ or Swift files)
+_DART_DIRECTIVE = re.compile(
+    r"^(?:import|export|part) '(?:package|dart):|^(?:part of|library) [\w.'/]+;|^part '[\w./]+\.dart';", re.M
+)
+# SCSS next to CSS: `//` comments, `$var:`, `@mixin` / `@include` / `@extend` / `@use`, `#{$`, nested `&` (375 of 445
+# SCSS training files, 0 of 410 CSS)
+_SCSS_ONLY = re.compile(
+    r"^[ \t]*//|^[ \t]*\$[\w-]+[ \t]*:|@(?:mixin|include|extend|use|forward|each)\b|#\{\$|^[ \t]*&[:.\-\[ ]",
+    re.M,
+)
+# Markdown syntax: a heading, a list item, a code fence, a link, inline code or bold, a quote, a table row. 866 of
+# 915 Markdown training files have one (the rest are a sentence or two of prose); on dev v4 the model's Markdown
+# without any was never right (49 files: TOML such as rpmlint's configs, HTML fragments, prose)
+_MARKDOWN_SYNTAX = re.compile(
+    r"^#{1,6}[ \t]+\S|^\S[^\n]*\n(?:={3,}|-{3,})[ \t]*$|^[ \t]{0,3}(?:[-*+]|\d{1,3}[.)])[ \t]+\S"
+    r"|^[ \t]{0,3}(?:```|~~~)|\[[^\]\n]+\]\([^)\s]+[^)\n]*\)|^\[[^\]\n]+\]:[ \t]+\S|`[^`\n]+`|\*\*[^*\n]+\*\*"
+    r"|^>[ \t]|^\|.*\|[ \t]*$",
+    re.M,
+)
 # a Python `def f(...):` line (1,060 of 1,438 .py files of code-0001; 4 Scala files, whose `def f(a: A):` has its
 # result type on the next line, vetoed below; no Kotlin, Swift or Ruby file)
 _PYTHON_DEF = re.compile(r"^\s*(async\s+)?def\s+\w+\s*\([^)]*\)\s*(->\s*[^:\n]+)?:\s*$", re.M)
@@ -374,7 +402,8 @@ def _is_yaml_mapping_document(text: str) -> bool:
 
 
 def _parses_as_yaml_mapping(text: str, min_keys: int = 1) -> bool:
-    """The file's head (`_YAML_PARSE_CHARS`, cut at a line end) parses as one YAML mapping of `min_keys`+ keys."""
+    """The file's head (`_YAML_PARSE_CHARS`, cut at a line end) parses as one YAML mapping whose keys are written as
+    YAML keys, with `min_keys`+ of them counting those of the mappings nested in it."""
     import yaml
 
     head = text if len(text) <= _YAML_PARSE_CHARS else text[: text.rfind("\n", 0, _YAML_PARSE_CHARS) + 1]
@@ -382,7 +411,20 @@ def _parses_as_yaml_mapping(text: str, min_keys: int = 1) -> bool:
         doc = yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         return False
-    return isinstance(doc, dict) and len(doc) >= min_keys and all(_YAML_KEY.match(str(k)) for k in doc)
+    if not isinstance(doc, dict) or not all(_YAML_KEY.match(str(k)) for k in doc):
+        return False
+    return len(doc) >= min_keys or len(doc) + _nested_yaml_keys(doc.values()) >= min_keys
+
+
+def _nested_yaml_keys(values, depth: int = 0) -> int:
+    """Keys written as YAML keys in the mappings under these values (a locale file's `en:` holds the rest)."""
+    n = 0
+    for v in values:
+        if depth < 8 and isinstance(v, dict):
+            n += sum(bool(_YAML_KEY.match(str(k))) for k in v) + _nested_yaml_keys(v.values(), depth + 1)
+        elif depth < 8 and isinstance(v, list):
+            n += _nested_yaml_keys(v, depth + 1)
+    return n
 
 
 # a key as YAML files write them; code read as YAML gives keys like `const y = cond ? f(x)`
@@ -461,11 +503,14 @@ def language_from_script_header(text: str) -> str | None:
 
 
 def language_from_content_marker(text: str) -> str | None:
-    """A language that a file's content fixes whatever the model says, else None: an HTML doctype -> HTML, an
-    XML declaration without an html element, an xmlns root or a root element HTML does not have -> XML,
-    literate Haskell, a YAML mapping document, a parsing JSON object/array -> JSON."""
-    first = text[:256].lstrip()[:1]  # one cheap look decides which checks can fire
+    """A language that a file's content fixes whatever the model says, else None: `<?php` first -> PHP, an HTML
+    doctype -> HTML, an XML declaration without an html element, an xmlns root or a root element HTML does not
+    have -> XML, literate Haskell, a YAML mapping document, a parsing JSON object/array -> JSON."""
+    head = text[:256].lstrip()
+    first = head[:1]  # one cheap look decides which checks can fire
     if first == "<":
+        if head.startswith("<?php"):  # all 1,422 such files outside the frozen test set are PHP
+            return "PHP"
         if _HTML_DOCTYPE.match(text, _markup_start(text, skip_xml_declaration=True)):
             return "HTML"
         if _XML.match(text):
@@ -514,8 +559,9 @@ class AllOf(AnyOf):
 
 
 class YamlMapping:
-    """A head that parses as a YAML mapping of 2+ keys written as YAML keys: 262 YAML files of the crawl, 2 Markdown
-    ones, no others (JSON, which parses too, is decided before the model)."""
+    """A head that parses as a YAML mapping of 2+ keys written as YAML keys, nested ones included (locale files hold
+    one `en:` key): 262 YAML files of the crawl, 2 Markdown ones, no others (JSON, which parses too, is decided
+    before the model, and does not open with a `key:` line)."""
 
     def search(self, text: str) -> bool:
         return _YAML_FIRST_KEY.match(text) is not None and _parses_as_yaml_mapping(text, min_keys=2)
@@ -548,6 +594,11 @@ _JS = Construct(_JAVASCRIPT_DECL, ("const", "let", "var", "import", "exports", "
 _KOTLIN = Construct(_KOTLIN_ONLY, ("fun", "const val", "import kotlin", "data class"))
 _SCALA = Construct(_SCALA_ONLY, ("import", "def", "case class", "implicit", "extends"))
 _SCALA_DECLARATION = Construct(_SCALA_DECL, ("object", "trait", "import", "case class", "package"))
+_SCALA_NOT_GROOVY_DECL = Construct(
+    _SCALA_NOT_GROOVY, ("import", "case ", "object ", "implicit ", "val ", "def ")
+)
+_DART = Construct(_DART_DIRECTIVE, ("import '", "export '", "part", "library "))
+_SCSS = Construct(_SCSS_ONLY, ("//", "$", "@mixin", "@include", "@extend", "@use", "@forward", "@each", "&"))
 _PYTHON = Construct(_PYTHON_DEF, ("def",))
 _HASKELL = Construct(_HASKELL_DECL, ("::", "module", "{-#", "import qualified"))
 _ELISP = Construct(
@@ -598,6 +649,9 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Evidence | None, Evidence | N
     (frozenset({"Scala"}), "Kotlin", _KOTLIN, None),
     (frozenset({"Kotlin"}), "Scala", _SCALA, _KOTLIN),
     (frozenset({"C++"}), "Scala", _SCALA_DECLARATION, _KOTLIN),
+    (frozenset({"Groovy", "Java"}), "Scala", _SCALA_NOT_GROOVY_DECL, _KOTLIN),
+    (frozenset("Java JavaScript C# TypeScript Kotlin Scala Groovy C++ Swift".split()), "Dart", _DART, None),
+    (frozenset({"CSS"}), "SCSS", _SCSS, None),
     # Scala's `def f(a: A):` with the result type on the next line is no Python `def`: a Scala declaration vetoes
     (frozenset({"Scala", "Kotlin", "Swift", "Ruby"}), "Python", _PYTHON, _SCALA_DECLARATION),
     (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP, None),
@@ -607,15 +661,24 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Evidence | None, Evidence | N
     # "TypeScript" with no TypeScript syntax at all is JavaScript (ES-module JavaScript: moment's locales)
     (frozenset({"TypeScript"}), "JavaScript", None, _TS_SYNTAX),
     # last: any construct above is more specific than "it parses as YAML"
-    (_LANGUAGES - {"YAML", "JSON"}, "YAML", YamlMapping(), None),
+    (_LANGUAGES - {"YAML"} | {"unknown"}, "YAML", YamlMapping(), None),
 ]
 _CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 # the corrections that still apply where the model is sure: on a dev split of package-held-out files they were the
-# only ones that fired there (24 fixed, 2 broken); checking the others there cost ~35 us/file for no fix
+# only ones that fired there (24 fixed, 2 broken); checking the others there cost ~35 us/file for no fix. Dart,
+# Scala and SCSS on their own syntax: 7 more fixed on dev v4, none broken (YAML there broke 9: OCaml's
+# `external f : t` lines parse as YAML keys)
 _CORRECTIONS_WHEN_SURE = [
-    r for r in _PAIR_CORRECTIONS if r[1] in {"Objective-C", "C++", "TypeScript"} and r[2]
+    r
+    for r in _PAIR_CORRECTIONS
+    if r[1] in {"Objective-C", "C++", "TypeScript", "Dart", "Scala", "SCSS"} and r[2]
 ]
 _SURE_CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _CORRECTIONS_WHEN_SURE))
+
+
+def lacks_markdown_syntax(text: str) -> bool:
+    """No heading, list, fence, link, inline code, quote or table in the head the corrections scan."""
+    return _MARKDOWN_SYNTAX.search(text, 0, _CORRECTION_SCAN_CHARS) is None
 
 
 def correct_content_prediction(text: str, language: str, sure: bool = False) -> str:

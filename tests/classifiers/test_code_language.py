@@ -370,7 +370,8 @@ def test_script_header_outranks_the_content_model(classifier):
         ("<div class='x'>\n  <p>hi</p>\n</div>\n", None),
         ("<template>\n  <my-widget/>\n</template>\n", None),
         ("<my-widget>\n  <p>hi</p>\n</my-widget>\n", None),
-        ("<?php echo 1; ?>\n<p>x</p>\n", None),
+        ("<?php echo 1; ?>\n<p>x</p>\n", "PHP"),  # a PHP page, whatever markup follows
+        ("<p>x</p>\n<?php echo 1; ?>\n", None),
     ],
 )
 def test_content_markers(text, language):
@@ -419,6 +420,19 @@ def test_long_yaml_is_judged_by_its_head():
         ("object Keys {\n  const val A = 1\n}\n", "Scala", "Kotlin"),
         ("import sbt._\nobject Build extends Build {}\n", "Kotlin", "Scala"),
         ("class A : B() {\n  override fun f() = 1\n}\nclass C extends D\n", "Kotlin", "Kotlin"),  # veto
+        (
+            'import play.api._\nclass App extends Controller {\n  def index = Action { Ok("x") }\n}\n',
+            "Groovy",
+            "Scala",
+        ),
+        ("class Person(val names: List[String]) extends Named\n", "Java", "Scala"),
+        ("class A {\n  def f(String s) { println s }\n}\n", "Groovy", "Groovy"),  # Groovy's `def` is no Scala
+        ("import 'package:thrift/thrift.dart';\nclass TMap {}\n", "Java", "Dart"),
+        ("library thrift;\n\npart 'src/t_map.dart';\n", "JavaScript", "Dart"),
+        ("import java.util.List;\nclass A {}\n", "Java", "Java"),
+        ("// Animations\n@keyframes x {\n  0% { opacity: 0; }\n}\n", "CSS", "SCSS"),
+        ("$unit: 4px;\n.a { margin: $unit; }\n", "CSS", "SCSS"),
+        ("/* c */\n.a { color: red; }\n", "CSS", "CSS"),
         ("(in-package :foo)\n(defun f () 1)\n", "Emacs Lisp", "Common Lisp"),
         (";;; x.el --- y\n(provide 'x)\n", "Common Lisp", "Emacs Lisp"),
         ("(defpackage :x)\n(require 'asdf)\n", "Common Lisp", "Common Lisp"),  # veto
@@ -466,6 +480,10 @@ def test_long_yaml_is_judged_by_its_head():
         # ... code that happens to parse (keys `// f(x`, `x = cond ? f(y)`) is not, nor is one key
         ("x = cond ? f(y) : g;\nz = a ? b : c;\n", "Shell", "Shell"),
         ("Note: this is prose\n", "Markdown", "Markdown"),
+        # one top key holding the rest (a locale file) counts its nested keys; the model may have said unknown or JSON
+        ("en:\n  faker:\n    dune:\n      - Paul Atreides\n      - Chani\n", "unknown", "YAML"),
+        ('en:\n  faker:\n    teams: ["Egypt", "Peru"]\n', "JSON", "YAML"),
+        ("Note: this is prose\n  and: more\n", "Markdown", "Markdown"),  # a multi-line scalar, no nested key
         # "TypeScript" with no TypeScript syntax is ES-module JavaScript; any annotation, declaration or cast vetoes
         (
             "import moment from '../moment';\nexport default moment.defineLocale('ky', {\n  months: 'a_b'.split('_'),\n});\n",
@@ -486,9 +504,12 @@ def test_long_yaml_is_judged_by_its_head():
 )
 def test_pair_corrections(text, predicted, corrected):
     assert correct_content_prediction(text, predicted) == corrected
-    # a sure model yields only to a construct decisive for Objective-C, C++ or TypeScript
+    # a sure model yields only to a construct decisive for Objective-C, C++, TypeScript, Dart, Scala or SCSS
     when_sure = correct_content_prediction(text, predicted, sure=True)
-    if corrected in {"Objective-C", "TypeScript"} or (predicted, corrected) == ("C", "C++"):
+    if corrected in {"Objective-C", "TypeScript", "Dart", "Scala", "SCSS"} or (predicted, corrected) == (
+        "C",
+        "C++",
+    ):
         assert when_sure == corrected
     else:
         assert when_sure == predicted
@@ -517,6 +538,20 @@ def test_predict_content_moves_the_top_score_to_the_correction(classifier, monke
         monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k, p=probs: [dict(p)])
         (got,) = classifier.predict_content([case_text])
         assert max(got, key=got.get) == expected, (case_text, got)
+
+
+def test_markdown_without_markdown_syntax_falls_to_the_runner_up(classifier, monkeypatch):
+    import classifiers.code_language as code_language
+
+    toml = '[section1]\nkey2="value3"\n\n[section1.child1]\nfoo="bar"\n'
+    readme = "# Setup\n\nRun `make`, then see [the docs](docs/index.md).\n"
+    probs = {"Markdown": 0.6, "TOML": 0.3, "unknown": 0.1}
+    monkeypatch.setattr(code_language, "predict_proba", lambda model, lines, k: [dict(probs) for _ in lines])
+    toml_probs, readme_probs = classifier.predict_content([toml, readme])
+    assert toml_probs == {"TOML": 0.6, "Markdown": 0.3, "unknown": 0.1}
+    assert readme_probs == probs
+    # the same answer when only the top label is asked for: the runner-up is looked at all the same
+    assert classifier.predict_content([toml, readme], k=1) == [{"TOML": 0.6}, {"Markdown": 0.6}]
 
 
 def test_yaml_check_reads_crlf_comment_headers_in_linear_time():

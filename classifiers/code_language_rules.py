@@ -312,6 +312,20 @@ _SCALA_NOT_GROOVY = re.compile(
     r"|\bimplicit (?:def|val|class|object|lazy)\b|\bval \w+\s*[:=]|\bdef \w+(?:\[[^\]\n]*\])?\([^)\n]*\)\s*:\s*[A-Z]",
     re.M,
 )
+# Java always ends `package` and `import` lines with `;`; Groovy need not (a semicolon-less one in 125 of 237
+# Groovy training files, 0 of 1,027 Java; Kotlin and Scala, which omit it too, veto on their own syntax)
+_IMPORT_WITHOUT_SEMICOLON = re.compile(
+    r"^(?:package|import)[ \t]+(?:static[ \t]+)?[\w.]+(?:\.\*)?[ \t]*$", re.M
+)
+# Fortran's fixed-form declarations in upper case from column 7 (`      SUBROUTINE X(`, `      IMPLICIT NONE`,
+# `      DOUBLE PRECISION A`) or an `end subroutine` / `END PROGRAM` line (597 of 1,131 Fortran training files, none
+# of any other label); LAPACK's `*>` doc comments otherwise read as Markdown
+_FORTRAN_DECLARATION = re.compile(
+    r"^ {6,}(?:SUBROUTINE|(?:(?:INTEGER|REAL|DOUBLE PRECISION|COMPLEX|LOGICAL)(?:\*\d+)? )?FUNCTION|PROGRAM"
+    r"|IMPLICIT NONE|IMPLICIT (?:DOUBLE PRECISION|REAL|INTEGER)|DOUBLE PRECISION|COMMON|DIMENSION|EXTERNAL"
+    r"|INTRINSIC) [\w(/]|^[ \t]*(?:end|END)[ \t]*(?:subroutine|SUBROUTINE|program|PROGRAM)\b",
+    re.M,
+)
 # Dart's `import 'package:`, `import 'dart:`, `part of x;`, `library x;` (99 of 112 Dart training files; none of
 # 11,166 Java, JavaScript, C#, TypeScript, Kotlin, Scala, Groovy, C++ or Swift files)
 _DART_DIRECTIVE = re.compile(
@@ -597,6 +611,12 @@ _SCALA_DECLARATION = Construct(_SCALA_DECL, ("object", "trait", "import", "case 
 _SCALA_NOT_GROOVY_DECL = Construct(
     _SCALA_NOT_GROOVY, ("import", "case ", "object ", "implicit ", "val ", "def ")
 )
+_GROOVY_IMPORT = Construct(_IMPORT_WITHOUT_SEMICOLON, ("package", "import"))
+_FORTRAN = Construct(
+    _FORTRAN_DECLARATION,
+    ("SUBROUTINE", "FUNCTION", "PROGRAM", "IMPLICIT", "DOUBLE", "COMMON", "DIMENSION", "EXTERNAL", "INTRINSIC",
+     "subroutine", "program"),
+)  # fmt: skip
 _DART = Construct(_DART_DIRECTIVE, ("import '", "export '", "part", "library "))
 _SCSS = Construct(_SCSS_ONLY, ("//", "$", "@mixin", "@include", "@extend", "@use", "@forward", "@each", "&"))
 _PYTHON = Construct(_PYTHON_DEF, ("def",))
@@ -650,8 +670,10 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Evidence | None, Evidence | N
     (frozenset({"Kotlin"}), "Scala", _SCALA, _KOTLIN),
     (frozenset({"C++"}), "Scala", _SCALA_DECLARATION, _KOTLIN),
     (frozenset({"Groovy", "Java"}), "Scala", _SCALA_NOT_GROOVY_DECL, _KOTLIN),
+    (frozenset({"Java"}), "Groovy", _GROOVY_IMPORT, AnyOf(_KOTLIN, _SCALA_NOT_GROOVY_DECL)),
     (frozenset("Java JavaScript C# TypeScript Kotlin Scala Groovy C++ Swift".split()), "Dart", _DART, None),
     (frozenset({"CSS"}), "SCSS", _SCSS, None),
+    (_LANGUAGES - {"Fortran"}, "Fortran", _FORTRAN, None),
     # Scala's `def f(a: A):` with the result type on the next line is no Python `def`: a Scala declaration vetoes
     (frozenset({"Scala", "Kotlin", "Swift", "Ruby"}), "Python", _PYTHON, _SCALA_DECLARATION),
     (frozenset({"Emacs Lisp"}), "Common Lisp", _COMMON_LISP, None),

@@ -430,6 +430,19 @@ def test_long_yaml_is_judged_by_its_head():
         ("import 'package:thrift/thrift.dart';\nclass TMap {}\n", "Java", "Dart"),
         ("library thrift;\n\npart 'src/t_map.dart';\n", "JavaScript", "Dart"),
         ("import java.util.List;\nclass A {}\n", "Java", "Java"),
+        ("package org.codenarc.rule\n\nimport org.codenarc.util.AstUtil\n\nclass R {}\n", "Java", "Groovy"),
+        (
+            "package com.example\n\nimport kotlinx.coroutines.flow\nfun main() {}\n",
+            "Java",
+            "Java",
+        ),  # Kotlin vetoes
+        ("      SUBROUTINE XLAENV( ISPEC, NVALUE )\n      INTEGER ISPEC\n      END\n", "Markdown", "Fortran"),
+        ("program demo\n  print *, 1\nend program demo\n", "Julia", "Fortran"),
+        (
+            "      function f(x) { return x }\n",
+            "JavaScript",
+            "JavaScript",
+        ),  # lower case: not fixed-form Fortran
         ("// Animations\n@keyframes x {\n  0% { opacity: 0; }\n}\n", "CSS", "SCSS"),
         ("$unit: 4px;\n.a { margin: $unit; }\n", "CSS", "SCSS"),
         ("/* c */\n.a { color: red; }\n", "CSS", "CSS"),

@@ -304,14 +304,6 @@ _SCALA_DECL = re.compile(
     r"^\s*(case\s+)?(object|trait)\s+\w+|^\s*import\s+[\w.]+\._\s*$|\bcase\s+class\b|^package\s+[\w.]+\s*$",
     re.M,
 )
-# Scala that Groovy and Java never are: `import a._`, `import a.{`, `case class`, an `object A` line, `implicit def`,
-# `val x =`, `def f(...): T` (1,396 of 1,553 Scala training files; 0 of 237 Groovy, 2 of 1,027 Java); dev v4's
-# Scala read as Groovy (Gradle's Play samples) has them
-_SCALA_NOT_GROOVY = re.compile(
-    r"^import [\w.]+\.(?:_|\{)|\bcase (?:class|object)\b|^[ \t]*(?:private |final )?(?:case )?object \w+"
-    r"|\bimplicit (?:def|val|class|object|lazy)\b|\bval \w+\s*[:=]|\bdef \w+(?:\[[^\]\n]*\])?\([^)\n]*\)\s*:\s*[A-Z]",
-    re.M,
-)
 # Java always ends `package` and `import` lines with `;`; Groovy need not (a semicolon-less one in 125 of 237
 # Groovy training files, 0 of 1,027 Java; Kotlin and Scala, which omit it too, veto on their own syntax)
 _IMPORT_WITHOUT_SEMICOLON = re.compile(
@@ -608,14 +600,23 @@ _JS = Construct(_JAVASCRIPT_DECL, ("const", "let", "var", "import", "exports", "
 _KOTLIN = Construct(_KOTLIN_ONLY, ("fun", "const val", "import kotlin", "data class"))
 _SCALA = Construct(_SCALA_ONLY, ("import", "def", "case class", "implicit", "extends"))
 _SCALA_DECLARATION = Construct(_SCALA_DECL, ("object", "trait", "import", "case class", "package"))
-_SCALA_NOT_GROOVY_DECL = Construct(
-    _SCALA_NOT_GROOVY, ("import", "case ", "object ", "implicit ", "val ", "def ")
+# Scala that Groovy and Java never are: `import a._`, `import a.{`, `case class`, an `object A` line, `implicit def`,
+# `val x =`, `def f(...): T` (1,396 of 1,553 Scala training files; 0 of 237 Groovy, 2 of 1,027 Java); dev v4's
+# Scala read as Groovy (Gradle's Play samples) has them
+# (each with its own needles: most Java files say "import" and "object")
+_SCALA_NOT_GROOVY_DECL = AnyOf(
+    Construct(re.compile(r"^import [\w.]+\.(?:_|\{)", re.M), ("._", ".{")),
+    Construct(re.compile(r"\bcase (?:class|object)\b"), ("case class", "case object")),
+    Construct(re.compile(r"^[ \t]*(?:private |final )?(?:case )?object \w+", re.M), ("object ",)),
+    Construct(re.compile(r"\bimplicit (?:def|val|class|object|lazy)\b"), ("implicit ",)),
+    Construct(re.compile(r"\bval \w+\s*[:=]"), ("val ",)),
+    Construct(re.compile(r"\bdef \w+(?:\[[^\]\n]*\])?\([^)\n]*\)\s*:\s*[A-Z]"), ("def ",)),
 )
 _GROOVY_IMPORT = Construct(_IMPORT_WITHOUT_SEMICOLON, ("package", "import"))
 _FORTRAN = Construct(
     _FORTRAN_DECLARATION,
-    ("SUBROUTINE", "FUNCTION", "PROGRAM", "IMPLICIT", "DOUBLE", "COMMON", "DIMENSION", "EXTERNAL", "INTRINSIC",
-     "subroutine", "program"),
+    ("      SUBROUTINE", " FUNCTION", "      PROGRAM", "      IMPLICIT", "      DOUBLE PRECISION", "      COMMON",
+     "      DIMENSION", "      EXTERNAL", "      INTRINSIC", "subroutine", "SUBROUTINE", "program", "PROGRAM"),
 )  # fmt: skip
 _DART = Construct(_DART_DIRECTIVE, ("import '", "export '", "part", "library "))
 _SCSS = Construct(_SCSS_ONLY, ("//", "$", "@mixin", "@include", "@extend", "@use", "@forward", "@each", "&"))
@@ -670,7 +671,7 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Evidence | None, Evidence | N
     (frozenset({"Kotlin"}), "Scala", _SCALA, _KOTLIN),
     (frozenset({"C++"}), "Scala", _SCALA_DECLARATION, _KOTLIN),
     (frozenset({"Groovy", "Java"}), "Scala", _SCALA_NOT_GROOVY_DECL, _KOTLIN),
-    (frozenset({"Java"}), "Groovy", _GROOVY_IMPORT, AnyOf(_KOTLIN, _SCALA_NOT_GROOVY_DECL)),
+    (frozenset({"Java"}), "Groovy", _GROOVY_IMPORT, AnyOf(_KOTLIN, *_SCALA_NOT_GROOVY_DECL.constructs)),
     (frozenset("Java JavaScript C# TypeScript Kotlin Scala Groovy C++ Swift".split()), "Dart", _DART, None),
     (frozenset({"CSS"}), "SCSS", _SCSS, None),
     (_LANGUAGES - {"Fortran"}, "Fortran", _FORTRAN, None),
@@ -688,12 +689,13 @@ _PAIR_CORRECTIONS: list[tuple[frozenset[str], str, Evidence | None, Evidence | N
 _CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _PAIR_CORRECTIONS))
 # the corrections that still apply where the model is sure: on a dev split of package-held-out files they were the
 # only ones that fired there (24 fixed, 2 broken); checking the others there cost ~35 us/file for no fix. Dart,
-# Scala and SCSS on their own syntax: 7 more fixed on dev v4, none broken (YAML there broke 9: OCaml's
-# `external f : t` lines parse as YAML keys)
+# Scala (over Groovy and Java) and SCSS on their own syntax: 7 more fixed on dev v4, none broken (YAML there broke 9:
+# OCaml's `external f : t` lines parse as YAML keys)
 _CORRECTIONS_WHEN_SURE = [
     r
     for r in _PAIR_CORRECTIONS
-    if r[1] in {"Objective-C", "C++", "TypeScript", "Dart", "Scala", "SCSS"} and r[2]
+    if (r[1] in {"Objective-C", "C++", "TypeScript"} and r[2])
+    or r[2] in (_DART, _SCSS, _SCALA_NOT_GROOVY_DECL)
 ]
 _SURE_CORRECTED_LANGUAGES = frozenset().union(*(p for p, *_ in _CORRECTIONS_WHEN_SURE))
 

@@ -517,12 +517,11 @@ def test_long_yaml_is_judged_by_its_head():
 )
 def test_pair_corrections(text, predicted, corrected):
     assert correct_content_prediction(text, predicted) == corrected
-    # a sure model yields only to a construct decisive for Objective-C, C++, TypeScript, Dart, Scala or SCSS
+    # a sure model yields only to a construct decisive for Objective-C, C++, TypeScript, Dart, SCSS, or Scala over
+    # Groovy and Java
     when_sure = correct_content_prediction(text, predicted, sure=True)
-    if corrected in {"Objective-C", "TypeScript", "Dart", "Scala", "SCSS"} or (predicted, corrected) == (
-        "C",
-        "C++",
-    ):
+    sure_pairs = {("C", "C++"), ("Groovy", "Scala"), ("Java", "Scala")}
+    if corrected in {"Objective-C", "TypeScript", "Dart", "SCSS"} or (predicted, corrected) in sure_pairs:
         assert when_sure == corrected
     else:
         assert when_sure == predicted

@@ -566,8 +566,8 @@ class AllOf(AnyOf):
 
 class YamlMapping:
     """A head that parses as a YAML mapping of 2+ keys written as YAML keys, nested ones included (locale files hold
-    one `en:` key): 262 YAML files of the crawl, 2 Markdown ones, no others (JSON, which parses too, is decided
-    before the model, and does not open with a `key:` line)."""
+    one `en:` key): of the training files of dev v4's protocol, 506 YAML, 3 unknown and 2 OCaml ones, no others
+    (JSON, which parses too, is decided before the model, and does not open with a `key:` line)."""
 
     def search(self, text: str) -> bool:
         return _YAML_FIRST_KEY.match(text) is not None and _parses_as_yaml_mapping(text, min_keys=2)

@@ -286,20 +286,32 @@ class HalfAlways(OneInN):
         return super().verify(task, response)
 
 
-def test_the_filter_keeps_the_configured_share_of_solved_prompts_as_anchors(setup):
+def _filter_metrics_of_one_step(setup, domain: str, n: int, verifier, **config) -> dict:
+    """The difficulty filter's logged metrics from one real step of `train_reasoning_rl` on `n` tasks."""
     tok, cfg, _ = setup
-    tasks = [Task(f"m{i}", "mix", f"pick a color {i}", "e", 1, "train") for i in range(8)]
+    tasks = [Task(f"{domain[0]}{i}", domain, f"pick a color {i}", "e", 1, "train") for i in range(n)]
     rows: list[dict] = []
     config = ReasoningRLConfig(
-        steps=1, prompts_per_step=2, group_size=4, max_new_tokens=4, max_turns=1, eval_every=1,
-        eval_tasks_per_domain=2, filter_samples=4, filter_prompts_per_domain=8, min_domain_prompts=1,
-        keep_solved_share=0.5,
+        steps=1, prompts_per_step=2, max_turns=1, eval_every=1, eval_tasks_per_domain=2,
+        filter_prompts_per_domain=n, **config,
     )  # fmt: skip
     train_reasoning_rl(
-        build_model(cfg, seed=0), tok, tasks, tasks, {"mix": HalfAlways("mix", 4)}, config,
+        build_model(cfg, seed=0),
+        tok,
+        tasks,
+        tasks,
+        {domain: verifier},
+        config,
         lambda m, s: rows.append(dict(m)),
+    )
+    return next(r for r in rows if "filter/pool" in r)
+
+
+def test_the_filter_keeps_the_configured_share_of_solved_prompts_as_anchors(setup):
+    filt = _filter_metrics_of_one_step(
+        setup, "mix", 8, HalfAlways("mix", 4), group_size=4, max_new_tokens=4, filter_samples=4,
+        min_domain_prompts=1, keep_solved_share=0.5,
     )  # fmt: skip
-    filt = next(r for r in rows if "filter/pool" in r)
     counts = (filt["filter/kept/mix"], filt["filter/always_solved"], filt["filter/anchors/mix"])
     assert counts == (4, 4, 2), filt
 
@@ -312,16 +324,7 @@ class AlwaysPass:
 
 
 def test_no_anchor_repeats_a_prompt_when_the_filter_falls_back_to_the_whole_pool(setup):
-    tok, cfg, _ = setup
-    tasks = [Task(f"a{i}", "all", f"pick a color {i}", "e", 1, "train") for i in range(4)]
-    rows: list[dict] = []
-    config = ReasoningRLConfig(
-        steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, max_turns=1, eval_every=1,
-        eval_tasks_per_domain=2, filter_samples=2, filter_prompts_per_domain=4, keep_solved_share=1.0,
-    )  # fmt: skip
-    train_reasoning_rl(
-        build_model(cfg, seed=0), tok, tasks, tasks, {"all": AlwaysPass()}, config,
-        lambda m, s: rows.append(dict(m)),
-    )  # fmt: skip
-    filt = next(r for r in rows if "filter/pool" in r)
+    filt = _filter_metrics_of_one_step(
+        setup, "all", 4, AlwaysPass(), group_size=2, max_new_tokens=2, filter_samples=2, keep_solved_share=1.0
+    )
     assert filt["filter/always_solved"] == 4 and "filter/anchors/all" not in filt, filt

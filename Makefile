@@ -77,8 +77,15 @@ run: setup system-deps
 # Modules in collection order (tests/conftest.py puts the longest, the whole-graph run, first), not by test count.
 TEST_WORKERS ?= 2
 
+# Temp files of the tests and of every process they start (TMPDIR: pytest's tmp_path, Spark, Dagster runs) go
+# under the state dir, removed before each run and after a passing one: runs on one machine never fill /tmp (a
+# failing run's files stay for debugging until the next run).
+TEST_TMP := $(abspath $(STATE))/test-tmp
+
 test: setup system-deps browser-deps postgres-deps lint
-	CRUCIBLE_PROFILE=micro $(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	rm -rf $(TEST_TMP) && mkdir -p $(TEST_TMP)
+	TMPDIR=$(TEST_TMP) CRUCIBLE_PROFILE=micro $(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	rm -rf $(TEST_TMP)
 
 lint: setup
 	$(BIN)/ruff check .

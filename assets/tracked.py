@@ -146,60 +146,62 @@ def run_stage(
     commit = git_commit()
     code_version_ = context.assets_def.code_versions_by_key.get(key) or ""
     results: dict[str | None, tuple[StageRun, StageResult, dict[str, str]]] = {}
-    for part in partitions:
-        _fail_stale_runs(context, tracker, group, asset_name, part or "")
-        tags = {
-            "dagster.run_id": context.run_id,
-            "dagster.asset_key": asset_name,
-            "dagster.partition_key": part or "",
-            "crucible.code_version": code_version_,
-            "crucible.git_commit": commit,
-            "crucible.profile": profile.name,
-            **process_tags(),
-        }
-        run_name = f"{asset_name}[{part}]" if part else asset_name
-        context.log.info("%s: MLflow run in experiment %s/%s", run_name, tracker.experiment_prefix, group)
-        with tracker.stage_run(group, run_name, tags, params=cfg.model_dump(mode="json")) as run:
-            producer = Producer(
-                asset=asset_name,
-                partition=part or "",
-                mlflow_run_id=run.run_id,
-                dagster_run_id=context.run_id,
-            )
-            result, lineage = _run_partition(fn, cfg, object_store, part, run, producer, upstream)
-            registered = register(result) if register else {}
-            for name, subpath in registered.items():
-                version = tracker.register_model(
-                    name,
-                    run.run_id,
-                    subpath,
-                    {
-                        **tags,
-                        **lineage,
-                        "crucible.data_version": result.data_version,
-                        "crucible.run_name": run_name,
+    try:
+        for part in partitions:
+            _fail_stale_runs(context, tracker, group, asset_name, part or "")
+            tags = {
+                "dagster.run_id": context.run_id,
+                "dagster.asset_key": asset_name,
+                "dagster.partition_key": part or "",
+                "crucible.code_version": code_version_,
+                "crucible.git_commit": commit,
+                "crucible.profile": profile.name,
+                **process_tags(),
+            }
+            run_name = f"{asset_name}[{part}]" if part else asset_name
+            context.log.info("%s: MLflow run in experiment %s/%s", run_name, tracker.experiment_prefix, group)
+            with tracker.stage_run(group, run_name, tags, params=cfg.model_dump(mode="json")) as run:
+                producer = Producer(
+                    asset=asset_name,
+                    partition=part or "",
+                    mlflow_run_id=run.run_id,
+                    dagster_run_id=context.run_id,
+                )
+                result, lineage = _run_partition(fn, cfg, object_store, part, run, producer, upstream)
+                registered = register(result) if register else {}
+                for name, subpath in registered.items():
+                    version = tracker.register_model(
+                        name,
+                        run.run_id,
+                        subpath,
+                        {
+                            **tags,
+                            **lineage,
+                            "crucible.data_version": result.data_version,
+                            "crucible.run_name": run_name,
+                        },
+                    )
+                    result.outputs[f"model/{name}"] = f"models:/{name}/{version.version}"
+                    context.log.info("registered %s version %s", name, version.version)
+                if registered:
+                    status = _log_lineage_report(tracker, run, object_store)
+                    context.log.info("%s: lineage %s (lineage.json on its MLflow run)", run_name, status)
+            results[part] = (run, result, lineage)
+            if len(partitions) > 1:  # materialized now: a later partition's failure does not take it back
+                yield dg.AssetMaterialization(
+                    asset_key=key,
+                    partition=part,
+                    metadata=_partition_metadata(run, result, lineage),
+                    tags={
+                        DATA_VERSION_TAG: result.data_version or run.run_id,
+                        DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
+                        CODE_VERSION_TAG: code_version_ or context.run_id,
                     },
                 )
-                result.outputs[f"model/{name}"] = f"models:/{name}/{version.version}"
-                context.log.info("registered %s version %s", name, version.version)
-            if registered:
-                status = _log_lineage_report(tracker, run, object_store)
-                context.log.info("%s: lineage %s (lineage.json on its MLflow run)", run_name, status)
-        results[part] = (run, result, lineage)
-        if len(partitions) > 1:  # materialized now: a later partition's failure does not take it back
-            yield dg.AssetMaterialization(
-                asset_key=key,
-                partition=part,
-                metadata=_partition_metadata(run, result, lineage),
-                tags={
-                    DATA_VERSION_TAG: result.data_version or run.run_id,
-                    DATA_VERSION_IS_USER_PROVIDED_TAG: "true",
-                    CODE_VERSION_TAG: code_version_ or context.run_id,
-                },
-            )
-    yield _materialize_result(results, cfg, checks, per_partition_events=len(partitions) > 1)
-    # logged to MLflow and inlined in the events above: the stages' artifact dirs can go
-    discard_artifact_dirs(path for _, result, _ in results.values() for path in result.artifacts.values())
+        yield _materialize_result(results, cfg, checks, per_partition_events=len(partitions) > 1)
+    finally:
+        # logged to MLflow and inlined in the events above (or the run failed): the stages' artifact dirs can go
+        discard_artifact_dirs(path for _, result, _ in results.values() for path in result.artifacts.values())
 
 
 def _log_lineage_report(tracker, run: StageRun, object_store: ObjectStore) -> str:

@@ -74,25 +74,7 @@ def test_unknown_stage_name_fails_naming_file_name_choices_and_close_match(tmp_p
 
 
 def test_stage_vocabulary_matches_the_profiles_and_the_code():
-    for name in ("tiny", "micro", "cluster", "tiny_rl_code"):
+    for name in ("tiny", "micro", "cluster"):
         assert set(load_profile(name).stages) <= settings.STAGE_NAMES
     with pytest.raises(SettingsError, match=r"stage 'crawl' is not in STAGE_NAMES"):
         validate_stage(load_profile("micro"), "crawl", _Stage)
-
-
-def test_tiny_rl_code_is_tiny_with_more_code_left_to_reasoning_rl():
-    from training.rl.reasoning import ReasoningRLConfig
-    from training.sft_data import SftDataConfig
-
-    tiny, variant = load_profile("tiny"), load_profile("tiny_rl_code")
-    sft, rl = (
-        validate_stage(variant, "sft_data", SftDataConfig),
-        validate_stage(variant, "reasoning_rl", ReasoningRLConfig),
-    )
-    assert (len(sft.rl_only_families), sft.rl_family_rows) == (8, 2)
-    assert set(SftDataConfig().rl_only_families) < set(sft.rl_only_families)
-    assert (rl.keep_solved_share, rl.steps) == (0.15, 240)
-    assert {k: v for k, v in variant.stages.items() if k not in ("sft_data", "reasoning_rl")} == {
-        k: v for k, v in tiny.stages.items() if k not in ("sft_data", "reasoning_rl")
-    }
-    assert variant.state_path == tiny.state_path

@@ -41,7 +41,7 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     learning_rate: float = Field(
         1e-4, gt=0, description="AdamW learning rate (3e-5 moved no held-out score in 60 steps on tiny)"
     )
-    steps: int = Field(120, ge=1, description="Optimizer steps (each on a fresh on-policy batch)")
+    steps: int = Field(240, ge=1, description="Optimizer steps (each on a fresh on-policy batch)")
     prompts_per_step: int = Field(8, ge=1, description="Prompts per batch, spread over the domains")
     group_size: int = Field(8, ge=2, description="Samples per prompt (G in Eq. 1)")
     max_new_tokens: int = Field(48, ge=1, description="Tokens generated per turn")
@@ -82,7 +82,7 @@ class ReasoningRLConfig(PolicyUpdateConfig):
         "domain the same share, so 2 kept prompts would take a quarter of every step and be memorised",
     )
     keep_solved_share: float = Field(
-        0.0,
+        0.15,
         ge=0,
         le=1,
         description="Share of the prompts the filter found always solved kept in training (seeded) as anchors: "

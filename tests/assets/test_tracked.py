@@ -23,6 +23,7 @@ class UpConfig(dg.Config):
     text: str = "v1"
     fail_on: str = ""
     metrics: int = 1
+    artifact: bool = False
 
 
 class DownConfig(dg.Config):
@@ -52,7 +53,15 @@ def up(context, config: UpConfig, store: ObjectStoreResource, mlflow: MlflowReso
         tmp = load_profile().state_path / "tmp" / run.run_id
         version = _write(object_store, f"up/{part}", f"{cfg.text} {part}", tmp)
         metrics = {f"m{i:03d}": i for i in range(cfg.metrics)}
-        return StageResult(metrics=metrics, outputs={"data": f"up/{part}"}, data_version=version)
+        artifacts = {}
+        if cfg.artifact:
+            from infra.figures import artifact_dir
+
+            artifacts["note.txt"] = artifact_dir("up-artifacts-") / "note.txt"
+            artifacts["note.txt"].write_text(part)
+        return StageResult(
+            metrics=metrics, outputs={"data": f"up/{part}"}, data_version=version, artifacts=artifacts
+        )
 
     return run_stage(context, store=store, mlflow=mlflow, config=_plain(config), fn=stage)
 
@@ -191,6 +200,23 @@ def test_completed_partitions_stay_materialized_when_a_later_one_fails(instance)
     failed = tracker.find_runs("test", "tags.`dagster.partition_key` = 'b'")
     assert [r.info.status for r in failed] == ["FAILED"]
     assert instance.get_materialized_partitions(dg.AssetKey("up")) == {"a"}
+
+
+def test_a_failing_partition_still_removes_the_artifact_dirs_of_the_completed_ones(instance):
+    import infra.figures
+
+    root = infra.figures.ARTIFACT_ROOT
+    before = set(root.glob("up-artifacts-*"))
+    result = _materialize(
+        [up],
+        instance,
+        run_config={"ops": {"up": {"config": {"fail_on": "b", "artifact": True}}}},
+        tags={RANGE_START: "a", RANGE_END: "c"},
+        raise_on_error=False,
+    )
+    assert not result.success and instance.get_materialized_partitions(dg.AssetKey("up")) == {"a"}
+    # partition a's artifact was logged; before the `finally` its dir stayed behind when b failed
+    assert set(root.glob("up-artifacts-*")) == before
 
 
 def test_a_running_mlflow_run_whose_dagster_run_ended_is_failed_when_its_partition_runs_again(instance):

@@ -14,6 +14,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# MLflow caches one SQLAlchemy engine per database URI for the life of the process, and its default pool keeps
+# connections open: every test has its own MLflow database, so a test worker would hold two file descriptors
+# per test it ran and, near the end of the suite, hit the open-file limit ("unable to open database file").
+# NullPool closes each connection when its session ends.
+os.environ.setdefault("MLFLOW_SQLALCHEMYSTORE_POOLCLASS", "NullPool")
 # One intra-op thread for torch (and BLAS) in the tests and every process they start, before torch is
 # imported: the models here are micro-sized, and on a 2-core box two threads that spin against another busy
 # process run ~10x slower than one (measured: the micro post_training_report took 162 s with two threads next

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -76,6 +77,30 @@ def test_stage_runs_and_lineage(tmp_path):
         tracker.model_version_run_id("crucible-test", "2")
     with pytest.raises(LookupError, match="no MLflow run 'nope'"):
         tracker.run_lineage("nope")
+
+
+def test_a_test_holds_no_open_file_on_its_mlflow_database_once_its_runs_end(tmp_path):
+    """MLflow keeps one engine per database URI for the life of the process; with a pooled engine every test's
+    database stayed open in the worker (two descriptors a test) until the suite hit the open-file limit.
+    conftest.py sets NullPool: nothing stays open once the runs have ended."""
+    tracker = Tracker.from_profile(load_profile())
+    db = tracker.tracking_uri.removeprefix("sqlite:///")
+    with tracker.stage_run("web", "crawl[s1]", {"dagster.asset_key": "web_warc"}) as run:
+        run.log_metrics({"pages": 5})
+    assert tracker.get_run(run.run_id).data.metrics["pages"] == 5
+
+    def open_on(path: str) -> int:
+        fds = os.listdir("/proc/self/fd")
+        return sum(1 for fd in fds if _readlink(f"/proc/self/fd/{fd}").startswith(path))
+
+    assert os.path.exists(db) and open_on(db) == 0
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed between listdir and readlink
+        return ""
 
 
 def test_metric_names_are_made_legal():

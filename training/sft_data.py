@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections import Counter
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -58,6 +59,13 @@ class SftDataConfig(BaseModel):
         ge=0,
         description="Extra math worked solutions per level the train tasks have, from a seed stream of their "
         "own (no held-out or test prompt, none already in train); Reasoning RL trains on the train tasks only",
+    )
+
+    copy_drill_rows: int = Field(
+        0,
+        ge=0,
+        description="Chats that ask to repeat a quoted phrase of one to three words from the corpus's "
+        "definitions: copying an unseen word token by token is what the search tasks need",
     )
 
     @field_validator("rl_only_families")
@@ -149,8 +157,23 @@ def build_sft_trajectories(
             {"role": "assistant", "content": f"{term}: {first}."},
         ]
         rows.append({"kind": "chat_definition", "task_id": "", "messages": messages})
+    rows += copy_drill(facts, cfg.copy_drill_rows, rng)
     rng.shuffle(rows)
     return rows, Counter(r["kind"] for r in rows)
+
+
+def copy_drill(facts: Sequence[tuple[str, str]], n: int, rng: random.Random) -> list[dict[str, Any]]:
+    """`n` chats: 'Repeat "<phrase>"' answered with the quoted phrase, its words drawn from the definitions."""
+    words = sorted({w for _, d in facts for w in re.findall(r"[A-Za-z]{3,12}", d)})
+    rows = []
+    for _ in range(n if words else 0):
+        phrase = " ".join(rng.choice(words) for _ in range(rng.randint(1, 3)))
+        messages = [
+            {"role": "user", "content": f'Repeat "{phrase}"'},
+            {"role": "assistant", "content": f'"{phrase}"'},
+        ]
+        rows.append({"kind": "copy_drill", "task_id": "", "messages": messages})
+    return rows
 
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> Path:

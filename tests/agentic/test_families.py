@@ -189,20 +189,64 @@ def test_search_tool_finds_the_linked_documents(families):
     for task in tasks:
         first, second = task.meta["linked"][1], task.meta["linked"][0]  # B (from the clue), then A (names B)
         episode = search.open(task)
-        clue = task.prompt.split("defined with: ")[1].rstrip("?")
+        clue = task.prompt.split('defined with "')[1].removesuffix('"?')
         hop1 = episode.tool(json.dumps({"name": "search", "arguments": {"query": clue}}))
-        assert hop1.startswith(f"{first}: ")
+        assert hop1.startswith(f'"{first}": ')
         hop2 = episode.tool(json.dumps({"name": "search", "arguments": {"query": first}}))
-        assert hop2.startswith(f"{second}: ") and task.answer == second
+        assert hop2.startswith(f'"{second}": ') and task.answer == second
         # A's document names B; B's does not name itself
         texts = dict(search.docs)
         assert first in texts[second] and first not in texts[first]
         assert episode.finish(f"Answer: {second}").reward == 1.0
         episode.close()
+    assert search.open(tasks[0]).finish(f'Answer: "{tasks[0].answer}"').reward == 1.0  # quoted, as taught
     bad = search.open(tasks[0])
     assert bad.tool('{"name": "search", "arguments": {"query": ""}}').startswith("error")
     assert bad.tool('{"name": "browse"}').startswith("error: unknown tool")
     assert bad.tool("not json").startswith("error")
+
+
+def _tokens_of(tokenizer, text: str, region: tuple[int, int], needle: str) -> list[int] | None:
+    """The ids of the tokens that spell the first `needle` inside `region` of `text`; None when its tokens do
+    not cover it exactly (a token reaching over its edge, such as " will" for "will")."""
+    at = text.index(needle, *region)
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    inside = [
+        (t, a, b)
+        for t, (a, b) in zip(enc.input_ids, enc.offset_mapping, strict=True)
+        if at <= a and b <= at + len(needle)
+    ]
+    return [t for t, _, _ in inside] if "".join(text[a:b] for _, a, b in inside) == needle else None
+
+
+def test_what_a_search_policy_copies_is_tokenized_alike_where_it_reads_and_where_it_writes(
+    families, tokenizer
+):
+    """A tiny policy learns to copy tokens, not to re-spell a word: the clue (prompt -> first query), the linked
+    term (first result -> second query) and the answer (last result -> answer) are the same token ids in both
+    places of the rendered worked solution."""
+    from training.sft import _render
+
+    search = families["search"]
+    checked = 0
+    for level in (1, 2, 3):
+        for task in search.generate("train", 10, 0, level):
+            messages = [{"role": "user", "content": task.prompt}, *search.solution(task)]
+            ends = [len(_render(tokenizer, messages[: k + 1])) for k in range(len(messages))]
+            region = {k: (ends[k - 1] if k else 0, ends[k]) for k in range(len(messages))}
+            text = _render(tokenizer, messages)
+            (clue, _), *second = task.meta["steps"]
+            copies = [(clue, 0, 1), (task.answer, len(messages) - 2, len(messages) - 1)]
+            if second:  # the linked term: read in the first result, written in the second query
+                copies.append((second[0][0], 2, 3))
+            for needle, read, written in copies:
+                source = _tokens_of(tokenizer, text, region[read], needle)
+                assert source and source == _tokens_of(tokenizer, text, region[written], needle), (
+                    needle,
+                    text,
+                )
+                checked += 1
+    assert checked >= 60
 
 
 def test_terminal_tools_and_limits(families):

@@ -297,6 +297,32 @@ def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
         assert MathSuite().verify(drill[r["task_id"]], answer).reward == 1.0, answer
 
 
+def test_copy_drill_asks_to_repeat_quoted_phrases_of_definition_words():
+    import random
+    import re
+
+    from training.sft_data import SftDataConfig, build_sft_trajectories, copy_drill
+
+    facts = [("alpha", "a small boat with two masts"), ("beta", "the harbor where boats anchor in winter")]
+    words = {w for _, d in facts for w in re.findall(r"[A-Za-z]{3,12}", d)}
+    rows = copy_drill(facts, 200, random.Random(0))
+    assert len(rows) == 200 and rows == copy_drill(facts, 200, random.Random(0))
+    lengths = Counter()
+    for row in rows:
+        user, assistant = row["messages"]
+        phrase = re.fullmatch(r'Repeat "(.+)"', user["content"]).group(1)
+        assert assistant == {"role": "assistant", "content": f'"{phrase}"'} and row["kind"] == "copy_drill"
+        assert set(phrase.split()) <= words
+        lengths[len(phrase.split())] += 1
+    assert set(lengths) == {1, 2, 3}
+    assert copy_drill([], 5, random.Random(0)) == []
+
+    cfg = SftDataConfig(definition_chats=0, copy_drill_rows=30)
+    _, kinds = build_sft_trajectories([], suites(), facts, cfg)
+    assert kinds == {"copy_drill": 30}
+    assert build_sft_trajectories([], suites(), facts, cfg.model_copy(update={"copy_drill_rows": 0}))[1] == {}
+
+
 def test_column_steps_are_true_one_digit_facts_ending_in_the_answer():
     import re
 

@@ -2,12 +2,16 @@
 facts the knowledge suite uses), a BM25 index over the definitions, and a `search` tool returning the top two
 documents. Questions link two documents: document A's definition names term B.
 
-Level 1: one hop: "which term is defined with: <clue>" (two words of B's definition that together find B;
+Level 1: one hop: 'which term is defined with "<clue>"' (two words of B's definition that together find B;
          search the clue, answer B).
-Level 2: two hops: "which term's entry names the term defined with: <clue>" (search the clue -> B, search
+Level 2: two hops: 'which term's entry names the term defined with "<clue>"' (search the clue -> B, search
          B -> A, answer A). Document A names B in its "See B." reference or in its definition.
 Level 3: two hops from a clue of three words.
 Answer terms are at most 14 characters (a tiny policy copies them from an observation).
+Everything the policy copies is quoted where it is read and where it is written (the clue in the prompt, the
+terms in the results, the answer): after a quote a word has no leading space, so both places tokenize it alike.
+Unquoted, "with: will old" gives the token " will" and the query "will old" gives "w" "ill", and a tiny policy
+does not learn that mapping (0 of 150 held-out search tasks at search-v1).
 Only questions the worked solution answers with this index are kept (the top hit of each hop is right)."""
 
 from __future__ import annotations
@@ -149,7 +153,7 @@ class SearchSuite:
     """Task suite and in-process environment of multi-hop search; `facts` are (term, definition) pairs."""
 
     domain = "search"
-    version = "search-v1"
+    version = "search-v2"
 
     def __init__(self, facts: Sequence[tuple[str, str]], latency: ExtraLatency | None = None):
         facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
@@ -162,7 +166,7 @@ class SearchSuite:
         hits = self.index.search(query)
         if not hits:
             return "no results"
-        return clip("\n".join(clip(f"{self.docs[i][0]}: {self.docs[i][1]}", SNIPPET_CHARS) for i in hits))
+        return clip("\n".join(clip(f'"{self.docs[i][0]}": {self.docs[i][1]}', SNIPPET_CHARS) for i in hits))
 
     def top_term(self, query: str) -> str | None:
         hits = self.index.search(query, 1)
@@ -228,13 +232,13 @@ class SearchSuite:
             return None
         steps = [(clue, self.search_text(clue))]
         if a is None:
-            prompt, answer = f"Search: which term is defined with: {clue}?", term_b
+            prompt, answer = f'Search: which term is defined with "{clue}"?', term_b
         else:
             answer = self.docs[a][0]
             if self.top_term(term_b) != answer:
                 return None
             steps.append((term_b, self.search_text(term_b)))
-            prompt = f"Search: which term's entry names the term defined with: {clue}?"
+            prompt = f'Search: which term\'s entry names the term defined with "{clue}"?'
         accepted = [answer] if a is None else [self.docs[u][0] for u in self.links()[b]]
         meta = {
             "steps": steps,
@@ -257,7 +261,7 @@ class SearchSuite:
                 {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "content": result},
             ]
-        return [*messages, {"role": "assistant", "content": f"Answer: {task.answer}"}]
+        return [*messages, {"role": "assistant", "content": f'Answer: "{task.answer}"'}]
 
 
 def _stable_hash(text: str) -> int:

@@ -167,13 +167,32 @@ def _unknown_stage(stage: str) -> str:
     return f"{hint}valid stages: {', '.join(sorted(STAGE_NAMES))}"
 
 
+def _with_nested_defaults(model: type[BaseModel], values: dict, default: BaseModel | None = None) -> dict:
+    """`values` with each nested model given as a partial dict filled in from the field's own default: a stage
+    whose default trainer has lr 1e-3 keeps it when a profile sets only `trainer: {steps: 3000}` (pydantic alone
+    would build a fresh TrainerConfig with the class's defaults). Plain dict fields are replaced, not merged."""
+    out = dict(values)
+    for key, value in values.items():
+        field = model.model_fields.get(key)
+        if field is None or not isinstance(value, dict):
+            continue
+        current = (
+            getattr(default, key, None)
+            if default is not None
+            else field.get_default(call_default_factory=True)
+        )
+        if isinstance(current, BaseModel):
+            out[key] = current.model_dump() | _with_nested_defaults(type(current), value, current)
+    return out
+
+
 def validate_stage(profile: Profile, stage: str, model: type[M], overrides: dict | None = None) -> M:
     """Validate one stage's config (profile defaults + overrides) against the stage's pydantic model."""
     if stage not in STAGE_NAMES:  # a new stage is added to the vocabulary, or no profile could configure it
         raise SettingsError(
             f"stage {stage!r} is not in STAGE_NAMES (infra/settings.py); {_unknown_stage(stage)}"
         )
-    values = _deep_merge(profile.stage(stage), overrides or {})
+    values = _with_nested_defaults(model, _deep_merge(profile.stage(stage), overrides or {}))
     try:
         return model.model_validate(values)
     except ValidationError as exc:

@@ -78,3 +78,35 @@ def test_stage_vocabulary_matches_the_profiles_and_the_code():
         assert set(load_profile(name).stages) <= settings.STAGE_NAMES
     with pytest.raises(SettingsError, match=r"stage 'crawl' is not in STAGE_NAMES"):
         validate_stage(load_profile("micro"), "crawl", _Stage)
+
+
+def test_a_partial_nested_override_keeps_the_stages_own_nested_defaults():
+    """SFT's default trainer is not TrainerConfig's (lr 1e-3, sparse_gather, fp32, 1,600 steps): setting only
+    `trainer: {steps: ...}` used to build a fresh TrainerConfig and silently train at the class's lr."""
+    from training.post_train import SftConfig
+    from training.rl.general_job import GeneralRLStageConfig
+    from training.trainer import TrainerConfig
+
+    tiny = load_profile("tiny")
+    default = validate_stage(tiny, "sft", SftConfig).trainer
+    assert default.optim.lr != TrainerConfig().optim.lr  # else this test could not fail
+    steps = validate_stage(tiny, "sft", SftConfig, {"trainer": {"steps": 3000}}).trainer
+    assert steps == default.model_copy(update={"steps": 3000})
+    lr = validate_stage(tiny, "sft", SftConfig, {"trainer": {"optim": {"lr": 5e-4}}}).trainer
+    assert lr.optim == default.optim.model_copy(update={"lr": 5e-4}) and lr.steps == default.steps
+
+    # an optional nested model (the GRM judge): a partial override keeps the rest; null still turns it off
+    judge = validate_stage(
+        tiny, "general_rl", GeneralRLStageConfig, {"judge": {"client": {"max_calls": 7}}}
+    ).judge
+    assert judge.client.max_calls == 7 and judge.client.show_progress is False and judge.local_threads is None
+    assert validate_stage(tiny, "general_rl", GeneralRLStageConfig, {"judge": None}).judge is None
+    # a plain dict field is replaced, not merged: ratios name exactly the families to train on
+    from training.agentic.async_loop import AgenticRLConfig
+
+    ratios = validate_stage(
+        tiny, "agentic_rl", AgenticRLConfig, {"task_ratios": {"terminal": 1.0}}
+    ).task_ratios
+    assert ratios == {"terminal": 1.0}
+    with pytest.raises(SettingsError, match="trainer.stepz"):
+        validate_stage(tiny, "sft", SftConfig, {"trainer": {"stepz": 3}})

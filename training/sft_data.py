@@ -65,7 +65,9 @@ class SftDataConfig(BaseModel):
         0,
         ge=0,
         description="Chats that ask to repeat a quoted phrase of one to three words from the corpus's "
-        "definitions: copying an unseen word token by token is what the search tasks need",
+        "definitions: copying an unseen word token by token is what the search tasks need. Off: on tiny, 4,000 "
+        "rows copied 14 of 40 fresh phrases (0 without) but held-out search rose only to 1 of 150; 20,000 "
+        "crowded out the agentic rows",
     )
 
     @field_validator("rl_only_families")

@@ -28,10 +28,13 @@ class AgenticTasksConfig(BaseModel):
         default_factory=lambda: {"terminal": [1, 2, 3], "codefix": [1, 2, 3], "search": [1, 2, 3]},
         description="Difficulty levels (1..3) generated per family (terminal, codefix, search)",
     )
-    train_per_level: int = Field(200, ge=1, description="Train tasks per family and level")
+    train_per_level: int = Field(1000, ge=1, description="Train tasks per family and level")
     heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per family and level")
+    # 400 rather than 100 (with SFT at 3,000 steps rather than 1,600 for the same passes over the rest): on tiny,
+    # held-out success after SFT codefix 0.54 -> 0.78, terminal 0.25 -> 0.87, search 0 -> 0.05: with 100 rows
+    # per level the policy memorised what to copy instead of learning to copy (dev scores, 2026-12-02).
     sft_per_level: int = Field(
-        100, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
+        400, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
     )
     max_facts: int = Field(
         2000, ge=0, description="Dictionary facts the search family's documents are built from"

@@ -166,6 +166,8 @@ def build_sft_trajectories(
 
 def copy_drill(facts: Sequence[tuple[str, str]], n: int, rng: random.Random) -> list[dict[str, Any]]:
     """`n` chats: 'Repeat "<phrase>"' answered with the quoted phrase, its words drawn from the definitions."""
+    if n == 0:  # the default: no pass over every definition
+        return []
     words = sorted({w for _, d in facts for w in re.findall(r"[A-Za-z]{3,12}", d)})
     rows = []
     for _ in range(n if words else 0):

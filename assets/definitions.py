@@ -94,17 +94,25 @@ JOBS = [
     ),
 ]
 
-defs = dg.Definitions(
-    assets=[
-        *web_assets,
-        *code_assets,
-        *knowledge_assets,
-        *rescue_assets,
-        *training_assets,
-        *POST_TRAINING,
-    ],
-    jobs=JOBS,
-    sensors=[web_snapshot_sensor],
-    resources={**resources_for(PROFILE), "pipes": dg.PipesSubprocessClient()},
-    executor=dg.in_process_executor,
-)
+
+def definitions(profile: Profile) -> dg.Definitions:
+    """The graph with `profile`'s store and MLflow resources. `defs` is the one for the profile loaded at
+    import; a process that switches state dirs later (the tests) builds its own, or its runs would write to
+    the first one's MLflow database and store."""
+    return dg.Definitions(
+        assets=[
+            *web_assets,
+            *code_assets,
+            *knowledge_assets,
+            *rescue_assets,
+            *training_assets,
+            *POST_TRAINING,
+        ],
+        jobs=JOBS,
+        sensors=[web_snapshot_sensor],
+        resources={**resources_for(profile), "pipes": dg.PipesSubprocessClient()},
+        executor=dg.in_process_executor,
+    )
+
+
+defs = definitions(PROFILE)

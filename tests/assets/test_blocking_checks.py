@@ -36,8 +36,12 @@ def short_pages_site():
 
 
 def _run(instance, snapshot: str, seed: str):
-    from assets.definitions import defs
+    from assets.definitions import definitions
+    from infra.settings import load_profile
 
+    # this test's state dir: `defs` holds the resources of whichever test first imported the module, whose
+    # temp dir is gone by now (with MLflow's NullPool, "unable to open database file")
+    defs = definitions(load_profile())
     instance.add_dynamic_partitions("web_snapshot", [snapshot])
     crawl = {"source": "seeds", "seeds": [seed], "max_pages": 20, "allow_private_networks": ["127.0.0.0/8"]}
     return defs.resolve_job_def("web_corpus").execute_in_process(
@@ -88,3 +92,14 @@ def test_failing_blocking_check_of_web_filtered_stops_web_deduped(dagster_home, 
     assert _materialized(instance, "web_deduped") == {"good"}
     severities = {c.severity for c in bad.get_asset_check_evaluations() if not c.passed}
     assert severities == {dg.AssetCheckSeverity.ERROR}  # blocking, not warn-only
+
+
+def test_the_graph_built_for_a_profile_tracks_and_stores_in_that_profiles_state_dir(tmp_path, monkeypatch):
+    from assets.definitions import definitions
+    from infra.settings import load_profile
+
+    for name in ("a", "b"):
+        monkeypatch.setenv("CRUCIBLE_STATE_DIR", str(tmp_path / name))
+        resources = definitions(load_profile()).resources
+        assert resources["mlflow"].tracking_uri == f"sqlite:///{tmp_path / name / 'mlflow' / 'mlflow.db'}"
+        assert resources["store"].url.startswith(str(tmp_path / name))

@@ -36,7 +36,7 @@ AGENTIC_PANELS = {
     "importance ratio (trainer / rollout engine)": r"ratio/(min|mean|max)",
     "tokens masked by the IS band": r"is/masked_fraction",
     "staleness (versions behind)": r"staleness/(mean|max)",
-    "dropped and padded samples": r"buffer/(stale|env_failures|padded_samples|dropped_in_groups)",
+    "dropped and padded samples": r"buffer/(stale|env_failures|padded_samples|dropped_in_groups|uniform_samples)",
     "pipeline": r"trainer/idle_fraction|throughput/trajectories_per_s",
 }
 

@@ -56,6 +56,25 @@ def test_buffer_drops_stale_and_crashed_pads_majority_groups_and_counts_add_up()
     assert c.env_failure_reasons == {"": 1}
 
 
+def test_with_drop_uniform_a_group_of_one_reward_is_dropped_and_counted_and_a_mixed_one_trains():
+    buf = TrajectoryBuffer(group_size=4, max_staleness=1, drop_uniform=True)
+    for k in range(4):  # all solved: every advantage 0
+        buf.add(_traj(f"u{k}", "u", [5], reward=1.0))
+    for k in range(4):  # one crash, the 3 valid all failed: uniform once the crash is out
+        buf.add(_traj(f"z{k}", "z", [5], "env_failure" if k == 0 else "ok", reward=0.0))
+    for k in range(4):  # mixed: trains
+        buf.add(_traj(f"m{k}", "m", [5], reward=float(k == 2)))
+    groups = buf.take(min_trajectories=4, version=5)
+    assert [[t.id for t in g] for g in groups] == [["m0", "m1", "m2", "m3"]]
+    c = buf.counts
+    assert (c.uniform_groups, c.uniform_samples, c.env_failures, c.trained_unique) == (2, 7, 1, 4)
+    assert c.received == c.trained_unique + c.stale + c.env_failures + c.dropped_in_groups + c.uniform_samples
+    kept = TrajectoryBuffer(group_size=4, max_staleness=1)  # off (the default): the same groups all train
+    for t in [_traj(f"u{k}", "u", [5], reward=1.0) for k in range(4)]:
+        kept.add(t)
+    assert [len(g) for g in kept.take(min_trajectories=4, version=5)] == [4]
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     corpus = [" ".join(WORDS) + " pick a color" for _ in range(50)]

@@ -64,6 +64,10 @@ class AgenticRLConfig(BaseModel):
     in_flight_groups: int = Field(12, ge=1, description="Groups the worker keeps in flight (over-sampling)")
     push_every: int = Field(2, ge=1, description="Push weights to the rollout engine every K optimizer steps")
     max_staleness: int = Field(2, ge=0, description="Drop a sample whose oldest version is > tau behind")
+    drop_uniform_groups: bool = Field(
+        False,
+        description="Drop a group whose samples all got the same reward (no gradient; DAPO's dynamic sampling)",
+    )
     mode: Literal["async", "sync"] = Field(
         "async", description="async pipeline, or sync with partial rollouts"
     )
@@ -265,7 +269,9 @@ class AgenticRun:
         self.model, self.spec, self.cfg = model, spec, spec.config
         self.weights_dir = run_dir / "weights"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.buffer = TrajectoryBuffer(self.cfg.group_size, self.cfg.max_staleness)
+        self.buffer = TrajectoryBuffer(
+            self.cfg.group_size, self.cfg.max_staleness, self.cfg.drop_uniform_groups
+        )
         self.worker_stats: dict[str, float] = {}
         self.idle_s = 0.0
         self.pushed: list[tuple[int, Path]] = []

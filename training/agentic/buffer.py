@@ -5,8 +5,10 @@ trajectories are buffered (docs/recipe.md, Stage 2).
 At take time each group is filtered: samples whose oldest policy version is more than `max_staleness`
 versions behind the trainer are dropped as stale; samples the environment crashed on are dropped with
 their reason; a group with more than half of its samples left is padded back to full size by repeating
-valid samples (in order), otherwise dropped whole. Every drop is counted, so the counts add up:
-received == trained_unique + stale + env_failures + dropped_in_groups."""
+valid samples (in order), otherwise dropped whole. With `drop_uniform`, a group whose valid samples all have
+the same reward is dropped too (DAPO's dynamic sampling): its advantages are all 0, so it adds no gradient and
+only dilutes the token mean of the loss. Every drop is counted, so the counts add up:
+received == trained_unique + stale + env_failures + dropped_in_groups + uniform_samples."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ class BufferCounts:
     dropped_groups: int = 0
     dropped_in_groups: int = 0  # valid samples thrown away with a group that had too few valid ones
     padded_samples: int = 0
+    uniform_groups: int = 0  # groups dropped because every valid sample had the same reward
+    uniform_samples: int = 0
     trained_unique: int = 0
     env_failure_reasons: Counter = field(default_factory=Counter)
 
@@ -34,12 +38,12 @@ class BufferCounts:
 
 
 class TrajectoryBuffer:
-    def __init__(self, group_size: int, max_staleness: int):
+    def __init__(self, group_size: int, max_staleness: int, drop_uniform: bool = False):
         if group_size < 1 or max_staleness < 0:
             raise ValueError(
                 f"group_size must be >= 1 and max_staleness >= 0, got {group_size}, {max_staleness}"
             )
-        self.group_size, self.max_staleness = group_size, max_staleness
+        self.group_size, self.max_staleness, self.drop_uniform = group_size, max_staleness, drop_uniform
         self._groups: OrderedDict[str, list[Trajectory]] = OrderedDict()
         self._seen: set[str] = set()
         self.counts = BufferCounts()
@@ -86,6 +90,10 @@ class TrajectoryBuffer:
         if 2 * len(valid) <= len(group):  # "more than half valid" pads; half or fewer drops the group
             self.counts.dropped_groups += 1
             self.counts.dropped_in_groups += len(valid)
+            return []
+        if self.drop_uniform and len({t.reward for t in valid}) == 1:
+            self.counts.uniform_groups += 1
+            self.counts.uniform_samples += len(valid)
             return []
         self.counts.trained_unique += len(valid)
         padding = [valid[i % len(valid)] for i in range(len(group) - len(valid))]

@@ -66,7 +66,8 @@ class AgenticRLConfig(BaseModel):
     max_staleness: int = Field(2, ge=0, description="Drop a sample whose oldest version is > tau behind")
     drop_uniform_groups: bool = Field(
         False,
-        description="Drop a group whose samples all got the same reward (no gradient; DAPO's dynamic sampling)",
+        description="Drop a group whose samples all got the same reward (no gradient; DAPO's dynamic sampling); "
+        "a step then trains on what is left of its batch, which may be fewer than batch_trajectories",
     )
     mode: Literal["async", "sync"] = Field(
         "async", description="async pipeline, or sync with partial rollouts"

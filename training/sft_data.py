@@ -54,6 +54,14 @@ class SftDataConfig(BaseModel):
         description="Math worked solutions of multi-digit sums, differences and products by one digit go one "
         "digit column at a time (training/tasks/math.py: column_steps) instead of the whole result at once",
     )
+    math_calculator_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of math worked solutions that set the problem up as one calculator call "
+        "(tool-integrated reasoning: training/tasks/math.py calculator_expression) instead of working the "
+        "arithmetic in the reasoning",
+    )
     math_drill_per_level: int = Field(
         0,
         ge=0,
@@ -142,7 +150,21 @@ def build_sft_trajectories(
             if task.domain == "math" and cfg.math_column_steps and (steps := column_steps(task.prompt)):
                 solution = [{**solution[0], "reasoning_content": steps}, *solution[1:]]
             kind = "math_drill" if task.id in drill_ids else task.domain
-            if task.domain == "math" and rng.random() < cfg.error_share:
+            # no draw when off, so the default rows stay those of earlier versions
+            with_tool = task.domain == "math" and cfg.math_calculator_share > 0
+            if (
+                with_tool
+                and rng.random() < cfg.math_calculator_share
+                and (tool_solution := suites["math"].calculator_solution(task))
+            ):
+                if rng.random() < cfg.error_share:
+                    messages, kind = (
+                        failed_tool_call_trajectory(task.prompt, tool_solution),
+                        "math_tool_failed",
+                    )
+                else:
+                    messages, kind = [{"role": "user", "content": task.prompt}, *tool_solution], "math_tool"
+            elif task.domain == "math" and rng.random() < cfg.error_share:
                 messages, kind = (
                     error_correction_trajectory(task.prompt, solution, _wrong_step(task, rng), rng),
                     "math_corrected",

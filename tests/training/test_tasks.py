@@ -174,6 +174,8 @@ def test_calculator_evaluates_only_arithmetic():
     assert calculator("2 ** 1000").startswith("error")
     assert calculator("1" * 100).startswith("error")
     assert call_tool('{"name": "calculator", "arguments": {"expression": "6 * 7"}}') == "42"
+    assert calculator("(-6 - 14) / 5") == "-4" and calculator("18 / 6") == "3"
+    assert calculator("7 / 2").startswith("error") and calculator("3 / (2 - 2)").startswith("error")
     assert call_tool('{"name": "shell", "arguments": {}}').startswith("error: bad tool call")
     assert call_tool("not json").startswith("error: bad tool call")
 
@@ -360,3 +362,39 @@ def test_column_steps_are_true_one_digit_facts_ending_in_the_answer():
             == before["messages"][1]["content"]
             == f"Answer: {by_id[row['task_id']].answer}"
         )
+
+
+def test_math_solved_with_the_calculator_checks_out_through_the_real_tool_and_verifier():
+    import json
+
+    from training.sft_data import SftDataConfig, build_sft_trajectories
+    from training.tasks.math import calculator_expression
+
+    sets = build_task_sets(TaskSuitesConfig(train_per_level=60, heldout_per_level=10, test_per_level=0))
+    math = [t for t in sets["train"] if t.domain == "math"]
+    forms = Counter()
+    for task in math:  # every generated form has a calculator set-up
+        expression, form = calculator_expression(task.prompt)
+        forms[(task.difficulty, form, "/" in expression)] += 1
+    assert {(4, "{}x", False), (4, "{}", True), (3, "{}", False), (1, "{}", False)} <= set(forms), forms
+    assert calculator_expression("Simplify: 3x^2 + x") is None
+
+    cfg = SftDataConfig(definition_chats=0, error_share=0.25, math_calculator_share=1.0)
+    rows, kinds = build_sft_trajectories(math, suites(), [], cfg)
+    assert kinds["math_tool"] + kinds["math_tool_failed"] == len(math) and kinds["math_tool_failed"] > 0
+    by_id = {t.id: t for t in math}
+    for row in rows:
+        *turns, final = row["messages"][1:]
+        call, result = turns[-2]["tool_calls"][0], turns[-1]["content"]
+        assert call_tool(json.dumps(call)) == result  # the tool the rollout loop runs says the same
+        assert MathSuite().verify(by_id[row["task_id"]], final["content"]).reward == 1.0, row
+        if row["kind"] == "math_tool_failed":
+            assert turns[0]["train"] is False  # the malformed call carries no loss
+
+    half, _ = build_sft_trajectories(
+        math, suites(), [], cfg.model_copy(update={"math_calculator_share": 0.5})
+    )
+    tooled = sum(r["kind"].startswith("math_tool") for r in half)
+    assert 0.4 * len(math) < tooled < 0.6 * len(math)
+    off = cfg.model_copy(update={"math_calculator_share": 0.0})
+    assert build_sft_trajectories(math, suites(), [], off)[1]["math_tool"] == 0

@@ -15,6 +15,7 @@ from sympy.parsing.sympy_parser import (
 )
 
 from training.tasks.base import Split, Task, Verdict, extract_answer, split_seed, task_id
+from training.tasks.tools import calculator
 
 X = sympy.Symbol("x")
 # Only digits, x, operators, brackets and spaces reach the parser (parse_expr evaluates Python): a model's
@@ -58,6 +59,24 @@ def equivalent(answer: str, reference: str) -> bool:
 
 
 _ARITHMETIC = re.compile(r"What is (\d+) ([-+*]) (\d+)\?")
+_SHIFTED = re.compile(r"Solve for x: x \+ (\d+) = (-?\d+)")
+_LINEAR = re.compile(r"Solve for x: (\d+)x \+ (\d+) = (-?\d+)")
+_LIKE_TERMS = re.compile(r"Simplify: (\d+)x \+ (\d+)x")
+
+
+def calculator_expression(prompt: str) -> tuple[str, str] | None:
+    """(the calculator expression that solves a math prompt, how its result becomes the answer: "{}" or
+    "{}x"), or None for a prompt of no known form. The arithmetic is the tool's; the model only has to set the
+    problem up and copy numbers, which a small model learns where one-digit facts it does not."""
+    if m := _ARITHMETIC.fullmatch(prompt):
+        return f"{m[1]} {m[2]} {m[3]}", "{}"
+    if m := _SHIFTED.fullmatch(prompt):
+        return f"{m[2]} - {m[1]}", "{}"
+    if m := _LINEAR.fullmatch(prompt):
+        return f"({m[3]} - {m[2]}) / {m[1]}", "{}"
+    if m := _LIKE_TERMS.fullmatch(prompt):
+        return f"{m[1]} + {m[2]}", "{}x"
+    return None
 
 
 def column_steps(prompt: str) -> str | None:
@@ -138,6 +157,20 @@ class MathSuite:
         if parse_answer(answer) is None:
             return Verdict(0.0, "unparsable_answer")
         return Verdict(1.0, "correct") if equivalent(answer, task.answer) else Verdict(0.0, "wrong_answer")
+
+    def calculator_solution(self, task: Task) -> list[dict] | None:
+        """A worked solution that calls the calculator (tasks/tools.py) for the arithmetic, or None."""
+        found = calculator_expression(task.prompt)
+        if found is None:
+            return None
+        expression, form = found
+        result = calculator(expression)
+        call = {"name": "calculator", "arguments": {"expression": expression}}
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": f"Answer: {form.format(result)}"},
+        ]
 
     def solution(self, task: Task) -> list[dict]:
         answer = task.answer.replace("*x", "x")

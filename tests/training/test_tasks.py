@@ -278,7 +278,7 @@ def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
     sets = build_task_sets(TaskSuitesConfig(train_per_level=40, heldout_per_level=20, test_per_level=10))
     math = [t for t in sets["train"] if t.domain == "math"]
     excluded = {t.prompt for split in ("heldout", "test") for t in sets[split]}
-    plain = SftDataConfig(definition_chats=0, error_share=0.0)
+    plain = SftDataConfig(definition_chats=0, error_share=0.0, math_calculator_share=0.0)
     base_rows, base_kinds = build_sft_trajectories(math, suites(), [], plain, excluded)
     assert base_rows == build_sft_trajectories(math, suites(), [], plain)[0]  # no drill: rows as before
     assert "math_drill" not in base_kinds
@@ -348,7 +348,9 @@ def test_column_steps_are_true_one_digit_facts_ending_in_the_answer():
     assert column_steps("What is 68 + 55?") == "8 + 5 = 13, 6 + 5 + 1 = 12, 68 + 55 = 123"
     assert column_steps("What is 72 - 38?") == "12 - 8 = 4, 6 - 3 = 3, 72 - 38 = 34"
 
-    cfg = SftDataConfig(definition_chats=0, error_share=0.0, math_column_steps=True)
+    cfg = SftDataConfig(
+        definition_chats=0, error_share=0.0, math_column_steps=True, math_calculator_share=0.0
+    )
     rows, _ = build_sft_trajectories(arithmetic[:20], suites(), [], cfg)
     plain, _ = build_sft_trajectories(
         arithmetic[:20], suites(), [], cfg.model_copy(update={"math_column_steps": False})

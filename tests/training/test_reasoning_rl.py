@@ -328,3 +328,52 @@ def test_no_anchor_repeats_a_prompt_when_the_filter_falls_back_to_the_whole_pool
         setup, "all", 4, AlwaysPass(), group_size=2, max_new_tokens=2, filter_samples=2, keep_solved_share=1.0
     )
     assert filt["filter/always_solved"] == 4 and "filter/anchors/all" not in filt, filt
+
+
+class ScriptedEngine:
+    """Answers each prompt with a fixed text per turn: the model's part is scripted, the rollout loop, the
+    tokenizer, the calculator and the verifier are the real ones."""
+
+    policy_version = 0
+
+    def __init__(self, tok, turns_for):
+        self.tok, self.turns_for = tok, turns_for
+
+    def generate(self, prompts, params):
+        from training.rollout.engine import Generation
+
+        outs = []
+        for ids in prompts:
+            text = self.tok.decode(ids)
+            prompt = next(p for p in self.turns_for if p in text)
+            turn = text.count("<tool_response>")
+            reply = self.tok(self.turns_for[prompt][turn] + "<|end_of_turn|>", add_special_tokens=False)
+            token_ids = list(reply["input_ids"])
+            outs.append(Generation(token_ids, [0.0] * len(token_ids), "stop", 0, token_ids[-1]))
+        return outs
+
+
+def test_tool_call_rates_count_the_greedy_rollouts_that_called_the_calculator(setup):
+    from training.rl.reasoning import greedy_trajectories, tool_call_rates
+    from training.tasks.math import MathSuite
+    from training.tasks.tools import ToolSuite
+
+    tok = setup[0]
+    math = MathSuite().generate("heldout", 4, 0, 3)
+    tool = ToolSuite().generate("heldout", 2, 0, 1)
+    call = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
+    script = {  # math: the first three call the calculator (one with a wrong expression), the fourth reasons
+        **{t.prompt: [call.format(MathSuite.calculator_solution(MathSuite(), t)[0]["tool_calls"][0]
+                                  ["arguments"]["expression"]), f"Answer: {t.answer}"] for t in math[:2]},
+        math[2].prompt: [call.format("1 + 1"), "Answer: 2"],
+        math[3].prompt: [f"Answer: {math[3].answer}"],
+        **{t.prompt: ["Answer: 0"] for t in tool},  # tool: never called
+    }  # fmt: skip
+    trajs = greedy_trajectories(
+        ScriptedEngine(tok, script), tok, math + tool, {"math": MathSuite(), "tool": ToolSuite()}, 64, 3
+    )
+    assert tool_call_rates(trajs) == {"tool_calls/math": 0.75, "tool_calls/tool": 0.0}
+    rewards = {t.prompt_id: t.reward for t in trajs}
+    assert [rewards[t.id] for t in math] == [1.0, 1.0, float(math[2].answer == "2"), 1.0]
+    observations = [m["content"] for t in trajs for m in t.messages if m["role"] == "tool"]
+    assert observations[2] == "2" and observations[:2] == [t.answer for t in math[:2]]

@@ -94,16 +94,16 @@ class ReasoningRLConfig(PolicyUpdateConfig):
 Log = Callable[[dict[str, float], int], None]
 
 
-def greedy_rewards(
+def greedy_trajectories(
     engine: RolloutEngine,
     tokenizer: Any,
     tasks: Sequence[Task],
     suites: dict[str, TaskSuite],
     max_new_tokens: int,
     max_turns: int,
-) -> dict[str, float]:
-    """Each task's greedy reward, by task id."""
-    trajs = rollout(
+) -> list[Trajectory]:
+    """One greedy rollout per task, verified."""
+    return rollout(
         engine,
         tokenizer,
         tasks,
@@ -114,7 +114,28 @@ def greedy_rewards(
         max_turns,
         group_prefix="eval-",
     )
+
+
+def greedy_rewards(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    suites: dict[str, TaskSuite],
+    max_new_tokens: int,
+    max_turns: int,
+) -> dict[str, float]:
+    """Each task's greedy reward, by task id."""
+    trajs = greedy_trajectories(engine, tokenizer, tasks, suites, max_new_tokens, max_turns)
     return {t.prompt_id: t.reward for t in trajs}
+
+
+def tool_call_rates(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Per domain, the share of trajectories that called a tool at least once: `tool_calls/<domain>`. Shows
+    which way a policy solves a domain it may solve either way (math: in the reasoning or with the calculator)."""
+    by_domain: dict[str, list[bool]] = defaultdict(list)
+    for t in trajs:
+        by_domain[t.task].append(any(m["role"] == "tool" for m in t.messages))
+    return {f"tool_calls/{d}": sum(v) / len(v) for d, v in sorted(by_domain.items())}
 
 
 def pass_at_1_of(rewards: dict[str, float], tasks: Sequence[Task]) -> dict[str, float]:
@@ -270,8 +291,9 @@ class _ReasoningStage:
 
     def evaluate(self, step: int) -> dict[str, float]:
         cfg, engine, tok = self.cfg, self.engine, self.tokenizer
-        rewards = greedy_rewards(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
-        out = pass_at_1_of(rewards, self.heldout)
+        trajs = greedy_trajectories(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
+        rewards = {t.prompt_id: t.reward for t in trajs}
+        out = pass_at_1_of(rewards, self.heldout) | tool_call_rates(trajs)
         if step == 0:
             self.initial_rewards = rewards
         elif self.initial_rewards:

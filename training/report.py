@@ -234,7 +234,7 @@ def score_checkpoint(
     """Every metric of the table for one model (left in eval mode), with each metric's per-item values."""
     from training.dsa_indexer import set_dsa_mode
     from training.evals import model_choice_scorer, passkey_hits
-    from training.rl.reasoning import greedy_rewards
+    from training.rl.reasoning import greedy_trajectories, task_rewards
     from training.rollout.engine import LocalRolloutEngine
     from training.tasks.suites import suites
 
@@ -258,9 +258,10 @@ def score_checkpoint(
         verifiers = sets.verifiers if sets.verifiers is not None else suites(sets.facts)
         for prefix, tasks in (("", sets.reasoning), ("test/", sets.test)):
             if tasks:
-                rewards = greedy_rewards(
+                trajs = greedy_trajectories(
                     engine, tokenizer, tasks, verifiers, cfg.max_new_tokens, cfg.max_turns
                 )
+                rewards = task_rewards(trajs)
                 _pass_at_1(prefix, rewards, tasks, out)
     if sets.agentic:
         _agentic_success(model, tokenizer, sets, cfg, pad, out)

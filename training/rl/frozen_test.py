@@ -9,11 +9,12 @@ from typing import Any
 
 from training.rl.reasoning import (
     ReasoningRLConfig,
-    greedy_rewards,
+    greedy_trajectories,
     paired_gain,
     pass_at_1_of,
     sampled_pass_at_1,
     sampled_pass_rates,
+    task_rewards,
 )
 from training.rollout.engine import RolloutEngine
 from training.tasks.base import Task, TaskSuite
@@ -24,7 +25,7 @@ TEST_SAMPLING_SEED_OFFSET = (
 
 
 def _scores(engine: RolloutEngine, tok: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig, who: str):
-    rewards = greedy_rewards(engine, tok, tasks, suites, cfg.max_new_tokens, cfg.max_turns)
+    rewards = task_rewards(greedy_trajectories(engine, tok, tasks, suites, cfg.max_new_tokens, cfg.max_turns))
     rates = (
         sampled_pass_rates(
             engine, tok, tasks, suites, cfg, cfg.eval_samples, TEST_SAMPLING_SEED_OFFSET, f"test set, {who}"

@@ -116,16 +116,8 @@ def greedy_trajectories(
     )
 
 
-def greedy_rewards(
-    engine: RolloutEngine,
-    tokenizer: Any,
-    tasks: Sequence[Task],
-    suites: dict[str, TaskSuite],
-    max_new_tokens: int,
-    max_turns: int,
-) -> dict[str, float]:
-    """Each task's greedy reward, by task id."""
-    trajs = greedy_trajectories(engine, tokenizer, tasks, suites, max_new_tokens, max_turns)
+def task_rewards(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Each trajectory's reward by task id (one rollout per task, as greedy evals make)."""
     return {t.prompt_id: t.reward for t in trajs}
 
 
@@ -161,7 +153,7 @@ def pass_at_1(
     max_turns: int,
 ) -> dict[str, float]:
     """Greedy pass_at_1 per domain with its standard error (see `pass_at_1_of`)."""
-    rewards = greedy_rewards(engine, tokenizer, tasks, suites, max_new_tokens, max_turns)
+    rewards = task_rewards(greedy_trajectories(engine, tokenizer, tasks, suites, max_new_tokens, max_turns))
     return pass_at_1_of(rewards, tasks)
 
 
@@ -292,7 +284,7 @@ class _ReasoningStage:
     def evaluate(self, step: int) -> dict[str, float]:
         cfg, engine, tok = self.cfg, self.engine, self.tokenizer
         trajs = greedy_trajectories(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
-        rewards = {t.prompt_id: t.reward for t in trajs}
+        rewards = task_rewards(trajs)
         out = pass_at_1_of(rewards, self.heldout) | tool_call_rates(trajs)
         if step == 0:
             self.initial_rewards = rewards

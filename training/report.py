@@ -258,10 +258,11 @@ def score_checkpoint(
         verifiers = sets.verifiers if sets.verifiers is not None else suites(sets.facts)
         for prefix, tasks in (("", sets.reasoning), ("test/", sets.test)):
             if tasks:
-                trajs = greedy_trajectories(
-                    engine, tokenizer, tasks, verifiers, cfg.max_new_tokens, cfg.max_turns
+                rewards = task_rewards(
+                    greedy_trajectories(
+                        engine, tokenizer, tasks, verifiers, cfg.max_new_tokens, cfg.max_turns
+                    )
                 )
-                rewards = task_rewards(trajs)
                 _pass_at_1(prefix, rewards, tasks, out)
     if sets.agentic:
         _agentic_success(model, tokenizer, sets, cfg, pad, out)

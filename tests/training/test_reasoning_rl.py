@@ -363,8 +363,8 @@ def test_tool_call_rates_count_the_greedy_rollouts_that_called_the_calculator(se
     tool = ToolSuite().generate("heldout", 2, 0, 1)
     call = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
     script = {  # math: the first three call the calculator (one with a wrong expression), the fourth reasons
-        **{t.prompt: [call.format(MathSuite.calculator_solution(MathSuite(), t)[0]["tool_calls"][0]
-                                  ["arguments"]["expression"]), f"Answer: {t.answer}"] for t in math[:2]},
+        **{t.prompt: [call.format(MathSuite().calculator_solution(t)[0]["tool_calls"][0]["arguments"]
+                                  ["expression"]), f"Answer: {t.answer}"] for t in math[:2]},
         math[2].prompt: [call.format("1 + 1"), "Answer: 2"],
         math[3].prompt: [f"Answer: {math[3].answer}"],
         **{t.prompt: ["Answer: 0"] for t in tool},  # tool: never called

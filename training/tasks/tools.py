@@ -36,7 +36,7 @@ def calculator(expression: str) -> str:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             left, right = value(node.left), value(node.right)
             if right == 0 or left % right:
-                raise ValueError("inexact division")
+                raise ValueError("division by zero" if right == 0 else "inexact division")
             return left // right
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))

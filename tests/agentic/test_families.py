@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
 
 import pytest
+from facts import synthetic_facts  # noqa: E402  (pytest puts this directory on sys.path)
 
 import infra.sandbox
 from infra.sandbox import SandboxResult, sandbox_available
@@ -37,21 +37,6 @@ from training.tasks.tools import ToolSuite
 from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
 
 needs_sandbox = pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
-
-_WORDS = (
-    "river stone cloud metal glass paper signal engine circuit market garden winter harbor castle "
-    "lantern mirror ladder anchor copper silver basket candle feather hammer violin pepper saddle "
-    "tunnel valley meadow orchard compass rocket planet island forest desert canyon glacier"
-).split()
-
-
-def synthetic_facts(n: int = 60, seed: int = 0) -> list[tuple[str, str]]:
-    """(term, definition) pairs like the dictionary's: distinct invented terms, definitions of 8-10 words."""
-    rng = random.Random(seed)
-    syllables = ["ka", "lo", "mi", "ra", "tu", "ve", "zo", "ne", "pa", "si"]
-    terms = sorted({"".join(rng.sample(syllables, 3)) for _ in range(4 * n)})[:n]
-    return [(t, "a device of " + " ".join(rng.sample(_WORDS, rng.randint(7, 9)))) for t in terms]
-
 
 FACTS = synthetic_facts()
 

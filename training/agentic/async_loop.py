@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from training.agentic.buffer import TrajectoryBuffer
+from training.agentic.buffer import TrajectoryBuffer, trained_reward
 from training.agentic.driver import RolloutDriver
 from training.agentic.gateway import TitoGateway
 from training.agentic.protocol import Environment
@@ -69,6 +69,11 @@ class AgenticRLConfig(BaseModel):
         description="Drop a group whose samples all got the same reward (no gradient; DAPO's dynamic sampling); "
         "a step then trains on what is left of its batch, which may be fewer than batch_trajectories",
     )
+    partial_credit: float = Field(
+        0.0, ge=0, lt=1,
+        description="Reward of a failed rollout: this times how close it came (share of tests passed, similarity "
+        "of the file or answer written); 0 trains on success alone. Held-out success stays the verifier's 0 / 1",
+    )  # fmt: skip
     mode: Literal["async", "sync"] = Field(
         "async", description="async pipeline, or sync with partial rollouts"
     )
@@ -271,7 +276,7 @@ class AgenticRun:
         self.weights_dir = run_dir / "weights"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.buffer = TrajectoryBuffer(
-            self.cfg.group_size, self.cfg.max_staleness, self.cfg.drop_uniform_groups
+            self.cfg.group_size, self.cfg.max_staleness, self.cfg.drop_uniform_groups, self.cfg.partial_credit
         )
         self.worker_stats: dict[str, float] = {}
         self.idle_s = 0.0
@@ -391,7 +396,7 @@ def update(
 ) -> dict[str, float]:  # fmt: skip
     """One optimizer step on Eq. 3-5 over whole groups (advantage = reward - group mean, no std)."""
     trajs = [t for g in groups for t in g]
-    rewards = torch.tensor([[t.reward for t in g] for g in groups])
+    rewards = torch.tensor([[trained_reward(t, cfg.partial_credit) for t in g] for g in groups])
     adv = group_advantages(rewards, normalise_std=False).flatten()
     batch = response_batch(trajs, pad_id)
     # the rollouts' log-probs are of the tempered distribution: the ratio must compare like with like
@@ -414,7 +419,8 @@ def update(
         "ratio/max": stats.rho_max,
         "is/masked_fraction": stats.masked_fraction,
         "entropy": float((entropy * mask).sum() / mask.sum().clamp_min(1)),
-        "reward/mean": float(rewards.mean()),
+        "reward/mean": sum(t.reward for t in trajs) / len(trajs),
+        "reward/trained_mean": float(rewards.mean()),
         "response_tokens": float(mask.sum()) / len(trajs),
     }
     by_domain: dict[str, list[float]] = defaultdict(list)

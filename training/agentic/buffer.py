@@ -6,7 +6,7 @@ At take time each group is filtered: samples whose oldest policy version is more
 versions behind the trainer are dropped as stale; samples the environment crashed on are dropped with
 their reason; a group with more than half of its samples left is padded back to full size by repeating
 valid samples (in order), otherwise dropped whole. With `drop_uniform`, a group whose valid samples all have
-the same reward is dropped too (DAPO's dynamic sampling): its advantages are all 0, so it adds no gradient and
+the same trained reward is dropped too (DAPO's dynamic sampling): its advantages are all 0, so it adds no gradient and
 only dilutes the token mean of the loss. Every drop is counted, so the counts add up:
 received == trained_unique + stale + env_failures + dropped_in_groups + uniform_samples."""
 
@@ -16,6 +16,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from training.rollout.trajectory import Trajectory
+
+
+def trained_reward(traj: Trajectory, partial_credit: float) -> float:
+    """The reward the trainer optimizes: the verifier's 1 for a success, else `partial_credit` times how close
+    the attempt came (`Verdict.partial`), so a group that failed every time still ranks its near misses."""
+    if traj.reward >= 1.0 or not partial_credit:
+        return traj.reward
+    return traj.reward + partial_credit * traj.reward_components.get("partial", 0.0)
 
 
 @dataclass
@@ -38,12 +46,14 @@ class BufferCounts:
 
 
 class TrajectoryBuffer:
-    def __init__(self, group_size: int, max_staleness: int, drop_uniform: bool = False):
+    def __init__(self, group_size: int, max_staleness: int, drop_uniform: bool = False,
+                 partial_credit: float = 0.0):  # fmt: skip
         if group_size < 1 or max_staleness < 0:
             raise ValueError(
                 f"group_size must be >= 1 and max_staleness >= 0, got {group_size}, {max_staleness}"
             )
         self.group_size, self.max_staleness, self.drop_uniform = group_size, max_staleness, drop_uniform
+        self.partial_credit = partial_credit
         self._groups: OrderedDict[str, list[Trajectory]] = OrderedDict()
         self._seen: set[str] = set()
         self.counts = BufferCounts()
@@ -91,7 +101,7 @@ class TrajectoryBuffer:
             self.counts.dropped_groups += 1
             self.counts.dropped_in_groups += len(valid)
             return []
-        if self.drop_uniform and len({t.reward for t in valid}) == 1:
+        if self.drop_uniform and len({trained_reward(t, self.partial_credit) for t in valid}) == 1:
             self.counts.uniform_groups += 1
             self.counts.uniform_samples += len(valid)
             return []

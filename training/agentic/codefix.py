@@ -133,7 +133,9 @@ class CodefixEpisode:
         f2p, p2p = report["fail_to_pass"], report["pass_to_pass"]
         if f2p[0] == f2p[1] and p2p[0] == p2p[1]:
             return Verdict(1.0, "correct")
-        return Verdict(0.0, f"tests_failed: {summary(report)}"[:200])
+        # progress on the bug, kept only as far as the rest still works: the task's own module scores 0
+        progress = f2p[0] / max(1, f2p[1]) * p2p[0] / max(1, p2p[1])
+        return Verdict(0.0, f"tests_failed: {summary(report)}"[:200], partial=progress)
 
     def close(self) -> None:
         self.closed = True

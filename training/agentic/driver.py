@@ -224,7 +224,10 @@ class RolloutDriver:
 
     def _finish(self, live: _Live, verdict: Verdict) -> None:
         traj = live.traj
-        traj.reward, traj.reward_components = verdict.reward, {"verifier": verdict.reward}
+        traj.reward, traj.reward_components = (
+            verdict.reward,
+            {"verifier": verdict.reward, "partial": verdict.partial},
+        )
         if traj.status == "ok":
             traj.reason = verdict.reason
         fut = self.pool.submit(self._close_episode, live)

@@ -3,6 +3,7 @@ scoring a finished response by replaying its tool calls on a fresh episode."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import random
@@ -72,6 +73,13 @@ def parse_tool_call(payload: str, tools: dict[str, tuple[str, ...]]) -> tuple[st
     if any(not isinstance(v, str) for v in args.values()):
         return "error: arguments must be strings"
     return name, args
+
+
+def similarity(got: str, want: str) -> float:
+    """How close `got` is to `want`, in [0, 1] (difflib's ratio on the stripped texts): the partial credit of
+    an answer or a written file that missed by a few characters (`fox96` written as `fox69`)."""
+    got, want = got.strip(), want.strip()
+    return difflib.SequenceMatcher(None, got, want, autojunk=False).ratio() if got or want else 1.0
 
 
 def clip(text: str, limit: int = MAX_RESULT_CHARS) -> str:

@@ -115,7 +115,10 @@ def agentic_rollout(
             if isinstance(verdict, EnvironmentCrash):
                 _fail(traj, verdict)
                 continue
-            traj.reward, traj.reward_components = verdict.reward, {"verifier": verdict.reward}
+            traj.reward, traj.reward_components = (
+                verdict.reward,
+                {"verifier": verdict.reward, "partial": verdict.partial},
+            )
             if traj.status == "ok":
                 traj.reason = verdict.reason
     finally:

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify
+from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify, similarity
 from training.agentic.protocol import EnvironmentCrash
 from training.tasks.base import (
     Split,
@@ -141,9 +141,10 @@ class SearchEpisode:
         if answer is None:
             return Verdict(0.0, "no_answer")
         accepted = self.task.meta.get("accepted") or [self.task.answer]
-        if normalise_text(answer) in {normalise_text(a) for a in accepted}:
+        got = normalise_text(answer)
+        if got in {normalise_text(a) for a in accepted}:
             return Verdict(1.0, "correct")
-        return Verdict(0.0, "wrong_answer")
+        return Verdict(0.0, "wrong_answer", partial=max(similarity(got, normalise_text(a)) for a in accepted))
 
     def close(self) -> None:
         self.closed = True

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.sandbox import SandboxLimits, run_python
-from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify
+from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify, similarity
 from training.agentic.protocol import EnvironmentCrash
 from training.tasks.base import Split, Task, Verdict, split_seed, task_id
 
@@ -94,14 +94,23 @@ class TerminalEpisode:
         """Run the task's test script in the sandbox over the episode's files (the response itself is unused:
         the state is what counts)."""
         self.delay.wait()
-        result = run_python(self.task.answer, self.limits, files=self._files())
+        files = self._files()
+        result = run_python(self.task.answer, self.limits, files=files)
         if result.ok:
             return Verdict(1.0, "correct")
         if result.status == "error":
             last = (result.stderr.strip().splitlines() or [result.reason])[-1]
-            return Verdict(0.0, f"tests_failed: {last}"[:200])
+            return Verdict(0.0, f"tests_failed: {last}"[:200], partial=self._closeness(files))
         # the script is ours and tiny: anything else is the sandbox failing, not the policy
         raise EnvironmentCrash(f"terminal: sandbox {result.status}: {result.reason}"[:200])
+
+    def _closeness(self, files: dict[str, str]) -> float:
+        """Mean similarity of each file the worked solution writes to what the episode's file holds (0 when
+        it is missing): a write of `fox69` for `fox96` comes close, a wrong file name does not."""
+        writes = {a["path"]: a["content"] for name, a, _ in self.task.meta["steps"] if name == "write"}
+        return sum(similarity(files[p], c) if p in files else 0.0 for p, c in writes.items()) / max(
+            1, len(writes)
+        )
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

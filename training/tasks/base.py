@@ -39,6 +39,9 @@ class Task:
 class Verdict:
     reward: float  # 1.0 or 0.0
     reason: str  # "correct", or why not: "no_answer", "wrong_answer", "tests_failed: ...", "timeout", ...
+    # how close a failed attempt came, in [0, 1] (share of tests passed, similarity of what was written):
+    # a training signal only (`AgenticRLConfig.partial_credit`); success is `reward`
+    partial: float = 0.0
 
 
 class TaskSuite(Protocol):

@@ -5,7 +5,7 @@ Routes (JSON bodies):
 - `POST /episodes {task, episode_id?}` -> `{episode_id}`: opens an episode. A client-chosen `episode_id` (32
   hex chars) makes the call idempotent: a retry after a lost answer gets the same episode, not a second one.
 - `POST /episodes/<id>/tool {payload}` -> `{observation}`: one tool call (the JSON between <tool_call> tags).
-- `POST /episodes/<id>/finish {response}` -> `{reward, reason}`: scores and closes the episode.
+- `POST /episodes/<id>/finish {response}` -> `{reward, reason, partial}`: scores and closes the episode.
 - `DELETE /episodes/<id>` -> `{closed}`: closes without scoring (idempotent).
 - `GET /health` -> `{domain, version, in_flight, served}`.
 A malformed body or id is a 400 naming the field, an unknown episode a 404, an `EnvironmentCrash` inside the
@@ -151,7 +151,9 @@ class _TaskHandler(JsonHandler):
             elif action == "finish":
                 response = field_of(body, "response", str)
                 verdict = self._call(episode_id, lambda e: e.finish(response), close=True)
-                self.send_json(200, {"reward": verdict.reward, "reason": verdict.reason})
+                self.send_json(
+                    200, {"reward": verdict.reward, "reason": verdict.reason, "partial": verdict.partial}
+                )
             else:
                 self.send_error_json(
                     404, f"POST {self.path}: use /episodes/<id>/tool or /episodes/<id>/finish"
@@ -271,7 +273,7 @@ class RemoteEpisode:
             answer = self._post("finish", {"response": response})
         finally:
             self.closed = True  # the service closes it whether scoring worked or not
-        return Verdict(float(answer["reward"]), str(answer["reason"]))
+        return Verdict(float(answer["reward"]), str(answer["reason"]), float(answer.get("partial", 0.0)))
 
     def close(self) -> None:
         if self.closed:

@@ -422,7 +422,7 @@ def play_solution(open_episode, suite, task: Task) -> tuple[list[str], Verdict]:
 
 
 @pytest.mark.parametrize("family", ["search", "codefix"])
-def test_a_real_family_over_http_gives_the_in_process_verdicts(family, tmp_path):
+def test_a_real_family_over_http_gives_the_in_process_verdicts_and_partial_credit(family, tmp_path):
     from infra.sandbox import sandbox_available
     from training.agentic.families import agentic_suites
 
@@ -447,4 +447,14 @@ def test_a_real_family_over_http_gives_the_in_process_verdicts(family, tmp_path)
             assert over_http == play_solution(suite.open, suite, task)
             assert over_http[1] == Verdict(1.0, "correct") and over_http[0]
             assert remote.open(task).finish("no idea").reward == 0.0
+            # a near miss's partial credit crosses the wire too (the trainer's reward reads it)
+            near = f'Answer: "{task.answer[:-1]}"' if family == "search" else "no idea"
+            local = suite.open(task)
+            try:
+                in_process = local.finish(near)
+            finally:
+                local.close()
+            assert remote.open(task).finish(near) == in_process
+            if family == "search":
+                assert 0.5 < in_process.partial < 1.0
         assert remote.health()["in_flight"] == 0

@@ -273,7 +273,8 @@ class RemoteEpisode:
             answer = self._post("finish", {"response": response})
         finally:
             self.closed = True  # the service closes it whether scoring worked or not
-        return Verdict(float(answer["reward"]), str(answer["reason"]), float(answer.get("partial", 0.0)))
+        partial = min(1.0, max(0.0, float(answer.get("partial", 0.0))))  # a credit, whatever a service sends
+        return Verdict(float(answer["reward"]), str(answer["reason"]), partial)
 
     def close(self) -> None:
         if self.closed:

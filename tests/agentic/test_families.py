@@ -59,6 +59,27 @@ def tokenizer(tmp_path_factory, families):
     )
 
 
+def _contains(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
+
+
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_terminal_prompts_quote_what_the_tool_call_copies_so_both_tokenize_alike(families, tokenizer, level):
+    """A tiny policy copies tokens, not characters: unquoted, ` owl15` in the prompt and `"owl15"` in the tool
+    call's JSON are different token sequences (a leading-space word piece against a bare one)."""
+    suite = families["terminal"]
+    for task in suite.generate("train", 5, 0, level):
+        prompt = tokenizer.encode(task.prompt, add_special_tokens=False)
+        for message in suite.solution(task):
+            for call in message.get("tool_calls", []):
+                payload = tokenizer.encode(json.dumps(call), add_special_tokens=False)
+                copied = [v for k, v in call["arguments"].items() if v in task.prompt]
+                assert copied or level == 2 and call["name"] == "write"  # level 2 writes what `cat` returned
+                for value in copied:
+                    quoted = tokenizer.encode(' "' + value, add_special_tokens=False)
+                    assert _contains(prompt, quoted) and _contains(payload, quoted), (task.prompt, value)
+
+
 def _play(suite, task: Task) -> tuple[list[str], object]:
     """Run the worked solution's tool calls on a live episode; (observations, verdict of its final text)."""
     solution = suite.solution(task)

@@ -120,7 +120,8 @@ class TerminalSuite:
     """Task suite and in-process environment of the terminal family."""
 
     domain = "terminal"
-    version = "terminal-v1"
+    # v2: values and file names in quotes, so the prompt and the tool call's JSON tokenize them alike
+    version = "terminal-v2"
 
     def __init__(self, latency: ExtraLatency | None = None, limits: SandboxLimits = _LIMITS):
         self.latency, self.limits = latency or ExtraLatency(), limits
@@ -148,7 +149,7 @@ class TerminalSuite:
             value, target = values[0], names[0]
             files = {names[1]: values[1]}
             steps = [("write", {"path": target, "content": value}, "ok")]
-            return f"Write {value} to {target}.", files, {target: value}, steps
+            return f'Write "{value}" to "{target}".', files, {target: value}, steps
         if level == 2:
             src, dst = names[0], names[1]
             files = {src: values[0], names[2]: values[2]}
@@ -156,7 +157,7 @@ class TerminalSuite:
                 ("cat", {"path": src}, values[0]),
                 ("write", {"path": dst, "content": values[0]}, "ok"),
             ]
-            return f"Copy the text of {src} to {dst}.", files, {dst: values[0], src: values[0]}, steps
+            return f'Copy the text of "{src}" to "{dst}".', files, {dst: values[0], src: values[0]}, steps
         # level 3: three files of three words; exactly one holds the word asked for
         words = [f"{w}{rng.randint(1, 99)}" for w in rng.sample(WORDS, 7)]
         target_word, others = words[0], words[1:]
@@ -168,7 +169,7 @@ class TerminalSuite:
             ("grep", {"word": target_word}, names[holder]),
             ("write", {"path": "answer.txt", "content": names[holder]}, "ok"),
         ]
-        prompt = f"Which file has the word {target_word}? Write its name to answer.txt."
+        prompt = f'Which file has the word "{target_word}"? Write its name to "answer.txt".'
         return prompt, files, {"answer.txt": names[holder]}, steps
 
     def open(self, task: Task) -> TerminalEpisode:

@@ -53,11 +53,7 @@ def test_codefix_credits_fixed_cases_only_while_the_passing_tests_still_pass():
     one_fixed = task.meta["module"] + (
         f"\n_buggy = {fn}\n\ndef {fn}(*a):\n    return {want!r} if list(a) == {args!r} else _buggy(*a)\n"
     )
-    broken = (
-        one_fixed
-        + "\ncombine = None\n"
-        + "\n".join(f"{f} = None" for f, _, _ in task.meta["tests"]["pass_to_pass"])
-    )
+    broken = one_fixed + "\n" + "\n".join(f"{f} = None" for f, _, _ in task.meta["tests"]["pass_to_pass"])
 
     def finish(module: str):
         episode = suite.open(task)

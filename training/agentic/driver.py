@@ -224,10 +224,7 @@ class RolloutDriver:
 
     def _finish(self, live: _Live, verdict: Verdict) -> None:
         traj = live.traj
-        traj.reward, traj.reward_components = (
-            verdict.reward,
-            {"verifier": verdict.reward, "partial": verdict.partial},
-        )
+        traj.reward, traj.reward_components = verdict.reward, verdict.components()
         if traj.status == "ok":
             traj.reason = verdict.reason
         fut = self.pool.submit(self._close_episode, live)

@@ -115,10 +115,7 @@ def agentic_rollout(
             if isinstance(verdict, EnvironmentCrash):
                 _fail(traj, verdict)
                 continue
-            traj.reward, traj.reward_components = (
-                verdict.reward,
-                {"verifier": verdict.reward, "partial": verdict.partial},
-            )
+            traj.reward, traj.reward_components = verdict.reward, verdict.components()
             if traj.status == "ok":
                 traj.reason = verdict.reason
     finally:

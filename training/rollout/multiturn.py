@@ -100,10 +100,7 @@ def rollout(
     with ThreadPoolExecutor(VERIFY_THREADS) as pool:
         verdicts = list(pool.map(lambda t, r: verify(task_of[t.prompt_id], r), trajs, responses))
     for traj, verdict in zip(trajs, verdicts, strict=True):
-        traj.reward, traj.reward_components = (
-            verdict.reward,
-            {"verifier": verdict.reward, "partial": verdict.partial},
-        )
+        traj.reward, traj.reward_components = verdict.reward, verdict.components()
         if traj.status == "ok":
             traj.reason = verdict.reason
     verify_time = time.perf_counter() - started

@@ -43,6 +43,10 @@ class Verdict:
     # a training signal only (`AgenticRLConfig.partial_credit`); success is `reward`
     partial: float = 0.0
 
+    def components(self) -> dict[str, float]:
+        """What a trajectory records of it (`Trajectory.reward_components`)."""
+        return {"verifier": self.reward, "partial": self.partial}
+
 
 class TaskSuite(Protocol):
     domain: str

@@ -99,7 +99,7 @@ def test_trajectory_builders_mask_the_error_only(tok):
     traj = failed_tool_call_trajectory(task.prompt, suite.solution(task))
     trained = _trained_text(tok, render_chat(tok, traj))
     assert trained.count("<tool_call>") == 1 and '"expression"' in trained
-    assert f"Answer: {task.answer}" in trained
+    assert f'Answer: "{task.answer}"' in trained
     fixed = error_correction_trajectory(
         "What is 3 + 4?",
         [{"role": "assistant", "reasoning_content": "3 + 4 = 7", "content": "Answer: 7"}],

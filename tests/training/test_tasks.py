@@ -3,6 +3,7 @@ and reject wrong or hostile ones (code runs in the real sandbox)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -115,6 +116,7 @@ def test_math_verifier_every_level():
 def test_extract_answer_takes_the_last_one():
     assert extract_answer("Answer: 3\nno wait. Answer: 4<|end_of_turn|>") == "4"
     assert extract_answer("nothing here") is None
+    assert extract_answer('Answer: "31186"') == "31186" and extract_answer('Answer: "') == '"'
 
 
 @pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
@@ -187,6 +189,41 @@ def test_tool_suite_worked_solution_calls_the_calculator():
     assert messages[0]["tool_calls"][0]["arguments"]["expression"] == task.meta["expression"]
     assert messages[1] == {"role": "tool", "content": task.answer}
     assert registry["tool"].verify(task, messages[2]["content"]).reward == 1.0
+    assert registry["tool"].verify(task, f"Answer: {task.answer}").reward == 1.0  # unquoted is right too
+
+
+def test_a_copied_tool_result_is_the_same_tokens_in_the_answer_as_in_the_result(tmp_path):
+    """Digits are single tokens, but a number's first digit carries the space before it (" 3" vs "3"):
+    `Answer: 31186` would start the copy of `<tool_response>31186` from a token the result does not hold;
+    the worked solutions quote the number, so the answer repeats the result's tokens exactly."""
+    from training.sft_data import SftDataConfig, build_sft_trajectories
+    from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+    sets = build_task_sets(TaskSuitesConfig(train_per_level=20, heldout_per_level=1, test_per_level=0))
+    tasks = [t for t in sets["train"] if t.domain in ("tool", "math")]
+    cfg = SftDataConfig(definition_chats=0, error_share=0.0, math_calculator_share=1.0)
+    rows, _ = build_sft_trajectories(tasks, suites(), [], cfg)
+    chats = [r["messages"] for r in rows if any(m["role"] == "tool" for m in r["messages"])]
+    assert {"Use", "What", "Solve"} <= {c[0]["content"].split()[0] for c in chats}
+    tok = load_tokenizer(
+        train_tokenizer([json.dumps(c) for c in chats] * 3, TokenizerConfig(vocab_size=400), tmp_path)
+    )
+
+    def ids(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    for chat in chats:
+        result, answer = chat[-2]["content"], chat[-1]["content"]
+        digits = ids(f"<tool_response>{result}</tool_response>")[1:-1]
+        if result.startswith("-"):  # BPE merges a quote and a minus; the digits after it are what is copied
+            digits = digits[1:]
+        else:
+            assert not _holds(ids(f"Answer: {result}"), digits)  # unquoted: the first digit differs
+        assert _holds(ids(answer), digits), (result, answer)
+
+
+def _holds(seq: list[int], part: list[int]) -> bool:
+    return any(seq[i : i + len(part)] == part for i in range(len(seq) - len(part) + 1))
 
 
 def test_knowledge_questions_split_by_fact():
@@ -367,8 +404,6 @@ def test_column_steps_are_true_one_digit_facts_ending_in_the_answer():
 
 
 def test_math_solved_with_the_calculator_checks_out_through_the_real_tool_and_verifier():
-    import json
-
     from training.sft_data import SftDataConfig, build_sft_trajectories
     from training.tasks.math import calculator_expression
 

@@ -73,9 +73,13 @@ ANSWER_RE = re.compile(r"(?:final answer|answer)\s*[:=]\s*(.+?)\s*(?:$|\n|<\|)",
 
 
 def extract_answer(response: str) -> str | None:
-    """The text after the last 'Answer:' (case-insensitive), up to the line's end; None if there is none."""
+    """The text after the last 'Answer:' (case-insensitive), up to the line's end, without one pair of
+    surrounding double quotes (`Answer: "42"` is 42); None if there is none."""
     found = ANSWER_RE.findall(response)
-    return found[-1].strip() if found else None
+    if not found:
+        return None
+    answer = found[-1].strip()
+    return answer[1:-1].strip() if len(answer) >= 2 and answer[0] == answer[-1] == '"' else answer
 
 
 def normalise_text(text: str) -> str:

@@ -110,7 +110,7 @@ class MathSuite:
     4: a*x + b = c with an integer root, and collecting like terms."""
 
     domain = "math"
-    version = "math-v1"
+    version = "math-v2"
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
         rng = random.Random(split_seed(split, seed) * 31 + difficulty)
@@ -169,7 +169,7 @@ class MathSuite:
         return [
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "content": result},
-            {"role": "assistant", "content": f"Answer: {form.format(result)}"},
+            {"role": "assistant", "content": f'Answer: "{form.format(result)}"'},  # quoted: tools.py
         ]
 
     def solution(self, task: Task) -> list[dict]:

@@ -2,7 +2,11 @@
 
 A call is `<tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call>` (the
 tokenizer's special tokens); the rollout loop runs it with `call_tool` and feeds the result back as an
-observation turn; the final turn must say `Answer: <number>`."""
+observation turn; the final turn must say `Answer: <number>`.
+
+The worked solution quotes the number it copies from the result (`Answer: "31186"`, tool-v2): after a quote a
+number's first digit is the bare token it is in the result (`<tool_response>31186`); after `Answer: ` it would be
+the leading-space token (" 3" against "3"), so the copy would start from a token the result does not hold."""
 
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ class ToolSuite:
     """Difficulty 1: a two-digit product; 2: three-digit by two-digit; 3: a product plus a sum; 4: two products."""
 
     domain = "tool"
-    version = "tool-v1"
+    version = "tool-v2"
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
         rng = random.Random(split_seed(split, seed) * 13 + difficulty)
@@ -108,5 +112,5 @@ class ToolSuite:
         return [
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "content": task.answer},
-            {"role": "assistant", "content": f"Answer: {task.answer}"},
+            {"role": "assistant", "content": f'Answer: "{task.answer}"'},
         ]

@@ -22,3 +22,16 @@ def test_sampled_success_averages_the_rates_of_tasks_that_have_one():
     assert out["sampled_success/terminal"] == pytest.approx(0.25)
     assert set(out) == {f"sampled_success{s}/{d}" for s in ("", "_se") for d in ("codefix", "terminal")}
     assert sampled_success({}, tasks) == {}  # eval_samples 0: nothing measured, nothing reported
+
+
+def test_success_by_level_splits_each_family_by_its_tasks_levels_and_leaves_out_env_failures():
+    from training.agentic.async_loop import success_by_level
+    from training.rollout.trajectory import Trajectory
+
+    tasks = [Task(f"codefix-{i}", "codefix", f"p{i}", "", 1 + i % 2, "heldout") for i in range(4)]
+    outcome = {"codefix-0": 1.0, "codefix-1": 0.0, "codefix-2": 0.0, "codefix-3": 1.0}
+    trajs = [Trajectory(f"t{k}", "codefix", k, k, [], [], reward=r) for k, r in outcome.items()]
+    trajs.append(Trajectory("t-crash", "codefix", "codefix-1", "g", [], [], status="env_failure"))
+    assert success_by_level(trajs, tasks) == {"success/codefix/level1": 0.5, "success/codefix/level2": 0.5}
+    trajs[1].reward = 1.0  # codefix-1 is level 2
+    assert success_by_level(trajs, tasks)["success/codefix/level2"] == 1.0

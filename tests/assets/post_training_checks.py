@@ -110,6 +110,8 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
         assert am[f"heldout/env_failures/{d}"] == am[f"parent/env_failures/{d}"] == 0
         gain = am[f"heldout/success/{d}"] - am[f"parent/success/{d}"]
         assert am[f"heldout/paired_gain/{d}"] == pytest.approx(gain)
+        for who in ("parent/", "heldout/"):  # micro's agentic tasks are all level 1
+            assert am[f"{who}success/{d}/level1"] == pytest.approx(am[f"{who}success/{d}"])
         assert am[f"heldout/fixed/{d}"] - am[f"heldout/broken/{d}"] == pytest.approx(gain * 2)
         # sampled success (2 rollouts per task, the same seeds before and after), paired the same way
         sampled_gain = am[f"heldout/sampled_success/{d}"] - am[f"parent/sampled_success/{d}"]

@@ -564,6 +564,16 @@ def sampled_pass_rates(
     return {k: sum(v) / len(v) for k, v in rewards.items()}
 
 
+def success_by_level(trajs: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, float]:
+    """`success/<family>/level<k>`: where in a family a change lands (levels ask for different skills)."""
+    level = {t.id: t.difficulty for t in tasks}
+    rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for t in trajs:
+        if t.status != "env_failure":
+            rewards[(t.task, level[t.prompt_id])].append(t.reward)
+    return {f"success/{d}/level{k}": sum(v) / len(v) for (d, k), v in sorted(rewards.items())}
+
+
 def rewards_by_task(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """Each task's reward, environment failures left out (they say nothing about the policy)."""
     return {t.prompt_id: t.reward for t in trajs if t.status != "env_failure"}

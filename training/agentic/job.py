@@ -72,6 +72,7 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
         WorkerSpec,
         greedy_trajectories,
         rewards_by_task,
+        success_by_level,
         success_of,
         train_agentic_rl,
     )
@@ -104,7 +105,11 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
 
     parent_trajs = greedy_trajectories(model, tok, scored, local_envs, cfg, tok.pad_token_id)
     parent_rates = _sampled_rates(model, tok, scored, local_envs, cfg)
-    parent = success_of(parent_trajs) | sampled_success(parent_rates, scored)
+    parent = (
+        success_of(parent_trajs)
+        | success_by_level(parent_trajs, scored)
+        | sampled_success(parent_rates, scored)
+    )
     log_metrics({f"parent/{k}": v for k, v in parent.items()}, 0)
     log.info("agentic RL: parent held-out %s", {k: round(v, 3) for k, v in parent.items() if "success/" in k})
     samples: dict[str, Any] = {}
@@ -136,7 +141,9 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     versions = sorted({(s["domain"], s["version"]) for s in stats["services"]})
     after_trajs = greedy_trajectories(model, tok, scored, local_envs, cfg, tok.pad_token_id)
     after_rates = _sampled_rates(model, tok, scored, local_envs, cfg)
-    after = success_of(after_trajs) | sampled_success(after_rates, scored)
+    after = (
+        success_of(after_trajs) | success_by_level(after_trajs, scored) | sampled_success(after_rates, scored)
+    )
     # paired per task with the parent: tasks both solve or both fail add no noise to the gain
     after |= paired_gain(rewards_by_task(parent_trajs), rewards_by_task(after_trajs), scored)
     gain = paired_gain(parent_rates, after_rates, scored)

@@ -3,6 +3,7 @@ of train go into SFT) and the Agentic RL checkpoint trained from the distilled R
 task services. The checkpoint's lineage names its parent, the task-set version and the task-service versions."""
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from assets.distill import REASONING_RL_DISTILLED
@@ -73,6 +74,15 @@ def agentic_tasks_dir(s: ObjectStore) -> Path:
     return _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks")
 
 
+def held_out_families(metrics: Mapping[str, float]) -> list[str]:
+    """The families with a held-out score, `heldout/success/<family>` (not its per-level breakdown)."""
+    return sorted(
+        parts[2]
+        for parts in (k.split("/") for k in metrics)
+        if parts[:2] == ["heldout", "success"] and len(parts) == 3
+    )
+
+
 def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageResult:
     parent = _local(s, REASONING_RL_DISTILLED, REASONING_RL_DISTILLED)
     tasks_dir = agentic_tasks_dir(s)
@@ -102,7 +112,7 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
             "fixed / broken": f"{metrics.get(f'heldout/fixed/{d}', 0):.0f} / {metrics.get(f'heldout/broken/{d}', 0):.0f}",
             **_sampled_columns(metrics, d),
         }
-        for d in sorted(k.split("/")[-1] for k in metrics if k.startswith("heldout/success/"))
+        for d in held_out_families(metrics)
     ]
     history = read_metrics(run_dir)
     plot = plot_history(history, AGENTIC_PANELS, run_dir / "agentic_rl_curves.png", "Agentic RL")

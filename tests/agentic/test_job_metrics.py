@@ -35,3 +35,19 @@ def test_success_by_level_splits_each_family_by_its_tasks_levels_and_leaves_out_
     assert success_by_level(trajs, tasks) == {"success/codefix/level1": 0.5, "success/codefix/level2": 0.5}
     trajs[1].reward = 1.0  # codefix-1 is level 2
     assert success_by_level(trajs, tasks)["success/codefix/level2"] == 1.0
+
+
+def test_the_agentic_report_lists_each_family_once_beside_its_per_level_scores():
+    from assets.agentic import held_out_families
+    from training.agentic.async_loop import success_by_level, success_of
+    from training.rollout.trajectory import Trajectory
+
+    tasks = [
+        Task(f"{d}-{i}", d, f"p{i}", "", 1 + i % 2, "heldout")
+        for d in ("codefix", "search")
+        for i in range(2)
+    ]
+    trajs = [Trajectory(f"t-{t.id}", t.domain, t.id, t.id, [], [], reward=1.0) for t in tasks]
+    metrics = {f"heldout/{k}": v for k, v in (success_of(trajs) | success_by_level(trajs, tasks)).items()}
+    assert "heldout/success/codefix/level2" in metrics
+    assert held_out_families(metrics) == ["codefix", "search"]

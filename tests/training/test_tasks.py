@@ -20,9 +20,11 @@ from training.tasks.suites import (
     difficulty_filter,
     eval_subset,
     frozen_test_sha256,
+    read_tasks,
     sha256_of_test_set,
     suite_version,
     suites,
+    write_tasks,
 )
 from training.tasks.tools import calculator, call_tool
 
@@ -234,6 +236,38 @@ def test_knowledge_questions_split_by_fact():
     task = suite.generate("heldout", 1, 0, 2)[0]
     assert suite.verify(task, f"Answer: The {task.answer.upper()}.").reward == 1.0
     assert suite.verify(task, "Answer: something else").reward == 0.0
+
+
+def test_knowledge_v2_lists_the_term_among_choices_of_its_own_split_and_quotes_the_pick(tmp_path):
+    config = TaskSuitesConfig(levels={"knowledge": [1, 2]}, train_per_level=20, heldout_per_level=5)
+    open_sets = build_task_sets(config, FACTS)
+    sets = build_task_sets(config.model_copy(update={"knowledge_choices": 4}), FACTS)
+    heldout_terms = {t.answer for t in KnowledgeSuite(FACTS).generate("heldout", 100, 0, 1)}  # every one
+    places = Counter()
+    for split in ("train", "heldout"):
+        for task in sets[split]:
+            choices = task.meta["choices"]
+            assert len(set(choices)) == 4 and task.answer in choices
+            assert all(
+                (c in heldout_terms) == (split == "heldout") for c in choices
+            )  # no term crosses splits
+            assert task.prompt.endswith("Choose one of: " + ", ".join(f'"{c}"' for c in choices) + ".")
+            places[choices.index(task.answer)] += 1
+    assert len(places) == 4  # the answer is not always in one place
+    # the same facts and clues as the open questions: only the choices are new
+    assert [t.answer for t in sets["heldout"]] == [t.answer for t in open_sets["heldout"]]
+    assert all(t.meta == {} for t in open_sets["heldout"])
+    task = sets["heldout"][0]
+    registry = suites(FACTS)  # any registry solves and verifies it: the choices travel with the task
+    solution = registry["knowledge"].solution(task)[-1]["content"]
+    assert solution == f'Answer: "{task.answer}"'
+    assert registry["knowledge"].verify(task, solution).reward == 1.0
+    listed = ", ".join(f'"{c}"' for c in task.meta["choices"])
+    assert registry["knowledge"].verify(task, f"Answer: {listed}").reward == 0.0  # naming them all is wrong
+    # the choices survive the task file every stage reads
+    assert read_tasks(write_tasks(sets["heldout"], tmp_path / "t.jsonl")) == sets["heldout"]
+    with pytest.raises(ValueError, match="knowledge choices: 1"):
+        KnowledgeSuite(FACTS, 1)
 
 
 def test_difficulty_filter_keeps_sometimes_solved():

@@ -1,5 +1,10 @@
 """Knowledge: questions built from the curated corpus (a term and its definition from the dictionary and
-rescued-knowledge documents), checked by normalised exact match of the term."""
+rescued-knowledge documents), checked by normalised exact match of the term.
+
+With `choices` (knowledge-v2) the question also lists that many terms of its own split, the answer among them
+in a seeded place: the policy has to tell which term the corpus defines that way, not spell a term it may never
+have generated; the worked solution quotes the chosen term as it is quoted in the prompt (tools.py: a copied
+word is then the same tokens in both)."""
 
 from __future__ import annotations
 
@@ -11,14 +16,17 @@ from training.tasks.base import Split, Task, Verdict, extract_answer, normalise_
 
 class KnowledgeSuite:
     """`facts` are (term, definition) pairs; difficulty is how much of the definition the question shows
-    (1: 160 characters, 4: 40)."""
+    (1: 160 characters, 4: 40); `choices` > 1 lists that many candidate terms (0: an open question)."""
 
     domain = "knowledge"
-    version = "knowledge-v1"
     CLUE_CHARS = {1: 160, 2: 120, 3: 80, 4: 40}
 
-    def __init__(self, facts: Sequence[tuple[str, str]]):
+    def __init__(self, facts: Sequence[tuple[str, str]], choices: int = 0):
+        if choices == 1 or choices < 0:
+            raise ValueError(f"knowledge choices: {choices}; use 0 (an open question) or 2 or more")
         self.facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
+        self.choices = choices
+        self.version = f"knowledge-v2-choices{choices}" if choices else "knowledge-v1"
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
         if not self.facts:
@@ -28,11 +36,20 @@ class KnowledgeSuite:
         heldout = {i for i in range(len(self.facts)) if (i * 2654435761) % 5 == 0}
         pool = [f for i, f in enumerate(self.facts) if (i in heldout) == (split == "heldout")]
         rng.shuffle(pool)
+        terms = [term for term, _ in pool]
         tasks = []
         for term, definition in pool[:n]:
             clue = definition[: self.CLUE_CHARS.get(difficulty, 80)].rsplit(" ", 1)[0]
-            prompt = f"Which term is defined as: {clue}?"
-            tasks.append(Task(task_id(self.domain, prompt), self.domain, prompt, term, difficulty, split))
+            prompt, meta = f"Which term is defined as: {clue}?", {}
+            if self.choices and len(terms) >= self.choices:
+                others = rng.sample([t for t in terms if t.lower() != term.lower()], self.choices - 1)
+                listed = [*others]
+                listed.insert(rng.randrange(self.choices), term)
+                prompt += " Choose one of: " + ", ".join(f'"{t}"' for t in listed) + "."
+                meta = {"choices": listed}
+            tasks.append(
+                Task(task_id(self.domain, prompt), self.domain, prompt, term, difficulty, split, meta)
+            )
         return tasks
 
     def verify(self, task: Task, response: str) -> Verdict:
@@ -43,4 +60,5 @@ class KnowledgeSuite:
         return Verdict(1.0, "correct") if ok else Verdict(0.0, "wrong_answer")
 
     def solution(self, task: Task) -> list[dict]:
-        return [{"role": "assistant", "content": f"Answer: {task.answer}"}]
+        answer = f'"{task.answer}"' if task.meta.get("choices") else task.answer
+        return [{"role": "assistant", "content": f"Answer: {answer}"}]

@@ -48,6 +48,12 @@ class TaskSuitesConfig(BaseModel):
     max_facts: int = Field(
         2000, ge=0, description="Dictionary / rescued-knowledge facts used for knowledge tasks"
     )
+    knowledge_choices: int = Field(
+        0,
+        ge=0,
+        description="Candidate terms listed in each knowledge question, the answer among them (0: an open "
+        "question, knowledge-v1; 4: pick the defined term of four, knowledge-v2)",
+    )
     rl_pool_per_level: int = Field(
         1000,
         ge=0,
@@ -57,8 +63,15 @@ class TaskSuitesConfig(BaseModel):
     )
 
 
-def suites(facts: Sequence[tuple[str, str]] = ()) -> dict[str, TaskSuite]:
-    return {"math": MathSuite(), "code": CodeSuite(), "tool": ToolSuite(), "knowledge": KnowledgeSuite(facts)}
+def suites(facts: Sequence[tuple[str, str]] = (), knowledge_choices: int = 0) -> dict[str, TaskSuite]:
+    """Every domain's suite; `knowledge_choices` only shapes generated questions (a task carries its choices,
+    so any registry verifies and solves it)."""
+    return {
+        "math": MathSuite(),
+        "code": CodeSuite(),
+        "tool": ToolSuite(),
+        "knowledge": KnowledgeSuite(facts, knowledge_choices),
+    }
 
 
 def build_task_sets(
@@ -69,7 +82,7 @@ def build_task_sets(
     unknown = sorted(set(config.levels) - set(DOMAINS))
     if unknown:
         raise ValueError(f"task_suites.levels: unknown domain(s) {unknown}; domains are {list(DOMAINS)}")
-    registry = suites(facts[: config.max_facts])
+    registry = suites(facts[: config.max_facts], config.knowledge_choices)
     out: dict[Split, list[Task]] = {"train": [], "heldout": [], "test": []}
     for domain, levels in config.levels.items():
         for level in levels:
@@ -92,7 +105,7 @@ def build_rl_pool(
     """`rl_pool_per_level` train-kind tasks per domain and level from a seed stream of their own, sharing no
     prompt with `sets` (train, held-out, test) or each other; fewer where the prompt space runs out (one-digit
     sums are all train or held-out already)."""
-    registry = suites(facts[: config.max_facts])
+    registry = suites(facts[: config.max_facts], config.knowledge_choices)
     seen = {t.prompt for tasks in sets.values() for t in tasks}
     out: list[Task] = []
     for domain, levels in config.levels.items():

@@ -469,3 +469,10 @@ def test_math_solved_with_the_calculator_checks_out_through_the_real_tool_and_ve
     assert 0.4 * len(math) < tooled < 0.6 * len(math)
     off = cfg.model_copy(update={"math_calculator_share": 0.0})
     assert build_sft_trajectories(math, suites(), [], off)[1]["math_tool"] == 0
+
+
+def test_knowledge_choices_beyond_a_splits_facts_fail_naming_the_setting():
+    with pytest.raises(
+        ValueError, match="task_suites.knowledge_choices: 4 choices, but the heldout split has only 1"
+    ):
+        KnowledgeSuite(FACTS[:2], 4).generate("heldout", 1, 0, 1)

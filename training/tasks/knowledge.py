@@ -23,7 +23,9 @@ class KnowledgeSuite:
 
     def __init__(self, facts: Sequence[tuple[str, str]], choices: int = 0):
         if choices == 1 or choices < 0:
-            raise ValueError(f"knowledge choices: {choices}; use 0 (an open question) or 2 or more")
+            raise ValueError(
+                f"knowledge choices: {choices} (task_suites.knowledge_choices); use 0 (an open question) or 2 or more"
+            )
         self.facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
         self.choices = choices
         self.version = f"knowledge-v2-choices{choices}" if choices else "knowledge-v1"
@@ -37,13 +39,17 @@ class KnowledgeSuite:
         pool = [f for i, f in enumerate(self.facts) if (i in heldout) == (split == "heldout")]
         rng.shuffle(pool)
         terms = [term for term, _ in pool]
+        if self.choices > len(terms):  # no silent open questions under a v2 version
+            raise ValueError(
+                f"task_suites.knowledge_choices: {self.choices} choices, but the {split} split has only "
+                f"{len(terms)} facts; raise task_suites.max_facts or lower knowledge_choices"
+            )
         tasks = []
         for term, definition in pool[:n]:
             clue = definition[: self.CLUE_CHARS.get(difficulty, 80)].rsplit(" ", 1)[0]
             prompt, meta = f"Which term is defined as: {clue}?", {}
-            if self.choices and len(terms) >= self.choices:
-                others = rng.sample([t for t in terms if t.lower() != term.lower()], self.choices - 1)
-                listed = [*others]
+            if self.choices:
+                listed = rng.sample([t for t in terms if t.lower() != term.lower()], self.choices - 1)
                 listed.insert(rng.randrange(self.choices), term)
                 prompt += " Choose one of: " + ", ".join(f'"{t}"' for t in listed) + "."
                 meta = {"choices": listed}

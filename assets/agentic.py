@@ -3,6 +3,7 @@ of train go into SFT) and the Agentic RL checkpoint trained from the distilled R
 task services. The checkpoint's lineage names its parent, the task-set version and the task-service versions."""
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,10 +26,16 @@ from infra.store import ObjectStore
 from training.agentic import async_loop, codefix, driver, episodes, families, search, terminal
 from training.agentic import job as agentic_job
 from training.agentic.async_loop import AgenticRLConfig
-from training.agentic.families import AgenticTasksConfig, build_agentic_task_sets, write_agentic_tasks
+from training.agentic.families import (
+    AgenticTasksConfig,
+    build_agentic_task_sets,
+    rl_task_shortfalls,
+    write_agentic_tasks,
+)
 from training.curves import plot_history
 from training.job import job_key, read_metrics, tree_digest
 
+log = logging.getLogger(__name__)
 PROFILE = load_profile()
 AgenticTasksRunConfig = launchpad_config("agentic_tasks", AgenticTasksConfig, PROFILE)
 AgenticRLRunConfig = launchpad_config("agentic_rl", AgenticRLConfig, PROFILE)
@@ -48,12 +55,16 @@ def _build_agentic_tasks(cfg: AgenticTasksConfig, s, _, run) -> StageResult:
     out = _work("agentic_tasks") / "out"
     version = write_agentic_tasks(sets, out, facts[: cfg.max_facts], cfg.sft_per_level)
     counts = json.loads((out / "meta.json").read_text())["counts"]
+    shortfalls = rl_task_shortfalls(counts, cfg)
+    for message in shortfalls:
+        log.warning("%s", message)
     commit(s, AGENTIC_TASKS_PREFIX, out, meta={"agentic_version": version, "counts": counts})
     rows = [{"split/family/level": k, "tasks": v} for k, v in sorted(counts.items())]
     return StageResult(
         metrics={f"tasks/{k}": float(v) for k, v in counts.items()} | {"facts": float(len(facts))},
         outputs={"agentic_tasks": s.uri(AGENTIC_TASKS_PREFIX)},
-        report_md=f"## Agentic tasks {version}\n\n{markdown_table(rows)}",
+        report_md=f"## Agentic tasks {version}\n\n{markdown_table(rows)}"
+        + "".join(f"\n\n**Warning**: {m}" for m in shortfalls),
         sample=[t.to_json() for t in sets["heldout"][:: max(1, len(sets["heldout"]) // 6)]],
         data_version=version,
     )

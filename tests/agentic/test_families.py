@@ -24,6 +24,7 @@ from training.agentic.families import (
     read_agentic_facts,
     read_agentic_sft_tasks,
     read_agentic_tasks,
+    rl_task_shortfalls,
     sft_tasks,
     write_agentic_tasks,
 )
@@ -151,6 +152,23 @@ def test_wrong_answers_score_zero_with_a_reason(families):
     assert search.verify(task, "Answer: kalomi").reason == "wrong_answer"
     assert search.verify(task, "I do not know.").reason == "no_answer"
     assert search.verify(task, f"Answer: {task.answer}").reward == 1.0
+
+
+def test_shortfall_names_the_family_and_level_sft_leaves_without_fresh_tasks(tmp_path):
+    # 60 facts make 48 search tasks per level, not the 80 asked: SFT's 50 leave RL none of the 30 wanted
+    config = AgenticTasksConfig(
+        levels={"terminal": [1], "search": [1, 2]}, train_per_level=80, heldout_per_level=2, sft_per_level=50
+    )
+    write_agentic_tasks(build_agentic_task_sets(config, FACTS), tmp_path, FACTS, config.sft_per_level)
+    counts = json.loads((tmp_path / "meta.json").read_text())["counts"]
+    assert counts["train/terminal/level1"] == 80 and counts["train/search/level1"] < 50
+    messages = rl_task_shortfalls(counts, config)
+    assert [m.split(" has ")[0] for m in messages] == [
+        "agentic_tasks: search level 1",
+        "agentic_tasks: search level 2",
+    ]
+    assert "leaves Agentic RL 0 fresh tasks of the 30 asked for; raise max_facts" in messages[0]
+    assert rl_task_shortfalls(counts, config.model_copy(update={"sft_per_level": 10})) == []  # 38 of 70
 
 
 def test_splits_are_disjoint_seeded_and_versioned(tmp_path):

@@ -28,16 +28,18 @@ class AgenticTasksConfig(BaseModel):
         default_factory=lambda: {"terminal": [1, 2, 3], "codefix": [1, 2, 3], "search": [1, 2, 3]},
         description="Difficulty levels (1..3) generated per family (terminal, codefix, search)",
     )
-    train_per_level: int = Field(1000, ge=1, description="Train tasks per family and level")
+    train_per_level: int = Field(2000, ge=1, description="Train tasks per family and level")
     heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per family and level")
-    # 400 rather than 100 (with SFT at 3,000 steps rather than 1,600 for the same passes over the rest): on tiny,
-    # held-out success after SFT codefix 0.54 -> 0.78, terminal 0.25 -> 0.87, search 0 -> 0.05: with 100 rows
-    # per level the policy memorised what to copy instead of learning to copy (dev scores, 2026-12-02).
+    # With 100 rows per level the policy memorised what to copy instead of learning to copy. On tiny, held-out
+    # success after Reasoning RL's distillation (dev scores): 100 -> 400 rows (SFT 1,600 -> 3,000 steps) codefix
+    # 0.54 -> 0.78, terminal 0.25 -> 0.87, search 0 -> 0.05 (2026-12-02); 400 -> 1,000 rows, with 12,000 facts
+    # and 2,000 train tasks so RL keeps fresh ones, search 0.03 -> 0.29, codefix 0.79 -> 0.82 (2026-12-04).
     sft_per_level: int = Field(
-        400, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
+        1000, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
     )
+    # 2,000 facts gave only 534 / 367 / 218 search tasks at levels 1 / 2 / 3 (fewer than SFT takes).
     max_facts: int = Field(
-        2000, ge=0, description="Dictionary facts the search family's documents are built from"
+        12000, ge=0, description="Dictionary facts the search family's documents are built from"
     )
     latency: ExtraLatency = Field(
         default_factory=ExtraLatency,
@@ -121,6 +123,24 @@ def sft_tasks(train: Sequence[Task], per_level: int) -> list[Task]:
         if taken.get(key, 0) < per_level:
             taken[key] = taken.get(key, 0) + 1
             out.append(t)
+    return out
+
+
+def rl_task_shortfalls(counts: dict[str, int], config: AgenticTasksConfig) -> list[str]:
+    """One message per family and level where SFT's share leaves Agentic RL fewer than half the fresh train tasks
+    asked for (`counts` as meta.json's). Search makes fewer tasks than asked when its facts run short."""
+    wanted = config.train_per_level - config.sft_per_level
+    out = []
+    for family, levels in sorted(config.levels.items()):
+        for level in levels:
+            made = counts.get(f"train/{family}/level{level}", 0)
+            fresh = max(made - config.sft_per_level, 0)
+            if wanted > 0 and fresh < wanted / 2:
+                out.append(
+                    f"agentic_tasks: {family} level {level} has {made} train tasks and SFT takes "
+                    f"sft_per_level={config.sft_per_level}, which leaves Agentic RL {fresh} fresh tasks of the "
+                    f"{wanted} asked for; raise max_facts (search) or train_per_level, or lower sft_per_level"
+                )
     return out
 
 

@@ -72,6 +72,13 @@ class SftDataConfig(BaseModel):
         description="Extra math worked solutions per level the train tasks have, from a seed stream of their "
         "own (no held-out or test prompt, none already in train); Reasoning RL trains on the train tasks only",
     )
+    knowledge_drill_per_level: int = Field(
+        0,
+        ge=0,
+        description="Extra knowledge worked solutions per level, as math_drill_per_level: questions about more "
+        "distinct train terms, so that SFT teaches picking a listed term (knowledge_choices) rather than "
+        "a memorised answer per question",
+    )
 
     copy_drill_rows: int = Field(
         0,
@@ -116,16 +123,19 @@ def _rl_only_cut(tasks: Sequence[Task], families: set[str], keep: int) -> list[T
     return out
 
 
-def math_drill(
+def drill(
     tasks: Sequence[Task], suite: TaskSuite, per_level: int, seed: int, excluded: Collection[str]
 ) -> list[Task]:
-    """`per_level` math tasks per level of `tasks`' math levels, none of whose prompts is in `excluded` (the
-    held-out and test prompts) or in `tasks`; a level with a small prompt space (one-digit sums) gives fewer."""
+    """`per_level` tasks of `suite`'s domain per level of `tasks`' levels in it, none of whose prompts is in
+    `excluded` (the held-out and test prompts) or in `tasks`; a level with a small prompt space (one-digit
+    sums, few facts) gives fewer."""
     seen = set(excluded) | {t.prompt for t in tasks}
+    # a knowledge question's listed choices change with the seed: the same term would pass as a new prompt
+    terms = {t.answer for t in tasks if t.domain == "knowledge"} if suite.domain == "knowledge" else set()
     out: list[Task] = []
     for level in sorted({t.difficulty for t in tasks if t.domain == suite.domain}):
         fresh = suite.generate("train", 4 * per_level, DRILL_SEED_OFFSET + seed, level)
-        out += [t for t in fresh if t.prompt not in seen][:per_level]
+        out += [t for t in fresh if t.prompt not in seen and t.answer not in terms][:per_level]
     return out
 
 
@@ -141,19 +151,21 @@ def build_sft_trajectories(
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
     tasks = _rl_only_cut(tasks, set(cfg.rl_only_families), cfg.rl_family_rows)
-    drill = (
-        math_drill(tasks, suites["math"], cfg.math_drill_per_level, cfg.seed, excluded_prompts)
-        if cfg.math_drill_per_level
-        else []
-    )  # a registry without math (agentic tasks only) needs no drill
-    drill_ids = {t.id for t in drill}
-    tasks = [*tasks, *drill]
+    drilled: list[Task] = []
+    for domain, per_level in (
+        ("math", cfg.math_drill_per_level),
+        ("knowledge", cfg.knowledge_drill_per_level),
+    ):
+        if per_level:  # a registry without the domain (agentic tasks only) needs no drill
+            drilled += drill(tasks, suites[domain], per_level, cfg.seed, excluded_prompts)
+    drill_ids = {t.id for t in drilled}
+    tasks = [*tasks, *drilled]
     for _ in range(cfg.repeats):
         for task in tasks:
             solution = suites[task.domain].solution(task)
             if task.domain == "math" and cfg.math_column_steps and (steps := column_steps(task.prompt)):
                 solution = [{**solution[0], "reasoning_content": steps}, *solution[1:]]
-            kind = "math_drill" if task.id in drill_ids else task.domain
+            kind = f"{task.domain}_drill" if task.id in drill_ids else task.domain
             # no draw when off, so the default rows stay those of earlier versions
             with_tool = task.domain == "math" and cfg.math_calculator_share > 0
             if (

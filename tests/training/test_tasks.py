@@ -344,7 +344,7 @@ def test_sft_rows_leave_out_the_rl_only_code_families():
 
 
 def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
-    from training.sft_data import SftDataConfig, build_sft_trajectories, math_drill
+    from training.sft_data import SftDataConfig, build_sft_trajectories, drill
 
     sets = build_task_sets(TaskSuitesConfig(train_per_level=40, heldout_per_level=20, test_per_level=10))
     math = [t for t in sets["train"] if t.domain == "math"]
@@ -354,20 +354,48 @@ def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
     assert base_rows == build_sft_trajectories(math, suites(), [], plain)[0]  # no drill: rows as before
     assert "math_drill" not in base_kinds
 
-    drill = {t.id: t for t in math_drill(math, MathSuite(), 60, 0, excluded)}
-    per_level = Counter(t.difficulty for t in drill.values())
+    drilled_tasks = {t.id: t for t in drill(math, MathSuite(), 60, 0, excluded)}
+    per_level = Counter(t.difficulty for t in drilled_tasks.values())
     # one-digit sums have 100 prompts in all, most of them held-out, test or train already
     assert per_level[1] < 60 and per_level[2] == per_level[3] == per_level[4] == 60, per_level
-    assert not {t.prompt for t in drill.values()} & (excluded | {t.prompt for t in math})
+    assert not {t.prompt for t in drilled_tasks.values()} & (excluded | {t.prompt for t in math})
 
     cfg = plain.model_copy(update={"math_drill_per_level": 60})
     rows, kinds = build_sft_trajectories(math, suites(), [], cfg, excluded)
     drilled = [r for r in rows if r["kind"] == "math_drill"]
     assert kinds["math"] == base_kinds["math"] == len(math)
-    assert sorted(r["task_id"] for r in drilled) == sorted(drill)
+    assert sorted(r["task_id"] for r in drilled) == sorted(drilled_tasks)
     for r in drilled:  # a worked solution the suite's own verifier accepts
         answer = r["messages"][-1]["content"]
-        assert MathSuite().verify(drill[r["task_id"]], answer).reward == 1.0, answer
+        assert MathSuite().verify(drilled_tasks[r["task_id"]], answer).reward == 1.0, answer
+
+
+def test_knowledge_drill_asks_about_train_terms_the_train_questions_do_not_name():
+    from training.sft_data import DRILL_SEED_OFFSET, SftDataConfig, build_sft_trajectories
+
+    facts = [(f"term{i}", f"the {i}th thing of a long list of things") for i in range(200)]
+    config = TaskSuitesConfig(train_per_level=10, heldout_per_level=10, knowledge_choices=4)
+    sets = build_task_sets(config, facts)
+    knowledge = [t for t in sets["train"] if t.domain == "knowledge"]
+    registry = suites(facts, knowledge_choices=4)
+    cfg = SftDataConfig(definition_chats=0, knowledge_drill_per_level=30)
+    rows, kinds = build_sft_trajectories(knowledge, registry, facts, cfg)
+    drilled = [r for r in rows if r["kind"] == "knowledge_drill"]
+    assert kinds["knowledge"] == len(knowledge) and len(drilled) == 30 * len(config.levels["knowledge"])
+    by_id = {
+        t.id: t
+        for level in (1, 2)
+        for t in registry["knowledge"].generate("train", 120, DRILL_SEED_OFFSET, level)
+    }
+    drill_terms = [by_id[r["task_id"]].answer for r in drilled]
+    heldout_terms = {t.answer for t in sets["heldout"] if t.domain == "knowledge"}
+    train_terms = {t.answer for t in knowledge}
+    assert not set(drill_terms) & (heldout_terms | train_terms)
+    for r in drilled:  # four listed terms, the answer quoted as listed and accepted by the verifier
+        task = by_id[r["task_id"]]
+        assert len(task.meta["choices"]) == 4 and task.answer in task.meta["choices"]
+        assert r["messages"][-1]["content"] == f'Answer: "{task.answer}"'
+        assert registry["knowledge"].verify(task, r["messages"][-1]["content"]).reward == 1.0
 
 
 def test_copy_drill_asks_to_repeat_quoted_phrases_of_definition_words():

@@ -20,6 +20,7 @@ from training.tasks.suites import (
     difficulty_filter,
     eval_subset,
     frozen_test_sha256,
+    knowledge_choices_of,
     read_tasks,
     sha256_of_test_set,
     suite_version,
@@ -377,7 +378,15 @@ def test_knowledge_drill_asks_about_train_terms_the_train_questions_do_not_name(
     config = TaskSuitesConfig(train_per_level=10, heldout_per_level=10, knowledge_choices=4)
     sets = build_task_sets(config, facts)
     knowledge = [t for t in sets["train"] if t.domain == "knowledge"]
-    registry = suites(facts, knowledge_choices=4)
+    # the sft_data asset's registry: the choices read back from the task suites' own train tasks
+    assert knowledge_choices_of(knowledge) == 4
+    assert (
+        knowledge_choices_of(
+            build_task_sets(config.model_copy(update={"knowledge_choices": 0}), facts)["train"]
+        )
+        == 0
+    )
+    registry = suites(facts, knowledge_choices_of(knowledge))
     cfg = SftDataConfig(definition_chats=0, knowledge_drill_per_level=30)
     rows, kinds = build_sft_trajectories(knowledge, registry, facts, cfg)
     drilled = [r for r in rows if r["kind"] == "knowledge_drill"]

@@ -74,6 +74,12 @@ def suites(facts: Sequence[tuple[str, str]] = (), knowledge_choices: int = 0) ->
     }
 
 
+def knowledge_choices_of(tasks: Sequence[Task]) -> int:
+    """The `knowledge_choices` the knowledge tasks among `tasks` were made with (0: open questions), read from
+    the tasks themselves, so a later stage generates more of the same kind without the task suites' config."""
+    return max((len(t.meta.get("choices", ())) for t in tasks if t.domain == "knowledge"), default=0)
+
+
 def build_task_sets(
     config: TaskSuitesConfig, facts: Sequence[tuple[str, str]] = ()
 ) -> dict[Split, list[Task]]:

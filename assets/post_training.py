@@ -35,7 +35,7 @@ from training.tasks.suites import (
     build_rl_pool,
     build_task_sets,
     frozen_test_sha256,
-    knowledge_choices_of,
+    knowledge_format_of,
     read_tasks,
     sha256_of_test_set,
     suite_version,
@@ -150,7 +150,7 @@ def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
     train = read_tasks(tasks_dir / "train.jsonl")
     agentic_dir = _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks")  # agent trajectories: a share of its train
     # the knowledge suite as task_suites made it, so knowledge_drill rows are questions of the same kind
-    registry = suites(facts, knowledge_choices_of(train)) | agentic_suites(read_agentic_facts(agentic_dir))
+    registry = suites(facts, *knowledge_format_of(train)) | agentic_suites(read_agentic_facts(agentic_dir))
     train += read_agentic_sft_tasks(agentic_dir)
     excluded = {t.prompt for split in ("heldout", "test") for t in _read_split(tasks_dir, split)}
     rows, kinds = sft_data.build_sft_trajectories(train, registry, facts, cfg, excluded)

@@ -20,7 +20,7 @@ from training.tasks.suites import (
     difficulty_filter,
     eval_subset,
     frozen_test_sha256,
-    knowledge_choices_of,
+    knowledge_format_of,
     read_tasks,
     sha256_of_test_set,
     suite_version,
@@ -271,6 +271,42 @@ def test_knowledge_v2_lists_the_term_among_choices_of_its_own_split_and_quotes_t
         KnowledgeSuite(FACTS, 1)
 
 
+def test_knowledge_v3_letters_the_choices_and_accepts_the_right_letter_or_term(tmp_path):
+    from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+
+    config = TaskSuitesConfig(
+        levels={"knowledge": [1]}, train_per_level=20, heldout_per_level=5, knowledge_choices=4
+    )
+    v2 = build_task_sets(config, FACTS)
+    sets = build_task_sets(config.model_copy(update={"knowledge_labels": True}), FACTS)
+    assert [t.meta["choices"] for t in sets["train"]] == [t.meta["choices"] for t in v2["train"]]
+    assert knowledge_format_of(sets["train"]) == (4, True) and knowledge_format_of(v2["train"]) == (4, False)
+    registry = suites(FACTS)  # the letters travel with the task too
+    letters = Counter()
+    for task in sets["train"]:
+        choices = task.meta["choices"]
+        shown = ", ".join(f'{"ABCD"[i]}) "{c}"' for i, c in enumerate(choices))
+        assert task.prompt.endswith(f"Choose one of: {shown}. Answer with the letter.")
+        right = "ABCD"[choices.index(task.answer)]
+        letters[right] += 1
+        assert registry["knowledge"].solution(task) == [{"role": "assistant", "content": f"Answer: {right}"}]
+        for said in (right, f"({right.lower()})", f"{right})", task.answer):
+            assert registry["knowledge"].verify(task, f"Answer: {said}").reward == 1.0, said
+        for wrong in "ABCD".replace(right, ""):
+            assert registry["knowledge"].verify(task, f"Answer: {wrong}").reward == 0.0
+        assert registry["knowledge"].verify(task, "Answer: A, B, C, D").reward == 0.0
+    assert len(letters) == 4
+    assert KnowledgeSuite(FACTS, 4, labels=True).version == "knowledge-v3-labelled4"
+    with pytest.raises(ValueError, match="knowledge_labels needs knowledge_choices"):
+        build_task_sets(TaskSuitesConfig(knowledge_labels=True), FACTS)
+    # the answer's letter is the token the prompt shows it as (" B"), so picking needs no re-segmentation
+    texts = [t.prompt + " " + registry["knowledge"].solution(t)[0]["content"] for t in sets["train"]]
+    tok = load_tokenizer(train_tokenizer(texts * 3, TokenizerConfig(vocab_size=400), tmp_path))
+    for task in sets["train"]:
+        answer = tok.encode(registry["knowledge"].solution(task)[0]["content"], add_special_tokens=False)
+        assert _holds(tok.encode(task.prompt, add_special_tokens=False), answer[-1:]), task.prompt
+
+
 def test_difficulty_filter_keeps_sometimes_solved():
     tasks = MathSuite().generate("train", 4, 0, 1)
     rates = {tasks[0].id: 0.0, tasks[1].id: 0.5, tasks[2].id: 1.0}
@@ -379,14 +415,10 @@ def test_knowledge_drill_asks_about_train_terms_the_train_questions_do_not_name(
     sets = build_task_sets(config, facts)
     knowledge = [t for t in sets["train"] if t.domain == "knowledge"]
     # the sft_data asset's registry: the choices read back from the task suites' own train tasks
-    assert knowledge_choices_of(knowledge) == 4
-    assert (
-        knowledge_choices_of(
-            build_task_sets(config.model_copy(update={"knowledge_choices": 0}), facts)["train"]
-        )
-        == 0
-    )
-    registry = suites(facts, knowledge_choices_of(knowledge))
+    assert knowledge_format_of(knowledge) == (4, False)
+    opened = build_task_sets(config.model_copy(update={"knowledge_choices": 0}), facts)["train"]
+    assert knowledge_format_of(opened) == (0, False)
+    registry = suites(facts, *knowledge_format_of(knowledge))
     cfg = SftDataConfig(definition_chats=0, knowledge_drill_per_level=30)
     rows, kinds = build_sft_trajectories(knowledge, registry, facts, cfg)
     drilled = [r for r in rows if r["kind"] == "knowledge_drill"]

@@ -4,7 +4,9 @@ rescued-knowledge documents), checked by normalised exact match of the term.
 With `choices` (knowledge-v2) the question also lists that many terms of its own split, the answer among them
 in a seeded place: the policy has to tell which term the corpus defines that way, not spell a term it may never
 have generated; the worked solution quotes the chosen term as it is quoted in the prompt (tools.py: a copied
-word is then the same tokens in both)."""
+word is then the same tokens in both). With `labels` as well (knowledge-v3) each listed term has a letter
+(`A) "salad", B) ...`) and the answer is the letter: one token to copy, where a tiny policy copying a listed
+multi-token term writes a blend of the terms ("saggageugh" for "baggage master")."""
 
 from __future__ import annotations
 
@@ -21,14 +23,25 @@ class KnowledgeSuite:
     domain = "knowledge"
     CLUE_CHARS = {1: 160, 2: 120, 3: 80, 4: 40}
 
-    def __init__(self, facts: Sequence[tuple[str, str]], choices: int = 0):
+    LABELS = "ABCDEFGHIJ"
+
+    def __init__(self, facts: Sequence[tuple[str, str]], choices: int = 0, labels: bool = False):
         if choices == 1 or choices < 0:
             raise ValueError(
                 f"knowledge choices: {choices} (task_suites.knowledge_choices); use 0 (an open question) or 2 or more"
             )
+        if labels and not 2 <= choices <= len(self.LABELS):
+            raise ValueError(
+                f"task_suites.knowledge_labels needs knowledge_choices between 2 and {len(self.LABELS)}, "
+                f"not {choices}: letters label listed choices"
+            )
         self.facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
         self.choices = choices
-        self.version = f"knowledge-v2-choices{choices}" if choices else "knowledge-v1"
+        self.labels = labels
+        if labels:
+            self.version = f"knowledge-v3-labelled{choices}"
+        else:
+            self.version = f"knowledge-v2-choices{choices}" if choices else "knowledge-v1"
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int) -> list[Task]:
         if not self.facts:
@@ -51,8 +64,13 @@ class KnowledgeSuite:
             if self.choices:
                 listed = rng.sample([t for t in terms if t.lower() != term.lower()], self.choices - 1)
                 listed.insert(rng.randrange(self.choices), term)
-                prompt += " Choose one of: " + ", ".join(f'"{t}"' for t in listed) + "."
-                meta = {"choices": listed}
+                if self.labels:
+                    shown = ", ".join(f'{self.LABELS[i]}) "{t}"' for i, t in enumerate(listed))
+                    prompt += f" Choose one of: {shown}. Answer with the letter."
+                    meta = {"choices": listed, "labels": True}
+                else:
+                    prompt += " Choose one of: " + ", ".join(f'"{t}"' for t in listed) + "."
+                    meta = {"choices": listed}
             tasks.append(
                 Task(task_id(self.domain, prompt), self.domain, prompt, term, difficulty, split, meta)
             )
@@ -62,9 +80,19 @@ class KnowledgeSuite:
         answer = extract_answer(response)
         if answer is None:
             return Verdict(0.0, "no_answer")
+        if task.meta.get("labels"):  # the right letter ("B", "B)", "(b)"), or the term itself
+            letter = answer.strip().strip("()").strip().upper()
+            if letter == self._label(task):
+                return Verdict(1.0, "correct")
         ok = normalise_text(answer) == normalise_text(task.answer)
         return Verdict(1.0, "correct") if ok else Verdict(0.0, "wrong_answer")
 
     def solution(self, task: Task) -> list[dict]:
-        answer = f'"{task.answer}"' if task.meta.get("choices") else task.answer
+        if task.meta.get("labels"):
+            answer = self._label(task)
+        else:
+            answer = f'"{task.answer}"' if task.meta.get("choices") else task.answer
         return [{"role": "assistant", "content": f"Answer: {answer}"}]
+
+    def _label(self, task: Task) -> str:
+        return self.LABELS[task.meta["choices"].index(task.answer)]

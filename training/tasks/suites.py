@@ -54,6 +54,11 @@ class TaskSuitesConfig(BaseModel):
         description="Candidate terms listed in each knowledge question, the answer among them (0: an open "
         "question, knowledge-v1; 4: pick the defined term of four, knowledge-v2)",
     )
+    knowledge_labels: bool = Field(
+        False,
+        description="With knowledge_choices: letter the listed terms and answer with the letter (knowledge-v3), "
+        "so picking a term does not hinge on copying it token by token",
+    )
     rl_pool_per_level: int = Field(
         1000,
         ge=0,
@@ -63,21 +68,26 @@ class TaskSuitesConfig(BaseModel):
     )
 
 
-def suites(facts: Sequence[tuple[str, str]] = (), knowledge_choices: int = 0) -> dict[str, TaskSuite]:
-    """Every domain's suite; `knowledge_choices` only shapes generated questions (a task carries its choices,
-    so any registry verifies and solves it)."""
+def suites(
+    facts: Sequence[tuple[str, str]] = (), knowledge_choices: int = 0, knowledge_labels: bool = False
+) -> dict[str, TaskSuite]:
+    """Every domain's suite; `knowledge_choices` and `knowledge_labels` only shape generated questions (a task
+    carries its choices, so any registry verifies and solves it)."""
     return {
         "math": MathSuite(),
         "code": CodeSuite(),
         "tool": ToolSuite(),
-        "knowledge": KnowledgeSuite(facts, knowledge_choices),
+        "knowledge": KnowledgeSuite(facts, knowledge_choices, knowledge_labels),
     }
 
 
-def knowledge_choices_of(tasks: Sequence[Task]) -> int:
-    """The `knowledge_choices` the knowledge tasks among `tasks` were made with (0: open questions), read from
-    the tasks themselves, so a later stage generates more of the same kind without the task suites' config."""
-    return max((len(t.meta.get("choices", ())) for t in tasks if t.domain == "knowledge"), default=0)
+def knowledge_format_of(tasks: Sequence[Task]) -> tuple[int, bool]:
+    """The (`knowledge_choices`, `knowledge_labels`) the knowledge tasks among `tasks` were made with ((0, False):
+    open questions), read from the tasks themselves, so a later stage generates more of the same kind without
+    the task suites' config."""
+    knowledge = [t for t in tasks if t.domain == "knowledge"]
+    choices = max((len(t.meta.get("choices", ())) for t in knowledge), default=0)
+    return choices, any(t.meta.get("labels") for t in knowledge)
 
 
 def build_task_sets(
@@ -88,7 +98,7 @@ def build_task_sets(
     unknown = sorted(set(config.levels) - set(DOMAINS))
     if unknown:
         raise ValueError(f"task_suites.levels: unknown domain(s) {unknown}; domains are {list(DOMAINS)}")
-    registry = suites(facts[: config.max_facts], config.knowledge_choices)
+    registry = suites(facts[: config.max_facts], config.knowledge_choices, config.knowledge_labels)
     out: dict[Split, list[Task]] = {"train": [], "heldout": [], "test": []}
     for domain, levels in config.levels.items():
         for level in levels:
@@ -111,7 +121,7 @@ def build_rl_pool(
     """`rl_pool_per_level` train-kind tasks per domain and level from a seed stream of their own, sharing no
     prompt with `sets` (train, held-out, test) or each other; fewer where the prompt space runs out (one-digit
     sums are all train or held-out already)."""
-    registry = suites(facts[: config.max_facts], config.knowledge_choices)
+    registry = suites(facts[: config.max_facts], config.knowledge_choices, config.knowledge_labels)
     seen = {t.prompt for tasks in sets.values() for t in tasks}
     out: list[Task] = []
     for domain, levels in config.levels.items():

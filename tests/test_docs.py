@@ -13,7 +13,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # The measurement log keeps each entry as it was written, naming files that later commits removed.
 HISTORY = {REPO / "docs" / "post_training_results.md"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-CODE_PATH = re.compile(r"`([A-Za-z0-9_.-]+/(?:[A-Za-z0-9_.-]+/?)*)`")
+# each segment ends at its "/", so a back-quoted text that is no path fails at once instead of backtracking
+CODE_PATH = re.compile(r"`([A-Za-z0-9_.-]+/(?:[A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]*)`")
 TOP_DIRS = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
 
 

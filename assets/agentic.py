@@ -53,7 +53,7 @@ def _build_agentic_tasks(cfg: AgenticTasksConfig, s, _, run) -> StageResult:
     facts = recorded_dictionary_facts(run, cfg.max_facts, cfg.seed)
     sets = build_agentic_task_sets(cfg, facts)
     out = _work("agentic_tasks") / "out"
-    version = write_agentic_tasks(sets, out, facts[: cfg.max_facts], cfg.sft_per_level)
+    version = write_agentic_tasks(sets, out, facts[: cfg.max_facts], cfg.sft_rows)
     counts = json.loads((out / "meta.json").read_text())["counts"]
     shortfalls = rl_task_shortfalls(counts, cfg)
     for message in shortfalls:

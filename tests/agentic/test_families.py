@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 from facts import synthetic_facts  # noqa: E402  (pytest puts this directory on sys.path)
@@ -449,6 +450,29 @@ def test_agentic_rollout_records_environment_failures(families, tokenizer):
     assert ["no free sandbox" in trajs[0].reason, "task service died" in trajs[1].reason] == [True, True]
     assert "sandbox would not start" in trajs[2].reason and trajs[2].reward == 0.0
     assert sorted(closed) == ["finish", "tool"]  # every opened episode is closed
+
+
+def test_rl_only_levels_give_sft_a_foothold_and_leave_the_rest_of_train_to_rl(tmp_path):
+    config = AgenticTasksConfig(
+        levels={"terminal": [1, 3], "codefix": [3]}, train_per_level=40, heldout_per_level=2,
+        sft_per_level=20, rl_only_levels={"terminal": [3]}, rl_level_rows=3,
+    )  # fmt: skip
+    sets = build_agentic_task_sets(config, FACTS)
+    write_agentic_tasks(sets, tmp_path, FACTS, config.sft_rows)
+    sft = Counter((t.domain, t.difficulty) for t in read_agentic_sft_tasks(tmp_path))
+    assert sft == {("terminal", 1): 20, ("terminal", 3): 3, ("codefix", 3): 20}
+    assert rl_task_shortfalls(json.loads((tmp_path / "meta.json").read_text())["counts"], config) == []
+    # the shortfall check counts a foothold level's fresh tasks against its own SFT share: 60 facts make 48
+    # search tasks per level, so SFT's 50 leave level 1 none, and a foothold of 5 leaves level 2 most of them
+    search = AgenticTasksConfig(
+        levels={"search": [1, 2]}, train_per_level=80, heldout_per_level=2, sft_per_level=50,
+        rl_only_levels={"search": [2]}, rl_level_rows=5,
+    )  # fmt: skip
+    write_agentic_tasks(build_agentic_task_sets(search, FACTS), tmp_path / "s", FACTS, search.sft_rows)
+    short = rl_task_shortfalls(json.loads((tmp_path / "s" / "meta.json").read_text())["counts"], search)
+    assert len(short) == 1 and "search level 1" in short[0] and "sft_per_level=50" in short[0]
+    with pytest.raises(ValueError, match=r"rl_only_levels: codefix level\(s\) \[2\] are not in"):
+        build_agentic_task_sets(config.model_copy(update={"rl_only_levels": {"codefix": [2]}}), FACTS)
 
 
 def test_sft_rows_include_agentic_trajectories_with_masked_observations(tokenizer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +37,16 @@ class AgenticTasksConfig(BaseModel):
     sft_per_level: int = Field(
         1000, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
     )
+    rl_only_levels: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="Levels per family that SFT sees only `rl_level_rows` worked solutions of, left to Agentic "
+        "RL to teach (as sft_data's rl_only_families are for Reasoning RL)",
+    )
+    rl_level_rows: int = Field(
+        16,
+        ge=0,
+        description="SFT worked solutions per rl_only_levels level: a foothold, so RL samples reward",
+    )
     # 2,000 facts gave only 534 / 367 / 218 search tasks at levels 1 / 2 / 3 (fewer than SFT takes).
     max_facts: int = Field(
         12000, ge=0, description="Dictionary facts the search family's documents are built from"
@@ -45,6 +55,10 @@ class AgenticTasksConfig(BaseModel):
         default_factory=ExtraLatency,
         description="Extra seeded long-tail latency on every tool call and finish",
     )
+
+    def sft_rows(self, family: str, level: int) -> int:
+        """How many of a family's level's train tasks go to SFT as worked solutions."""
+        return self.rl_level_rows if level in self.rl_only_levels.get(family, ()) else self.sft_per_level
 
 
 def agentic_suites(
@@ -72,6 +86,13 @@ def build_agentic_task_sets(
         raise ValueError(
             f"agentic_tasks.levels: level(s) {bad} do not exist; every family has levels 1, 2, 3"
         )
+    for family, levels in sorted(config.rl_only_levels.items()):
+        missing = sorted(set(levels) - set(config.levels.get(family, ())))
+        if missing:
+            raise ValueError(
+                f"agentic_tasks.rl_only_levels: {family} level(s) {missing} are not in agentic_tasks.levels "
+                f"({config.levels.get(family, [])}); name only levels the family generates"
+            )
     registry = agentic_suites(facts[: config.max_facts], config.latency)
     out: dict[Split, list[Task]] = {"train": [], "heldout": []}
     for domain, levels in config.levels.items():
@@ -93,7 +114,7 @@ def write_agentic_tasks(
     tasks: dict[Split, list[Task]],
     out_dir: Path,
     facts: Sequence[tuple[str, str]] = (),
-    sft_per_level: int = 0,
+    sft_per_level: int | Callable[[str, int], int] = 0,
 ) -> str:
     """Under `out_dir`: train.jsonl, heldout.jsonl, sft.jsonl (the train tasks whose worked solutions go into
     SFT, `sft_tasks`), facts.json (the facts the search tasks were built from: a task service must load the
@@ -113,14 +134,16 @@ def write_agentic_tasks(
     return version
 
 
-def sft_tasks(train: Sequence[Task], per_level: int) -> list[Task]:
-    """The first `per_level` train tasks of each family and level (file order): their worked solutions go into
-    SFT, the rest of train is left for Agentic RL."""
+def sft_tasks(train: Sequence[Task], per_level: int | Callable[[str, int], int]) -> list[Task]:
+    """The first `per_level` train tasks of each family and level (file order; a callable gives the count per
+    family and level, `AgenticTasksConfig.sft_rows`): their worked solutions go into SFT, the rest of train is
+    left for Agentic RL."""
+    rows = per_level if callable(per_level) else (lambda family, level: per_level)
     taken: dict[tuple[str, int], int] = {}
     out = []
     for t in train:
         key = (t.domain, t.difficulty)
-        if taken.get(key, 0) < per_level:
+        if taken.get(key, 0) < rows(*key):
             taken[key] = taken.get(key, 0) + 1
             out.append(t)
     return out
@@ -129,16 +152,18 @@ def sft_tasks(train: Sequence[Task], per_level: int) -> list[Task]:
 def rl_task_shortfalls(counts: dict[str, int], config: AgenticTasksConfig) -> list[str]:
     """One message per family and level where SFT's share leaves Agentic RL fewer than half the fresh train tasks
     asked for (`counts` as meta.json's). Search makes fewer tasks than asked when its facts run short."""
-    wanted = config.train_per_level - config.sft_per_level
     out = []
     for family, levels in sorted(config.levels.items()):
         for level in levels:
+            taken = config.sft_rows(family, level)
+            wanted = config.train_per_level - taken
             made = counts.get(f"train/{family}/level{level}", 0)
-            fresh = max(made - config.sft_per_level, 0)
+            field = "rl_level_rows" if level in config.rl_only_levels.get(family, ()) else "sft_per_level"
+            fresh = max(made - taken, 0)
             if wanted > 0 and fresh < wanted / 2:
                 out.append(
                     f"agentic_tasks: {family} level {level} has {made} train tasks and SFT takes "
-                    f"sft_per_level={config.sft_per_level}, which leaves Agentic RL {fresh} fresh tasks of the "
+                    f"{field}={taken}, which leaves Agentic RL {fresh} fresh tasks of the "
                     f"{wanted} asked for; raise max_facts (search) or train_per_level, or lower sft_per_level"
                 )
     return out

@@ -471,8 +471,9 @@ def test_rl_only_levels_give_sft_a_foothold_and_leave_the_rest_of_train_to_rl(tm
     write_agentic_tasks(build_agentic_task_sets(search, FACTS), tmp_path / "s", FACTS, search.sft_rows)
     short = rl_task_shortfalls(json.loads((tmp_path / "s" / "meta.json").read_text())["counts"], search)
     assert len(short) == 1 and "search level 1" in short[0] and "sft_per_level=50" in short[0]
-    with pytest.raises(ValueError, match=r"rl_only_levels: codefix level\(s\) \[2\] are not in"):
-        build_agentic_task_sets(config.model_copy(update={"rl_only_levels": {"codefix": [2]}}), FACTS)
+    for bad in ({"codefix": [4]}, {"shell": [1]}):
+        with pytest.raises(ValueError, match=r"rl_only_levels: .* is not a family's levels"):
+            build_agentic_task_sets(config.model_copy(update={"rl_only_levels": bad}), FACTS)
 
 
 def test_sft_rows_include_agentic_trajectories_with_masked_observations(tokenizer):

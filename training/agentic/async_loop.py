@@ -56,9 +56,7 @@ class AgenticRLConfig(BaseModel):
     """Agentic RL settings (defaults are the `tiny` profile's)."""
 
     model_config = ConfigDict(extra="forbid")
-    # 30 steps and a filter over 64 tasks per family left codefix out of training (6 kept) with rl_only_levels;
-    # 60 and 192: terminal +0.12, codefix +0.06 held-out (2026-12-04 late night, dev scores).
-    steps: int = Field(60, ge=1, description="Optimizer steps")
+    steps: int = Field(30, ge=1, description="Optimizer steps")
     group_size: int = Field(4, ge=2, description="Rollouts per task (K in Eq. 5)")
     batch_trajectories: int = Field(
         24, ge=1, description="The trainer takes a batch once this many are ready"
@@ -116,7 +114,7 @@ class AgenticRLConfig(BaseModel):
     filter_samples: int = Field(
         4, ge=0, description="Difficulty filter: rollouts per train task before RL (0 = off)"
     )
-    filter_tasks_per_domain: int = Field(192, ge=1, description="Train tasks per family the filter scores")
+    filter_tasks_per_domain: int = Field(64, ge=1, description="Train tasks per family the filter scores")
     min_domain_prompts: int = Field(
         8, ge=1, description="A family the filter keeps fewer tasks of is left out of training"
     )

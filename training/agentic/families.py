@@ -37,11 +37,10 @@ class AgenticTasksConfig(BaseModel):
     sft_per_level: int = Field(
         1000, ge=0, description="Train tasks per family and level whose worked solution is an SFT trajectory"
     )
-    # With 1,000 worked solutions at every level, SFT left terminal at 1.000 and codefix at 0.833 held-out, and no
-    # Agentic RL setting raised either (2026-12-01..04). With 16 at level 3, RL took terminal level 3 0.30 -> 0.66
-    # and codefix level 3 0.06 -> 0.24 (dev scores, docs/post_training_results.md, 2026-12-04 late night).
+    # Off on tiny: {terminal: [3], codefix: [3]} gave Agentic RL a held-out rise in one chain of two and a weaker
+    # final model in both (docs/post_training_results.md, 2026-12-04 late night).
     rl_only_levels: dict[str, list[int]] = Field(
-        default_factory=lambda: {"terminal": [3], "codefix": [3]},
+        default_factory=dict,
         description="Levels per family that SFT sees only `rl_level_rows` worked solutions of, left to Agentic "
         "RL to teach (as sft_data's rl_only_families are for Reasoning RL); a level not generated is ignored",
     )

@@ -58,9 +58,13 @@ class AgenticTasksConfig(BaseModel):
         description="Extra seeded long-tail latency on every tool call and finish",
     )
 
+    def sft_rows_field(self, family: str, level: int) -> str:
+        """The setting that says how many of a family's level's train tasks go to SFT."""
+        return "rl_level_rows" if level in self.rl_only_levels.get(family, ()) else "sft_per_level"
+
     def sft_rows(self, family: str, level: int) -> int:
         """How many of a family's level's train tasks go to SFT as worked solutions."""
-        return self.rl_level_rows if level in self.rl_only_levels.get(family, ()) else self.sft_per_level
+        return getattr(self, self.sft_rows_field(family, level))
 
 
 def agentic_suites(
@@ -159,13 +163,13 @@ def rl_task_shortfalls(counts: dict[str, int], config: AgenticTasksConfig) -> li
             taken = config.sft_rows(family, level)
             wanted = config.train_per_level - taken
             made = counts.get(f"train/{family}/level{level}", 0)
-            field = "rl_level_rows" if level in config.rl_only_levels.get(family, ()) else "sft_per_level"
+            field = config.sft_rows_field(family, level)
             fresh = max(made - taken, 0)
             if wanted > 0 and fresh < wanted / 2:
                 out.append(
                     f"agentic_tasks: {family} level {level} has {made} train tasks and SFT takes "
                     f"{field}={taken}, which leaves Agentic RL {fresh} fresh tasks of the "
-                    f"{wanted} asked for; raise max_facts (search) or train_per_level, or lower sft_per_level"
+                    f"{wanted} asked for; raise max_facts (search) or train_per_level, or lower {field}"
                 )
     return out
 

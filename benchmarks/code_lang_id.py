@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from classifiers.code_language import CodeLanguageClassifier
+from classifiers.code_language import CHAR_MODEL, CodeLanguageClassifier
 from classifiers.fasttext_train import classification_report
 from infra.settings import load_profile
 from infra.stage import markdown_table
@@ -461,7 +461,15 @@ def assign_splits(files: list[dict], seed: int, extend_from: str | None = None) 
 
 def train_main(argv: list[str]) -> dict:
     """Train (epochs chosen on dev), calibrate (temperature on dev), score the frozen test set once, log to MLflow."""
-    from classifiers.code_language import fit_markers, train_code_language_model
+    from dataclasses import replace
+
+    from classifiers.code_language import (
+        CHAR_PARAMS,
+        fit_char_mix,
+        fit_markers,
+        train_char_model,
+        train_code_language_model,
+    )
     from classifiers.code_language_protocol import (
         calibration_report,
         fit_temperature,
@@ -493,6 +501,7 @@ def train_main(argv: list[str]) -> dict:
     ap.add_argument("--bucket", type=int, default=200_000, help="fastText hash buckets of the word bigrams")
     ap.add_argument("--vocabulary-min-groups", type=int, default=6,
                     help="tokens seen in fewer training projects become their shape")  # fmt: skip
+    ap.add_argument("--no-char-view", action="store_true", help="the token model alone (no character view)")
     ap.add_argument("--dev-only", action="store_true",
                     help="stop after dev (a recipe sweep): the frozen test set is not predicted or scored")  # fmt: skip
     args = ap.parse_args(argv)
@@ -540,10 +549,33 @@ def train_main(argv: list[str]) -> dict:
               f"resampled projects{'' if lo > 0 else ' (not resolved: the interval holds 0)'}")  # fmt: skip
     dev_true = [f["label"] for f in by["dev"]]
     dev_texts = [f["text"] for f in by["dev"]]
+    char_path, mix = None, {"char_weight": 0.0, "char_below": 0.0}
+    if not args.no_char_view:  # the character view, mixed in where dev says it helps
+        char_path = args.out / CHAR_MODEL
+        t0 = time.time()
+        clf = CodeLanguageClassifier.load(path)
+        clf.char_model = train_char_model([(f["label"], f["text"]) for f in train],
+                                          replace(CHAR_PARAMS, threads=args.threads, seed=args.seed), char_path)  # fmt: skip
+        fit = fit_char_mix(clf, dev_texts, dev_true)
+        mix = {"char_weight": fit["char_weight"], "char_below": fit["char_below"]}
+        clf.char_weight, clf.char_below = mix["char_weight"], mix["char_below"]
+        dev_probs = predict(clf, dev_texts)
+        mixed_correct = [max(p, key=p.get) == y for p, y in zip(dev_probs, dev_true, strict=True)]
+        diff, lo, hi = paired_project_bootstrap(dev_correct[epoch], mixed_correct, [f["group"] for f in by["dev"]],
+                                                seed=args.seed)  # fmt: skip
+        margins["char_view"] = {"difference": round(diff, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+        dev_acc = sum(mixed_correct) / len(mixed_correct)
+        print(f"character view on dev ({time.time() - t0:.0f}s): {fit}; {diff:+.4f} dev accuracy over the token "
+              f"model alone, 95% [{lo:+.4f}, {hi:+.4f}] over resampled projects")  # fmt: skip
+        if mix["char_weight"] == 0:
+            char_path = None
     temperature = fit_temperature(dev_probs, dev_true)  # marker-decided files do not move with it
     markers = fit_markers(dev_texts, dev_true)
-    clf = CodeLanguageClassifier.load(path, temperature=temperature, marker_confidence=markers)
-    cal = {"epoch": epoch, "temperature": temperature, "marker_confidence": markers, "dev_accuracy": round(dev_acc, 4),
+    clf = CodeLanguageClassifier.load(
+        path, char_path, temperature=temperature, marker_confidence=markers, **mix
+    )
+    cal = {"epoch": epoch, "temperature": temperature, "marker_confidence": markers, **mix,
+           "dev_accuracy": round(dev_acc, 4),
            "labels": labels, "dev_margin_over": margins,
            "frozen_test_sha256": (FROZEN_TEST.with_suffix(".json.sha256")).read_text().split()[0]}  # fmt: skip
     final = args.out / "code_language.bin"
@@ -559,7 +591,9 @@ def train_main(argv: list[str]) -> dict:
         return {**cal, "dev_report": dev_report}
     # the frozen test set: scored once for this model version
     load_frozen(FROZEN_TEST)
-    clf = CodeLanguageClassifier.load(final, temperature=temperature, marker_confidence=markers)
+    clf = CodeLanguageClassifier.load(
+        final, char_path, temperature=temperature, marker_confidence=markers, **mix
+    )
     t0 = time.time()
     test_probs = clf.predict_content([f["text"] for f in by["test"]], k=-1)
     secs = time.time() - t0
@@ -737,10 +771,14 @@ def protocol_bench_main(argv: list[str]) -> dict:
     load_frozen(FROZEN_TEST)  # checked against its sha256
     texts, y_true = [f["text"] for f in test], [f["label"] for f in test]
     cal = json.loads((args.model_dir / "calibration.json").read_text())
+    char_path = args.model_dir / CHAR_MODEL
     clf = CodeLanguageClassifier.load(
         args.model_dir / "code_language.bin",
+        char_path if char_path.exists() else None,
         temperature=cal["temperature"],
         marker_confidence=cal.get("marker_confidence"),  # absent for models calibrated before it existed
+        char_weight=cal.get("char_weight", 0.0),
+        char_below=cal.get("char_below", 0.0),
     )
     clf.predict_content(texts[:50], k=1)
     t0 = time.time()
@@ -800,8 +838,9 @@ def fetch_committed_model(snapshot: str) -> Path:
         raise SystemExit(f"code/language_id/{snapshot} was trained without the frozen protocol (no {CALIBRATION}): "
                          f"retrain it with `frozen_version` set")  # fmt: skip
     dest = Path(tempfile.mkdtemp(prefix=f"code-lang-{snapshot}-"))
-    for name in ("code_language.bin", CALIBRATION):
-        fetch_file(store, out, name, dest / name)
+    for name in ("code_language.bin", CALIBRATION, CHAR_MODEL):
+        if name in out.files:  # the character view only when dev chose to mix it in
+            fetch_file(store, out, name, dest / name)
     print(f"model: code/language_id/{snapshot} version {out.version} -> {dest}")
     return dest
 

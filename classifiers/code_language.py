@@ -46,6 +46,17 @@ MAX_TOKENS = 640
 # and broke 2, the rules on a missing construct ("C++" without C++ syntax is C) fixed 12 and broke 60
 CORRECT_BELOW_PROB = 0.99
 
+# The second view (`char_view`): the raw words of a file's head, which fastText reads as character 2- to 4-grams,
+# so it sees what the token view normalises away (identifier spelling, operators glued to names, rare tokens as
+# their shape). Weak alone, it is mixed in only where the token model is unsure (`char_below`, `char_weight`: both
+# chosen on dev), which also keeps its cost to a share of the files.
+CHAR_MAX_CHARS = 2000
+CHAR_MODEL = "code_language_chars.bin"  # its file, next to the token model's
+CHAR_PARAMS = FastTextParams(lr=0.5, epoch=30, dim=50, word_ngrams=1, minn=2, maxn=4, min_count=50,
+                             bucket=2_000_000, threads=1)  # fmt: skip
+_LOG_FLOOR = float(np.log(1e-12))  # a label the character view does not rank at all
+_WHITESPACE_RUN = re.compile(r"[ \t]+")
+
 # identifiers (with sigils: #include, @end, $var, %hash; ruby ?/!), numbers, and runs of up to three
 # punctuation characters (`->`, `::`, `);`, `#[`); line starts and indentation are read per line
 _TOKEN = re.compile(
@@ -134,6 +145,15 @@ def _raw_tokens(text: str, max_tokens: int | None = None, max_chars: int | None 
     if len(out) >= max_tokens:
         return out[:max_tokens]
     return out + _line_tokens(content_window(body, max_chars), max_tokens - len(out), _STOPWORDS)
+
+
+def char_view(text: str, max_chars: int = CHAR_MAX_CHARS) -> str:
+    """The character view's one-line input: the header's comment markers, then the window's non-blank lines
+    (whitespace runs as one space) joined by a `</l>` word."""
+    body, markers = split_header(text)
+    window = content_window(body, max_chars)
+    lines = (_WHITESPACE_RUN.sub(" ", ln).strip() for ln in window.split("\n"))
+    return " ".join([*markers, " </l> ".join(ln for ln in lines if ln)])
 
 
 def _line_tokens_py(text: str, max_tokens: int, stopwords: frozenset[str]) -> list[str]:
@@ -272,6 +292,36 @@ def train_code_language_model(examples: Sequence[tuple[str, str]], params: FastT
     return train_fasttext(lines, params, out_path, quantize)
 
 
+def train_char_model(examples: Sequence[tuple[str, str]], params: FastTextParams = CHAR_PARAMS,
+                     out_path: Path | None = None):  # fmt: skip
+    """Train the character view (`char_view`) on (language, file text) pairs."""
+    return train_fasttext([(lang, char_view(text)) for lang, text in examples], params, out_path)
+
+
+def fit_char_mix(clf: CodeLanguageClassifier, texts: Sequence[str], labels: Sequence[str],
+                 weights: Sequence[float] = (0.2, 0.3, 0.4), below: Sequence[float] = (0.9, 0.99, 0.999),
+                 ) -> dict[str, float]:  # fmt: skip
+    """The character view's weight and the token-model probability below which it is mixed in, chosen on a dev
+    set (`texts`, `labels`) by accuracy of the whole classifier (markers and corrections included); ties go to
+    the cheaper setting (lower `below`). Weight 0 (the view off) when no setting beats it."""
+
+    def accuracy() -> float:
+        probs = clf.predict_content(texts, k=1)
+        hits = sum(bool(p) and max(p, key=p.get) == y for p, y in zip(probs, labels, strict=True))
+        return hits / len(labels)
+
+    saved = clf.char_weight, clf.char_below
+    clf.char_weight = 0.0
+    best = (accuracy(), 0.0, 0.0)
+    for w in weights:
+        for b in sorted(below):
+            clf.char_weight, clf.char_below = w, b
+            if (acc := accuracy()) > best[0]:
+                best = (acc, w, b)
+    clf.char_weight, clf.char_below = saved
+    return {"char_weight": best[1], "char_below": best[2], "dev_accuracy": round(best[0], 4)}
+
+
 @dataclass
 class LanguageDecision:
     language: str | None
@@ -287,8 +337,14 @@ class CodeLanguageClassifier:
 
     def __init__(self, model, override_threshold: float = 0.98, min_confidence: float = 0.5,
                  override_unambiguous: bool = True, temperature: float = 1.0,
-                 marker_confidence: dict[str, float] | None = None):  # fmt: skip
+                 marker_confidence: dict[str, float] | None = None, char_model=None, char_weight: float = 0.0,
+                 char_below: float = 0.0):  # fmt: skip
         self.model = model
+        # the character view, mixed in (log-linear, `char_weight`) where the token model's raw top probability
+        # is below `char_below`; both fit on dev (`fit_char_mix`)
+        self.char_model = char_model
+        self.char_weight = char_weight
+        self.char_below = char_below
         # temperature scaling fit on a dev set (`code_language_protocol.fit_temperature`): 1.0 = the raw softmax
         self.temperature = temperature
         # how often each content marker / script header was right on dev (`fit_marker_confidence`); None = 1.0
@@ -301,11 +357,12 @@ class CodeLanguageClassifier:
         self.features = TokenFeatures(self.vocabulary)
 
     @classmethod
-    def load(cls, path: str | Path, **kwargs) -> CodeLanguageClassifier:
+    def load(cls, path: str | Path, char_path: str | Path | None = None, **kwargs) -> CodeLanguageClassifier:
         import fasttext
 
-        clf = cls(fasttext.load_model(str(path)), **kwargs)
-        clf.path = Path(path)
+        char_model = fasttext.load_model(str(char_path)) if char_path is not None else None
+        clf = cls(fasttext.load_model(str(path)), char_model=char_model, **kwargs)
+        clf.path, clf.char_path = Path(path), (Path(char_path) if char_path is not None else None)
         return clf
 
     @property
@@ -313,6 +370,7 @@ class CodeLanguageClassifier:
         return sorted(lab.removeprefix("__label__").replace("_", " ") for lab in self.model.get_labels())
 
     path: Path | None = None
+    char_path: Path | None = None
 
     def predict_content(self, texts: Sequence[str], k: int = -1, workers: int = 1) -> list[dict[str, float]]:
         """Language -> probability from content alone; `workers` > 1 splits the files over processes (each
@@ -323,15 +381,16 @@ class CodeLanguageClassifier:
 
             size = -(-len(texts) // (workers * 4))
             chunks = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
+            char = (str(self.char_path) if self.char_path else None, self.char_weight, self.char_below)
             with ProcessPoolExecutor(
                 workers,
                 initializer=_load_worker_model,
-                initargs=(str(self.path), self.temperature, self.marker_confidence),
+                initargs=(str(self.path), self.temperature, self.marker_confidence, char),
             ) as pool:  # each worker applies the markers and corrections to its chunk
                 return [p for part in pool.map(_predict_in_worker, chunks, [k] * len(chunks)) for p in part]
         # k >= 2 inside: Markdown without Markdown syntax falls to the runner-up
         probs, raw_top = self._probabilities(
-            [self.features.line(t) for t in texts], -1 if k < 0 else max(k, 2)
+            [self.features.line(t) for t in texts], -1 if k < 0 else max(k, 2), texts
         )
         # a content marker (`<!DOCTYPE html`) or the script's own header (`#!`, modeline) outranks the model, with
         # the probability it earned on dev (a PHP page can open with an HTML doctype)
@@ -342,7 +401,7 @@ class CodeLanguageClassifier:
                 top = max(probs[i], key=probs[i].get)
                 if top == "YAML" and (body := front_matter_body(text)) is not None:
                     # Markdown's front matter is YAML: the rest of the file says what it is
-                    body_probs, body_raw = self._probabilities([self.features.line(body)], k)
+                    body_probs, body_raw = self._probabilities([self.features.line(body)], k, [body])
                     body_top = max(body_probs[0], key=body_probs[0].get) if body_probs[0] else "YAML"
                     if body_top != "YAML":
                         probs[i], top, raw_top[i] = body_probs[0], body_top, body_raw[0]
@@ -368,18 +427,34 @@ class CodeLanguageClassifier:
         out = {lang: p, **{lab: q * (1.0 - p) / total for lab, q in rest.items()}}
         return dict(sorted(out.items(), key=lambda kv: -kv[1])[: k if k > 0 else None])
 
-    def _probabilities(self, lines: list[str], k: int) -> tuple[list[dict[str, float]], list[float]]:
-        """The model's top-`k` probabilities, temperature-scaled over all labels (`p^(1/T)` renormalised, one
-        numpy pass over the batch) when the temperature is not 1; and each line's raw (unscaled) top probability."""
-        if self.temperature == 1.0:
+    def _probabilities(self, lines: list[str], k: int, texts: Sequence[str] | None = None,
+                       ) -> tuple[list[dict[str, float]], list[float]]:  # fmt: skip
+        """The top-`k` probabilities of each file and its token model's raw (unscaled) top probability. Where that
+        is below `char_below`, the character view of `texts` is mixed in (`p1^(1-w) p2^w`); the temperature
+        rescales the result over all labels (`p^(1/T)`, renormalised)."""
+        mix = self.char_model is not None and self.char_weight > 0 and texts is not None
+        if self.temperature == 1.0 and not mix:
             probs = predict_proba(self.model, lines, k=k)
             return probs, [max(p.values(), default=0.0) for p in probs]
         labels, raw = self.model.predict(lines, k=-1)
         raw = np.asarray(raw, dtype=np.float64)
         if raw.size == 0:
             return [{} for _ in lines], [0.0] * len(lines)
-        q = np.power(np.maximum(raw, 1e-12), 1.0 / self.temperature)
-        q /= q.sum(axis=1, keepdims=True)  # fastText returns each row sorted by probability: the top k lead
+        logp = np.log(np.maximum(raw, 1e-12))
+        unsure = [i for i in range(len(lines)) if raw[i, 0] < self.char_below] if mix else []
+        if unsure:
+            labels = [list(labs) for labs in labels]
+            char_labels, char_raw = self.char_model.predict([char_view(texts[i]) for i in unsure], k=-1)
+            w = self.char_weight
+            for i, labs2, row2 in zip(unsure, char_labels, char_raw, strict=True):
+                col = {lab: j for j, lab in enumerate(labs2)}
+                other = np.log(np.maximum(np.asarray(row2, dtype=np.float64), 1e-12))
+                logp[i] = (1 - w) * logp[i] + w * np.array([other[col[lab]] if lab in col else _LOG_FLOOR
+                                                            for lab in labels[i]])  # fmt: skip
+                order = np.argsort(-logp[i], kind="stable")
+                logp[i], labels[i] = logp[i][order], [labels[i][j] for j in order]
+        q = np.exp((logp - logp.max(axis=1, keepdims=True)) / self.temperature)
+        q /= q.sum(axis=1, keepdims=True)  # each row sorted by probability: the top k lead
         n = q.shape[1] if k == -1 else k
         probs = [{label_name(lab): float(p) for lab, p in zip(labs[:n], row[:n], strict=True)}
                  for labs, row in zip(labels, q, strict=True)]  # fmt: skip
@@ -414,9 +489,18 @@ class CodeLanguageClassifier:
 _WORKER_MODEL: list[CodeLanguageClassifier] = []  # one model per worker process, loaded by the initializer
 
 
-def _load_worker_model(path: str, temperature: float = 1.0, marker_confidence: dict | None = None) -> None:
+def _load_worker_model(path: str, temperature: float = 1.0, marker_confidence: dict | None = None,
+                       char: tuple[str | None, float, float] = (None, 0.0, 0.0)) -> None:  # fmt: skip
+    char_path, char_weight, char_below = char
     _WORKER_MODEL[:] = [
-        CodeLanguageClassifier.load(path, temperature=temperature, marker_confidence=marker_confidence)
+        CodeLanguageClassifier.load(
+            path,
+            char_path,
+            temperature=temperature,
+            marker_confidence=marker_confidence,
+            char_weight=char_weight,
+            char_below=char_below,
+        )  # fmt: skip
     ]
 
 

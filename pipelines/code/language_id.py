@@ -13,8 +13,9 @@ partly circular. The headline `accuracy/extension_only` counts files labelled by
 `accuracy/shebang_line_removed` scores shebang-labelled files with their `#!` line cut off.
 
 The committed output `<out_prefix>/<snapshot>` (`infra.committed`) holds `code_language.bin` (model; `.ftz`
-when quantized), `eval.json` (per-language P/R/F1, confusion matrix), `confusion.png` and `heldout.jsonl.gz`
-(ids and labels of the held-out files).
+when quantized), `code_language_chars.bin` (the character view, when dev chose to mix it in), `calibration.json`,
+`eval.json` (per-language P/R/F1, confusion matrix), `confusion.png` and `heldout.jsonl.gz` (ids and labels of the
+held-out files).
 """
 
 from __future__ import annotations
@@ -25,11 +26,20 @@ import json
 import logging
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from classifiers.code_language import CodeLanguageClassifier, fit_markers, train_code_language_model
+from classifiers.code_language import (
+    CHAR_MODEL,
+    CHAR_PARAMS,
+    CodeLanguageClassifier,
+    fit_char_mix,
+    fit_markers,
+    train_char_model,
+    train_code_language_model,
+)
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
 from classifiers.code_language_protocol import calibration_report, fit_temperature
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
@@ -114,6 +124,11 @@ class CodeLanguageIdConfig(BaseModel):
         1,
         ge=1,
         description="fastText threads: 1 trains the same model on every run (with more, retrains differ by ~0.5 points)",
+    )
+    char_view: bool = Field(
+        True,
+        description="Also train the character view (`classifiers.code_language.char_view`) and mix it in where the "
+        "token model is unsure, at a weight and threshold chosen on the frozen dev set (needs frozen_version)",
     )
     quantize: bool = Field(
         False,
@@ -272,6 +287,16 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     clf = CodeLanguageClassifier(model, config.override_threshold, config.min_confidence)
     eval_files = [f for f in test if f["label"] in scored]
     temperature = 1.0
+    char_mix = {"char_weight": 0.0, "char_below": 0.0}
+    if config.frozen_version and config.char_view:  # mixed in where dev says it helps (weight 0: not at all)
+        char_path = work / CHAR_MODEL
+        clf.char_model = train_char_model([(f["label"], f["text"]) for f in train],
+                                          replace(CHAR_PARAMS, threads=config.threads, seed=config.seed),
+                                          char_path)  # fmt: skip
+        fit = fit_char_mix(clf, [f["text"] for f in test], [f["label"] for f in test])
+        char_mix = {"char_weight": fit["char_weight"], "char_below": fit["char_below"]}
+        clf.char_weight, clf.char_below = char_mix["char_weight"], char_mix["char_below"]
+        log.info("language id: character view on dev: %s", fit)
     if config.frozen_version:  # calibrated on dev (`calibration.json`): what metadata fix and readers apply
         dev_probs = clf.predict_content([f["text"] for f in test], k=-1)
         temperature = fit_temperature(dev_probs, [f["label"] for f in test])
@@ -295,7 +320,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         ) / len(shebang_files)
     confusions = Counter((f["label"], p) for f, p in zip(eval_files, y_pred, strict=True) if f["label"] != p)
     # what `benchmarks/code_lang_id.py protocol --model-snapshot` reads to score this model on the frozen test set
-    calibration = {"temperature": temperature, "marker_confidence": clf.marker_confidence,
+    calibration = {"temperature": temperature, "marker_confidence": clf.marker_confidence, **char_mix,
                    "labels": clf.languages, "frozen_version": config.frozen_version,
                    "epoch": config.epoch, "dev_accuracy": round(report.accuracy, 4),
                    "frozen_test_sha256": language_protocol.frozen_test_digest(config.frozen_version),
@@ -321,6 +346,8 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     heldout_path.write_bytes(gzip.compress(heldout.encode("utf-8"), mtime=0))  # same list, same bytes
     files = {"model": model_path, "eval": eval_path, "confusion": plot_path, "heldout": heldout_path,
              "calibration": calibration_path}  # fmt: skip
+    if clf.char_weight > 0:
+        files["char_model"] = work / CHAR_MODEL
     # one version (model of one format, its eval, its held-out list), switched in by the pointer last
     out = commit(store, partition_prefix(config.out_prefix, snapshot), {p.name: p for p in files.values()})
     outputs = {name: store.uri(out.key(path.name)) for name, path in files.items()}

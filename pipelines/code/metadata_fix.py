@@ -23,7 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from classifiers.code_language import CodeLanguageClassifier
+from classifiers.code_language import CHAR_MODEL, CodeLanguageClassifier
 from classifiers.code_language_rules import extension_of
 from infra.committed import commit, fetch_file, read_committed
 from infra.figures import artifact_dir
@@ -172,7 +172,7 @@ def fix_metadata(
     stats: Counter = Counter()
     transitions: Counter = Counter()
     crawled = read_committed(store, src)
-    temperature, markers = 1.0, None
+    temperature, markers, char_path, char_mix = 1.0, None, None, {}
     origins = load_origins(store, crawled.key(ORIGINS) if ORIGINS in crawled.files else None)
     with tempfile.TemporaryDirectory(prefix="crucible-fix-") as tmp:
         if model_path is None:
@@ -184,8 +184,13 @@ def fix_metadata(
             if CALIBRATION in lid.files:  # the temperature and marker probabilities fit on the frozen dev set
                 calibration = json.loads(store.get_bytes(lid.key(CALIBRATION)))
                 temperature, markers = calibration["temperature"], calibration.get("marker_confidence")
+                char_mix = {k: calibration.get(k, 0.0) for k in ("char_weight", "char_below")}
+            if CHAR_MODEL in lid.files:  # the character view, mixed in where the token model is unsure
+                char_path = fetch_file(store, lid, CHAR_MODEL, Path(tmp) / CHAR_MODEL)
         clf = CodeLanguageClassifier.load(
             model_path,
+            char_path,
+            **char_mix,
             override_threshold=config.override_threshold,
             min_confidence=config.min_confidence,
             override_unambiguous=config.override_unambiguous,

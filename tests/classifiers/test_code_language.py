@@ -10,8 +10,11 @@ from code_snippets import corpus, real_files
 import classifiers.code_language_rules as rules
 from classifiers.code_language import (
     CodeLanguageClassifier,
+    char_view,
     code_tokens,
+    fit_char_mix,
     split_header,
+    train_char_model,
     train_code_language_model,
 )
 from classifiers.code_language_labels import training_label
@@ -219,6 +222,83 @@ def test_content_classifier_separates_languages_on_unseen_files(tmp_path):
     assert report.per_class["Python"]["f1"] >= 0.92
     png = plot_confusion(report, tmp_path / "cm.png", "test")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def two_views():
+    """A token model and a character view trained on real files of some projects; real files of others."""
+    train, test = real_files("train", 60, seed=0), real_files("test", 40, seed=0)
+    examples = [(lang, text) for lang, _, text in train]
+    params = FastTextParams(epoch=15, dim=16, threads=1, bucket=20_000, seed=0, min_count=1)
+    char_params = FastTextParams(epoch=10, dim=16, minn=2, maxn=4, word_ngrams=1, min_count=5, threads=1,
+                                 bucket=50_000, seed=0)  # fmt: skip
+    return train_code_language_model(examples, params), train_char_model(examples, char_params), test
+
+
+def test_char_view_keeps_lines_and_drops_licence_headers():
+    text = (
+        "/* Copyright 2020 Someone\n * Licensed under ... */\n#include <stdio.h>\n\n  int   main(void) {\n}\n"
+    )
+    assert char_view(text) == "/* #include <stdio.h> </l> int main(void) { </l> }"
+
+
+def test_character_view_is_mixed_in_log_linearly_where_the_token_model_is_unsure(two_views):
+    import numpy as np
+
+    model, char_model, test = two_views
+    texts = [t for _, _, t in test]
+    alone = CodeLanguageClassifier(model, temperature=1.3)
+    mixed = CodeLanguageClassifier(
+        model, temperature=1.3, char_model=char_model, char_weight=0.3, char_below=0.95
+    )
+    lines = [alone.features.line(t) for t in texts]
+    got, raw_top = mixed._probabilities(lines, -1, texts)
+    base, _ = alone._probabilities(lines, -1, texts)
+    labs1, p1 = model.predict(lines, k=-1)
+    unsure = [i for i in range(len(texts)) if p1[i][0] < 0.95]
+    assert 0 < len(unsure) < len(texts)  # both kinds of file occur
+    assert raw_top == [float(p[0]) for p in p1]  # the corrections' `sure` test reads the token model alone
+    for i in range(len(texts)):
+        if i not in unsure:  # a sure token model: its (temperature-scaled) probabilities as they were
+            assert got[i] == base[i]
+            continue
+        labs2, p2 = char_model.predict(char_view(texts[i]), k=-1)
+        q2 = dict(zip(labs2, p2, strict=True))
+        # p1^(1-w) p2^w, then ^(1/T), renormalised: a direct transcription
+        want = {
+            lab: (p**0.7 * max(q2.get(lab, 0.0), 1e-12) ** 0.3) ** (1 / 1.3)
+            for lab, p in zip(labs1[i], p1[i], strict=True)
+        }
+        total = sum(want.values())
+        assert set(got[i]) == {lab.removeprefix("__label__") for lab in want}
+        for lab, v in want.items():
+            assert got[i][lab.removeprefix("__label__")] == pytest.approx(v / total, rel=1e-6, abs=1e-12)
+        assert list(got[i].values()) == sorted(got[i].values(), reverse=True)
+    # weight 0 or a threshold no file is under: the character view is never consulted
+    for weight, below in ((0.0, 0.95), (0.3, 0.0)):
+        off = CodeLanguageClassifier(model, temperature=1.3, char_model=char_model, char_weight=weight,
+                                     char_below=below)  # fmt: skip
+        assert off._probabilities(lines, -1, texts)[0] == base
+    assert np.isclose(sum(got[unsure[0]].values()), 1.0)
+
+
+def test_fit_char_mix_turns_a_view_that_only_hurts_off(two_views):
+    model, char_model, test = two_views
+    texts, labels = [t for _, _, t in test], [lang for lang, _, _ in test]
+    clf = CodeLanguageClassifier(model, char_model=char_model)
+    fit = fit_char_mix(clf, texts, labels, weights=(0.3, 0.6, 0.9), below=(0.9, 1.01))
+    base = CodeLanguageClassifier(model).predict_content(texts, k=1)
+    base_acc = sum(max(p, key=p.get) == y for p, y in zip(base, labels, strict=True)) / len(labels)
+    clf.char_weight, clf.char_below = fit["char_weight"], fit["char_below"]
+    assert fit["dev_accuracy"] >= round(base_acc, 4)
+    # a view that learned the languages backwards: every label rotated to the next one
+    names = sorted(set(labels))
+    rotate = dict(zip(names, names[1:] + names[:1], strict=True))
+    bad = train_char_model([(rotate[lang], t) for lang, _, t in real_files("train", 60, seed=0)],
+                           FastTextParams(epoch=10, dim=16, minn=2, maxn=4, word_ngrams=1, min_count=5,
+                                          threads=1, bucket=50_000, seed=0))  # fmt: skip
+    off = fit_char_mix(CodeLanguageClassifier(model, char_model=bad), texts, labels)
+    assert off["char_weight"] == 0.0 and off["dev_accuracy"] == round(base_acc, 4)
 
 
 @pytest.mark.parametrize(

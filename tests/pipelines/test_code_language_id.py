@@ -12,8 +12,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 from code_snippets import snippet
 
-from classifiers.code_language import CodeLanguageClassifier
-from infra.committed import is_committed, read_committed
+from classifiers.code_language import CHAR_MODEL, CodeLanguageClassifier
+from infra.committed import fetch_file, is_committed, read_committed
 from infra.store import LocalStore
 from pipelines.code.language_id import CodeLanguageIdConfig, train_code_language_classifier
 from pipelines.code.records import commit_records, make_record, read_shards, sha256_hex
@@ -242,10 +242,15 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     _commit(store, "s1", {f"pkg{i}": _files(i, rng) for i in range(2)})
     fix_metadata(MetadataFixConfig(), store, "s1")
     rec = next(r for r in read_shards(store, "code/files/s1") if r["metadata"]["path"].endswith(".lua"))
+    # ... and the character view, committed next to the model, at the weight and threshold dev chose for it
+    char_mix = {k: calibration[k] for k in ("char_weight", "char_below")}
+    assert char_mix["char_weight"] > 0 and CHAR_MODEL in lid.files  # these dev files were better with it
     calibrated = CodeLanguageClassifier.load(
         result.extra["model_path"],
+        fetch_file(store, lid, CHAR_MODEL, tmp_path / CHAR_MODEL),
         temperature=calibration["temperature"],
         marker_confidence=calibration["marker_confidence"],
+        **char_mix,
     )
     raw = CodeLanguageClassifier.load(result.extra["model_path"])
     lang = rec["metadata"]["language"]

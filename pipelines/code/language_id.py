@@ -356,7 +356,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
                "train_seconds": train_seconds, "model_bytes": float(model_path.stat().st_size),
                "seconds": time.time() - t0, "labels": float(len(keep)), "temperature": temperature,
                "ece": calibration["ece"], "confident_error_rate": calibration["confident_error_rate"],
-               **by_source}  # fmt: skip
+               **char_mix, **by_source}  # fmt: skip
     metrics.update({f"f1/{lang}": v["f1"] for lang, v in report.per_class.items()})
     metrics.update(
         {f"train_files/{lang}": float(n) for lang, n in Counter(f["label"] for f in train).items()}
@@ -369,7 +369,9 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
           f"All held-out files: accuracy {report.accuracy:.4f}, macro-F1 {report.macro_f1:.4f} over {len(scored)} "
           f"languages, {len(eval_files)} files ({report.extra['files_per_second']:.0f} files/s); temperature "
           f"{temperature}, ECE {calibration['ece']}, errors at >= 0.99: {calibration['confident_errors']} of "
-          f"{calibration['confident_predictions']}.", "",
+          f"{calibration['confident_predictions']}. Character view: "
+          + (f"mixed in at weight {char_mix['char_weight']} below a token-model probability of "
+             f"{char_mix['char_below']} (chosen on dev)." if char_mix["char_weight"] else "off."), "",
           markdown_table(_source_rows(by_source)), "", markdown_table(rows)]  # fmt: skip
     if components:
         md += [
@@ -389,7 +391,8 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
         sample=[{"id": f["id"], "path": f["path"], "label": f["label"], "predicted": p}
                 for f, p in list(zip(eval_files, y_pred, strict=True))[:10]],
         artifacts={"model/" + model_path.name: model_path, "model/" + CALIBRATION: calibration_path,
-                   "eval/eval.json": eval_path, "eval/confusion.png": plot_path},
+                   "eval/eval.json": eval_path, "eval/confusion.png": plot_path,
+                   **({"model/" + CHAR_MODEL: files["char_model"]} if "char_model" in files else {})},
         data_version=hashlib.sha256(model_path.read_bytes()).hexdigest()[:16],
         extra={"model_path": model_path, "report": report},
     )  # fmt: skip

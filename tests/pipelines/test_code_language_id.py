@@ -245,6 +245,10 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     # ... and the character view, committed next to the model, at the weight and threshold dev chose for it
     char_mix = {k: calibration[k] for k in ("char_weight", "char_below")}
     assert char_mix["char_weight"] > 0 and CHAR_MODEL in lid.files  # these dev files were better with it
+    assert (
+        result.metrics["char_weight"] == char_mix["char_weight"]
+        and "Character view: mixed in" in result.report_md
+    )
     calibrated = CodeLanguageClassifier.load(
         result.extra["model_path"],
         fetch_file(store, lid, CHAR_MODEL, tmp_path / CHAR_MODEL),

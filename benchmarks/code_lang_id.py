@@ -501,8 +501,8 @@ def train_main(argv: list[str]) -> dict:
     ap.add_argument("--bucket", type=int, default=200_000, help="fastText hash buckets of the word bigrams")
     ap.add_argument("--vocabulary-min-groups", type=int, default=6,
                     help="tokens seen in fewer training projects become their shape")  # fmt: skip
-    ap.add_argument("--char-view", action="store_true",
-                    help="also train the character view and mix it in at a weight and threshold chosen on dev")  # fmt: skip
+    ap.add_argument("--no-char-view", action="store_true",
+                    help="the token model alone (no character view mixed in)")  # fmt: skip
     ap.add_argument("--dev-only", action="store_true",
                     help="stop after dev (a recipe sweep): the frozen test set is not predicted or scored")  # fmt: skip
     args = ap.parse_args(argv)
@@ -551,7 +551,7 @@ def train_main(argv: list[str]) -> dict:
     dev_true = [f["label"] for f in by["dev"]]
     dev_texts = [f["text"] for f in by["dev"]]
     char_path, mix = None, {"char_weight": 0.0, "char_below": 0.0}
-    if args.char_view:  # the character view, mixed in where dev says it helps
+    if not args.no_char_view:  # the character view, mixed in where dev says it helps
         char_path = args.out / CHAR_MODEL
         t0 = time.time()
         clf = CodeLanguageClassifier.load(path)
@@ -851,7 +851,7 @@ def frozen_digest_of(path: Path) -> str:
 
 
 # training data tried on dev and not (yet) in the model: crawled by `crawl`, used only when `--data` names it
-CANDIDATE_SNAPSHOTS = {"code-langs-0005": "classifiers/data/code_language_extra5.yaml"}
+CANDIDATE_SNAPSHOTS: dict[str, str] = {}  # none now: code-langs-0005 joined the label snapshots in v10
 # the snapshots DEFAULT_DATA names and the manifests they are crawled from, then the candidates
 PROTOCOL_MANIFESTS = {
     "code-0001": "pipelines/code/manifests/tiny.yaml",

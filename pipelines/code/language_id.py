@@ -74,6 +74,7 @@ class CodeLanguageIdConfig(BaseModel):
             "code-langs-0002": "classifiers/data/code_language_extra2.yaml",
             "code-langs-0003": "classifiers/data/code_language_extra3.yaml",
             "code-langs-0004": "classifiers/data/code_language_extra4.yaml",
+            "code-langs-0005": "classifiers/data/code_language_extra5.yaml",
         },
         description="Crawls that source the labels a corpus crawl lacks: snapshot -> manifest (repo-relative); "
         "crawled into <in_prefix>/<snapshot> once, then reused",
@@ -126,10 +127,9 @@ class CodeLanguageIdConfig(BaseModel):
         description="fastText threads: 1 trains the same model on every run (with more, retrains differ by ~0.5 points)",
     )
     char_view: bool = Field(
-        False,
+        True,
         description="Also train the character view (`classifiers.code_language.char_view`) and mix it in where the "
-        "token model is unsure, at a weight and threshold chosen on the frozen dev set (needs frozen_version). Off: "
-        "on dev v4 it added 0.1-0.3 points to the default model, not resolved (docs/code_language_id.md)",
+        "token model is unsure, at a weight and threshold chosen on the frozen dev set (needs frozen_version)",
     )
     quantize: bool = Field(
         False,

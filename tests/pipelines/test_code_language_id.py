@@ -209,7 +209,7 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
     store.put_bytes("code/raw/labels-2/v-0123456789abcdef/part-00000.jsonl.gz", b"half-written")
     snapshots = {"labels-1": "unused: already crawled", "labels-2": "pipelines/code/manifests/micro.yaml"}
     config = CodeLanguageIdConfig(label_snapshots=snapshots, dev_snapshots={"dev-1": "unused"}, frozen_version="t1",
-                                  char_view=True, min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
+                                  min_files_per_language=10, min_test_files=2, epoch=5, dim=16, bucket=20_000,
                                   vocabulary_min_groups=0, max_train_files_per_language=200)  # fmt: skip
     result = train_code_language_classifier(config, store, "s1")
 

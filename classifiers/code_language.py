@@ -10,7 +10,9 @@ Content markers that fix a language outright (an HTML doctype, an XML declaratio
 literate Haskell, a root element HTML does not have) outrank the model's probabilities; a C prediction with
 C++-only constructs becomes C++, a C++ one without any becomes C, a TypeScript one without TypeScript syntax
 becomes JavaScript; a file opening with YAML front matter is what the rest of it is.
-Training and evaluation labels come from `code_language_labels.py`, a rule set of their own that nothing here uses.
+Where the token model is unsure, a second model over the raw words' characters (`char_view`) is mixed in at a
+weight chosen on dev. Training and evaluation labels come from `code_language_labels.py`, a rule set of their own
+that nothing here uses.
 Speed: the per-line tokenizer and the token->feature map (memoised) run in C (`_codetok.c`, the same output as
 their Python references, which tests check); an unquantized model predicts ~3x faster.
 """

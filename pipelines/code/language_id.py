@@ -290,7 +290,7 @@ def train_code_language_classifier(config: CodeLanguageIdConfig, store: ObjectSt
     temperature = 1.0
     char_mix = {"char_weight": 0.0, "char_below": 0.0}
     if config.frozen_version and config.char_view:  # mixed in where dev says it helps (weight 0: not at all)
-        char_path = work / CHAR_MODEL
+        clf.char_path = char_path = work / CHAR_MODEL
         clf.char_model = train_char_model([(f["label"], f["text"]) for f in train],
                                           replace(CHAR_PARAMS, threads=config.threads, seed=config.seed),
                                           char_path)  # fmt: skip

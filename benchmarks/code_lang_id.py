@@ -851,7 +851,7 @@ def frozen_digest_of(path: Path) -> str:
 
 
 # training data tried on dev and not (yet) in the model: crawled by `crawl`, used only when `--data` names it
-CANDIDATE_SNAPSHOTS: dict[str, str] = {}  # none now: code-langs-0005 joined the label snapshots in v10
+CANDIDATE_SNAPSHOTS: dict[str, str] = {"code-langs-0006": "classifiers/data/code_language_extra6.yaml"}
 # the snapshots DEFAULT_DATA names and the manifests they are crawled from, then the candidates
 PROTOCOL_MANIFESTS = {
     "code-0001": "pipelines/code/manifests/tiny.yaml",

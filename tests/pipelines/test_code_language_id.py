@@ -268,7 +268,8 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
 
 
 @pytest.mark.parametrize(
-    "snapshot,sources", [("code-langs-0003", 50), ("code-langs-0004", 36), ("code-langs-0005", 39)]
+    "snapshot,sources",
+    [("code-langs-0003", 50), ("code-langs-0004", 36), ("code-langs-0005", 39), ("code-langs-0006", 59)],
 )
 def test_label_snapshot_manifests_load_and_later_ones_add_no_frozen_held_out_project(snapshot, sources):
     """The label snapshots `make run` crawls (and the benchmark's candidate data) parse as code manifests;

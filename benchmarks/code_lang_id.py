@@ -851,6 +851,7 @@ def frozen_digest_of(path: Path) -> str:
 
 
 # training data tried on dev and not (yet) in the model: crawled by `crawl`, used only when `--data` names it
+# code-langs-0006 was tried on dev and not adopted (its manifest says why); `crawl` fetches it for a rerun
 CANDIDATE_SNAPSHOTS: dict[str, str] = {"code-langs-0006": "classifiers/data/code_language_extra6.yaml"}
 # the snapshots DEFAULT_DATA names and the manifests they are crawled from, then the candidates
 PROTOCOL_MANIFESTS = {

@@ -273,7 +273,7 @@ def test_frozen_protocol_trains_label_snapshots_and_unknown_never_the_frozen_tes
 )
 def test_label_snapshot_manifests_load_and_later_ones_add_no_frozen_held_out_project(snapshot, sources):
     """The label snapshots `make run` crawls (and the benchmark's candidate data) parse as code manifests;
-    code-langs-0003 to -0005 only add training projects (were one of their sources a frozen dev / test project, the
+    code-langs-0003 to -0005 and the candidate -0006 only add training projects (were one of their sources a frozen dev / test project, the
     frozen protocol would hold it out unscored, and a project already in another crawl would add nothing new)."""
     import importlib.util
 

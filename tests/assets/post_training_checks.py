@@ -86,6 +86,14 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     }
     rl_event = instance.get_latest_materialization_event(dg.AssetKey("reasoning_rl_checkpoint"))
     assert "plot/reasoning_rl_curves" in rl_event.asset_materialization.metadata
+    # held-out code per family (which families RL learned), at step 0 and at the end, and in the report
+    families = [k for k in metrics if k.startswith("heldout/family_n/code/")]
+    assert families and sum(metrics[k] for k in families) == metrics["heldout/n/code"]
+    name = families[0].removeprefix("heldout/family_n/")
+    steps = tracker.client.get_metric_history(rl_run.info.run_id, f"heldout/family/{name}")
+    assert sorted({m.step for m in steps}) == [0, 2]
+    report = rl_event.asset_materialization.metadata["report"].value
+    assert "per family" in report and f"| {name} |" in report
     assert tracker.get_run(rl_run.info.run_id).data.params["max_new_tokens"] == "8"  # not redacted
     # Agentic RL: trained from the distilled Reasoning RL checkpoint against task services (real subprocesses)
     # through the async loop; lineage to its parent and the agentic task set, the services' versions as tags

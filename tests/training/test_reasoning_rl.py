@@ -377,3 +377,54 @@ def test_tool_call_rates_count_the_greedy_rollouts_that_called_the_calculator(se
     assert [rewards[t.id] for t in math] == [1.0, 1.0, float(math[2].answer == "2"), 1.0]
     observations = [m["content"] for t in trajs for m in t.messages if m["role"] == "tool"]
     assert observations[2] == "2" and observations[:2] == [t.answer for t in math[:2]]
+
+
+class SomeFamilies:
+    """Family `some` passes every 4th verification of a task (the filter's 4 samples hold one pass), family
+    `never` never passes: the per-family metrics must tell them apart."""
+
+    domain, version = "color", "t1"
+
+    def __init__(self):
+        self.inner = OneInN("color", 4)
+
+    def verify(self, task: Task, response: str) -> Verdict:
+        if task.meta["family"] == "never":
+            return Verdict(0.0, "wrong_answer")
+        return self.inner.verify(task, response)
+
+
+def test_held_out_and_filter_scores_are_broken_down_by_family(setup):
+    from training.rl.by_family import family_rows
+
+    tok, cfg, _ = setup
+    tasks = [
+        Task(f"f{i}", "color", f"pick a color {i}", "blue", 1, "train", {"family": fam})
+        for i, fam in enumerate(["some"] * 6 + ["never"] * 4)
+    ]
+    rows: list[dict] = []
+    config = ReasoningRLConfig(
+        steps=2, prompts_per_step=4, group_size=4, max_new_tokens=4, max_turns=1, learning_rate=3e-3,
+        eval_every=2, eval_tasks_per_domain=10, eval_samples=4, filter_samples=4, filter_prompts_per_domain=10,
+        min_domain_prompts=2, keep_solved_share=0.0,
+    )  # fmt: skip
+    final = train_reasoning_rl(
+        build_model(cfg, seed=0), tok, tasks, tasks, {"color": SomeFamilies()}, config,
+        lambda m, s: rows.append({"step": s, **m}),
+    )  # fmt: skip
+    filt = next(r for r in rows if "filter/pool" in r)
+    assert filt["filter/pass_rate/color/some"] == 0.25 and filt["filter/pass_rate/color/never"] == 0.0
+    assert filt["filter/kept/color/some"] == 6 and "filter/kept/color/never" not in filt
+    assert final["heldout/family_n/color/some"] == 6 and final["heldout/family_n/color/never"] == 4
+    assert final["heldout/family/color/never"] == final["heldout/family_sampled/color/never"] == 0.0
+    assert final["heldout/family_sampled/color/some"] == 0.25  # 4 samples per task, one pass each
+    # the families' greedy scores add up to the domain's
+    weighted = sum(
+        final[f"heldout/family/color/{f}"] * final[f"heldout/family_n/color/{f}"] for f in ("some", "never")
+    )
+    assert weighted / 10 == pytest.approx(final["heldout/pass_at_1/color"])
+    table = {r["family"]: r for r in family_rows(rows, "SFT", "RL")}
+    assert set(table) == {"color/some", "color/never"}
+    assert (table["color/never"]["filter: kept"], table["color/some"]["filter: kept"]) == (0, 6)
+    assert table["color/some"]["n"] == 6 and table["color/some"]["RL sampled"] == 0.25
+    assert table["color/never"]["SFT"] == table["color/never"]["RL"] == 0.0

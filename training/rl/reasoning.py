@@ -20,6 +20,7 @@ import torch
 from pydantic import ConfigDict, Field
 from torch import nn
 
+from training.rl.by_family import family_counts, family_means
 from training.rl.loop import GRPOOut, OnPolicyLoop, StepTimes, grpo_loss, grpo_metrics
 from training.rl.loop import resume_step as resume_step  # re-exported: jobs and tests ask the stage module
 from training.rl.settings import PolicyUpdateConfig
@@ -286,6 +287,7 @@ class _ReasoningStage:
         trajs = greedy_trajectories(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
         rewards = task_rewards(trajs)
         out = pass_at_1_of(rewards, self.heldout) | tool_call_rates(trajs)
+        out |= family_means(rewards, self.heldout, "family") | family_counts(self.heldout, "family_n")
         if step == 0:
             self.initial_rewards = rewards
         elif self.initial_rewards:
@@ -302,6 +304,7 @@ class _ReasoningStage:
                 f"held-out eval step {step}",
             )
             out.update(sampled_pass_at_1(rates, self.heldout))
+            out.update(family_means(rates, self.heldout, "family_sampled"))
             if step == 0:
                 self.initial_rates = rates
             elif self.initial_rates:
@@ -473,4 +476,5 @@ def _filter_metrics(pool: list[Task], rates: dict[str, float], kept: list[Task])
         out[f"filter/kept/{domain}"] = float(sum(t.domain == domain for t in kept))
     for lo, hi, name in ((0.0, 0.0, "never"), (1.0, 1.0, "always")):
         out[f"filter/{name}_solved"] = float(sum(lo <= rates.get(t.id, 0.0) <= hi for t in pool))
-    return out
+    # per family: a family never solved here has no prompt in RL, so it cannot gain
+    return out | family_means(rates, pool, "filter/pass_rate") | family_counts(kept, "filter/kept")

@@ -98,6 +98,22 @@ def test_batches_mix_domains():
     assert sorted(t.domain for t in batch) == ["a", "a", "b", "b", "c", "c"]
 
 
+def test_family_balanced_batches_draw_each_family_of_a_domain_in_turn():
+    from collections import Counter
+
+    tasks = [Task(f"big{i}", "code", f"big {i}", "", 1, "train", {"family": "big"}) for i in range(30)]
+    tasks += [Task(f"few{i}", "code", f"few {i}", "", 1, "train", {"family": "few"}) for i in range(3)]
+    tasks += [Task(f"m{i}", "math", f"m {i}", "", 1, "train") for i in range(5)]  # no family: one pool
+    balanced = mixed_batches(tasks, 4, seed=0, by_family=True)
+    draws = [t for _ in range(30) for t in next(balanced)]
+    counts = Counter(t.meta.get("family", t.domain) for t in draws)
+    assert counts == {"big": 30, "few": 30, "math": 60}
+    assert Counter(t.id for t in draws if t.id.startswith("few")) == {"few0": 10, "few1": 10, "few2": 10}
+    uniform = mixed_batches(tasks, 4, seed=0)
+    plain = [t for _ in range(30) for t in next(uniform)]
+    assert Counter(t.meta.get("family") for t in plain if t.domain == "code")["few"] < 10  # 3 of 33 prompts
+
+
 class SaysE:
     """Reward 1 when the response has an 'e': about half an untrained model's samples, so every group has a
     non-zero advantage and every step moves the weights."""

@@ -20,7 +20,7 @@ import torch
 from pydantic import ConfigDict, Field
 from torch import nn
 
-from training.rl.by_family import family_counts, family_means
+from training.rl.by_family import family_counts, family_means, family_of
 from training.rl.loop import GRPOOut, OnPolicyLoop, StepTimes, grpo_loss, grpo_metrics
 from training.rl.loop import resume_step as resume_step  # re-exported: jobs and tests ask the stage module
 from training.rl.settings import PolicyUpdateConfig
@@ -88,6 +88,11 @@ class ReasoningRLConfig(PolicyUpdateConfig):
         le=1,
         description="Share of the prompts the filter found always solved kept in training (seeded) as anchors: "
         "their groups give no gradient while solved and pull the policy back once it starts failing them",
+    )
+    family_balanced: bool = Field(
+        False,
+        description="Batches draw a domain's task families in turn (code's floor_div, scale_add, ...), not its "
+        "kept prompts uniformly: families the filter kept few prompts of are trained as often as the rest",
     )
     seed: int = Field(0, description="Seed of prompt order and sampling")
 
@@ -177,23 +182,29 @@ def paired_gain(before: dict[str, float], after: dict[str, float], tasks: Sequen
     return out
 
 
-def mixed_batches(tasks: Sequence[Task], per_step: int, seed: int):
-    """Endless batches that cycle through the domains so every batch mixes them."""
+def mixed_batches(tasks: Sequence[Task], per_step: int, seed: int, by_family: bool = False):
+    """Endless batches that cycle through the domains so every batch mixes them. With `by_family`, a domain's
+    prompts also cycle through its task families (`meta["family"]`): a family the filter kept 3 prompts of is
+    drawn as often as one it kept 30 of."""
     rng = random.Random(seed)
-    pools: dict[str, list[Task]] = defaultdict(list)
+    pools: dict[str, dict[str, list[Task]]] = defaultdict(lambda: defaultdict(list))
     for t in tasks:
-        pools[t.domain].append(t)
+        pools[t.domain][(family_of(t) or "") if by_family else ""].append(t)
     domains = sorted(pools)
-    queues = {d: [] for d in domains}
+    queues = {(d, f): [] for d in domains for f in pools[d]}
+    families = {d: sorted(pools[d]) for d in domains}
+    turns = dict.fromkeys(domains, 0)
     turn = 0
     while True:
         batch = []
         while len(batch) < per_step:
             d = domains[turn % len(domains)]
             turn += 1
-            if not queues[d]:
-                queues[d] = rng.sample(pools[d], len(pools[d]))
-            batch.append(queues[d].pop())
+            f = families[d][turns[d] % len(families[d])]
+            turns[d] += 1
+            if not queues[d, f]:
+                queues[d, f] = rng.sample(pools[d][f], len(pools[d][f]))
+            batch.append(queues[d, f].pop())
         yield batch
 
 
@@ -279,7 +290,8 @@ class _ReasoningStage:
 
     def batches(self):
         if self._batches is None:
-            self._batches = mixed_batches(self.train, self.cfg.prompts_per_step, self.cfg.seed)
+            cfg = self.cfg
+            self._batches = mixed_batches(self.train, cfg.prompts_per_step, cfg.seed, cfg.family_balanced)
         return self._batches
 
     def evaluate(self, step: int) -> dict[str, float]:

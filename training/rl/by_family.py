@@ -12,7 +12,7 @@ from training.tasks.base import Task
 
 
 def family_of(task: Task) -> str | None:
-    family = task.meta.get("family") if isinstance(task.meta, dict) else None
+    family = task.meta.get("family")
     return str(family) if family else None
 
 

@@ -138,6 +138,49 @@ def test_code_verifier_runs_hidden_tests_in_the_sandbox():
     assert suite.verify(task, "no code at all").reason == "no_code"
 
 
+# Near misses a policy writes: every other constant, and the operator a family is confused with.
+NEAR_MISSES = {
+    "floor_div": ["return x / {k}", "return int(x / {k})"],
+    "count_above": ["return sum(1 for v in xs if v >= {k})"],
+    "count_pos": ["return sum(1 for v in xs if v >= 0)"],
+    "prefix": ["return s[:{k} - 1]"],
+}
+
+
+def _near_misses(task) -> list[str]:
+    from training.tasks.code import FAMILIES
+
+    body, k = FAMILIES[task.meta["family"]][2], task.meta.get("k")
+    wrong = [body.format(k=other) for other in range(2, 10) if other != k] if k is not None else []
+    return wrong + [m.format(k=k) for m in NEAR_MISSES.get(task.meta["family"], [])]
+
+
+def test_code_tests_reject_every_wrong_constant_and_near_miss_operator():
+    """code-v2's random cases passed `> 4` for "greater than 3" on 73% of count_above tasks: RL rewarded it."""
+    suite, checked = CodeSuite(), Counter()
+    for split in ("train", "heldout", "test"):
+        for level in (1, 2, 3, 4):
+            for task in suite.generate(split, 120, 0, level):
+                name, args = task.meta["function"], task.meta["solution"].split("(", 1)[1].split(")")[0]
+                exec(task.meta["solution"] + task.answer, {})  # the reference passes its own tests
+                for body in _near_misses(task):
+                    with pytest.raises(AssertionError):
+                        exec(f"def {name}({args}):\n    {body}\n{task.answer}", {})
+                    checked[task.meta["family"]] += 1
+    assert set(checked) >= {"count_above", "prefix", "divisible", "floor_div", "max_or_const", "count_pos"}
+    assert min(checked.values()) >= 50
+
+
+@pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
+def test_code_verifier_fails_a_wrong_constant_in_the_sandbox():
+    suite = CodeSuite()
+    task = next(t for t in suite.generate("heldout", 60, 0, 4) if t.meta["family"] == "count_above")
+    name, k = task.meta["function"], task.meta["k"]
+    assert suite.verify(task, suite.solution(task)[0]["content"]).reward == 1.0
+    off_by_one = f"```python\ndef {name}(xs):\n    return sum(1 for v in xs if v > {k + 1})\n```"
+    assert suite.verify(task, off_by_one).reason.startswith("error: AssertionError")
+
+
 @pytest.mark.skipif(sandbox_available() is not None, reason=str(sandbox_available()))
 def test_code_verdicts_are_reused_for_the_same_program_but_not_after_a_timeout(monkeypatch):
     """Checkpoints that answer alike are verified once per program (each run is a process start); a

@@ -27,6 +27,12 @@ _SETTLED = ("ok", "error")
 _MAX_VERDICTS = 100_000
 _VERDICTS: dict[str, Verdict] = {}
 
+# Fixed edge cases after the seeded ones (the rng draws, so the prompts, stay as in code-v2): each tells every
+# k in 2..9 from every other, and `/`, `int(x / k)` or `>=` from the right operator. Random cases alone passed a
+# wrong constant on 73% of count_above tasks and 86% of prefix tasks (docs/post_training_results.md, code-v3).
+_FLOOR_EDGES = [101, -101]  # 101 // k differs for every k in 2..9; prime, so x / k is never whole
+_DIVISORS = list(range(2, 10))  # x = k is divisible by k; x = k' is divisible by a wrong k'
+_LONG_WORD = "abcdefghij"  # longer than any k: s[:k] differs for every k
 # family -> (difficulty, spec template, body template, tests(rng, k) -> list[(args tuple, expected)])
 Family = tuple[int, str, str, Callable[[random.Random, int], list[tuple[tuple, object]]]]
 
@@ -43,7 +49,7 @@ FAMILIES: dict[str, Family] = {
         1,
         "returns x divided by {k}, rounded down",
         "return x // {k}",
-        lambda r, k: [((x,), x // k) for x in _ints(r)],
+        lambda r, k: [((x,), x // k) for x in _ints(r) + _FLOOR_EDGES],
     ),
     "add2": (
         2,
@@ -98,7 +104,7 @@ FAMILIES: dict[str, Family] = {
         3,
         "returns True if x is divisible by {k}, else False",
         "return x % {k} == 0",
-        lambda r, k: [((x,), x % k == 0) for x in _ints(r) + [k * r.randint(-3, 3)]],
+        lambda r, k: [((x,), x % k == 0) for x in _ints(r) + [k * r.randint(-3, 3)] + _DIVISORS],
     ),
     "square_const": (
         3,
@@ -116,7 +122,7 @@ FAMILIES: dict[str, Family] = {
         3,
         "returns the first {k} characters of the string s",
         "return s[:{k}]",
-        lambda r, k: [((w,), w[:k]) for w in _words(r)],
+        lambda r, k: [((w,), w[:k]) for w in _words(r) + [_LONG_WORD]],
     ),
     "sum_list": (
         4,
@@ -128,19 +134,19 @@ FAMILIES: dict[str, Family] = {
         4,
         "returns how many numbers in the list xs are positive",
         "return sum(1 for v in xs if v > 0)",
-        lambda r, k: [((xs,), sum(1 for v in xs if v > 0)) for xs in _lists(r)],
+        lambda r, k: [((xs,), sum(1 for v in xs if v > 0)) for xs in _lists(r) + [[-1, 0, 1]]],
     ),
     "count_above": (
         4,
         "returns how many numbers in the list xs are greater than {k}",
         "return sum(1 for v in xs if v > {k})",
-        lambda r, k: [((xs,), sum(1 for v in xs if v > k)) for xs in _lists(r)],
+        lambda r, k: [((xs,), sum(1 for v in xs if v > k)) for xs in _lists(r) + [[k - 1, k, k + 1]]],
     ),
     "scale_list": (
         4,
         "returns the list xs with every number multiplied by {k}",
         "return [v * {k} for v in xs]",
-        lambda r, k: [((xs,), [v * k for v in xs]) for xs in _lists(r)],
+        lambda r, k: [((xs,), [v * k for v in xs]) for xs in _lists(r) + [[1, -2]]],
     ),
     "max_or_const": (
         4,
@@ -179,7 +185,7 @@ def extract_code(response: str) -> str | None:
 
 class CodeSuite:
     domain = "code"
-    version = "code-v2"
+    version = "code-v3"
 
     def __init__(self, limits: SandboxLimits = _LIMITS):
         self.limits = limits
@@ -200,7 +206,9 @@ class CodeSuite:
             tests = tests.replace(",)", ")")
             solution = f"def {name}({args}):\n    {body.format(k=k)}\n"
             tid = task_id(self.domain, prompt)
-            meta = {"family": family, "solution": solution, "function": name}
+            meta = {"family": family, "solution": solution, "function": name} | (
+                {"k": k} if "{k}" in spec else {}
+            )
             tasks.setdefault(tid, Task(tid, self.domain, prompt, tests, level, split, meta))
         return list(tasks.values())
 

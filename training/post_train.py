@@ -167,7 +167,8 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
 
     from training.rl.reasoning import train_reasoning_rl
 
-    scored = eval_subset(read_tasks(Path(spec.heldout_tasks)), spec.config.eval_tasks_per_domain)
+    cfg = spec.config
+    scored = eval_subset(read_tasks(Path(spec.heldout_tasks)), cfg.eval_tasks_per_domain, cfg.eval_tasks_for)
     from training.rl.reasoning import pass_at_1
     from training.rollout.engine import LocalRolloutEngine
 

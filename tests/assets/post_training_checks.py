@@ -89,6 +89,7 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     # held-out code per family (which families RL learned), at step 0 and at the end, and in the report
     families = [k for k in metrics if k.startswith("heldout/family_n/code/")]
     assert families and sum(metrics[k] for k in families) == metrics["heldout/n/code"]
+    assert metrics["heldout/n/code"] == 3 and metrics["heldout/n/math"] == 2  # micro's eval_tasks_for
     name = families[0].removeprefix("heldout/family_n/")
     steps = tracker.client.get_metric_history(rl_run.info.run_id, f"heldout/family/{name}")
     assert sorted({m.step for m in steps}) == [0, 2]

@@ -10,7 +10,7 @@ import pytest
 
 from infra.sandbox import sandbox_available
 from training.tasks.base import extract_answer
-from training.tasks.code import CodeSuite
+from training.tasks.code import ARGS, FAMILIES, CodeSuite
 from training.tasks.knowledge import KnowledgeSuite
 from training.tasks.math import MathSuite, equivalent
 from training.tasks.suites import (
@@ -148,8 +148,6 @@ NEAR_MISSES = {
 
 
 def _near_misses(task) -> list[str]:
-    from training.tasks.code import FAMILIES
-
     body, k = FAMILIES[task.meta["family"]][2], task.meta.get("k")
     wrong = [body.format(k=other) for other in range(2, 10) if other != k] if k is not None else []
     return wrong + [m.format(k=k) for m in NEAR_MISSES.get(task.meta["family"], [])]
@@ -161,7 +159,7 @@ def test_code_tests_reject_every_wrong_constant_and_near_miss_operator():
     for split in ("train", "heldout", "test"):
         for level in (1, 2, 3, 4):
             for task in suite.generate(split, 120, 0, level):
-                name, args = task.meta["function"], task.meta["solution"].split("(", 1)[1].split(")")[0]
+                name, args = task.meta["function"], ARGS.get(task.meta["family"], "x")
                 exec(task.meta["solution"] + task.answer, {})  # the reference passes its own tests
                 for body in _near_misses(task):
                     with pytest.raises(AssertionError):

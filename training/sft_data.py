@@ -27,6 +27,7 @@ from training.tasks.math import column_steps
 RL_ONLY_FAMILIES = (
     "floor_div", "sub2_const", "square_const", "count_above", "add2_const", "scale_add", "divisible", "max_or_const",
 )  # fmt: skip
+GLOSSARY_PROMPT = "Recite a glossary entry."
 DRILL_SEED_OFFSET = 3_000_017  # the math drill's own stream, beside train / held-out / test (tasks/base.py)
 
 
@@ -39,6 +40,12 @@ class SftDataConfig(BaseModel):
     )
     definition_chats: int = Field(300, ge=0, description="Chats asking what a corpus term means")
     repeats: int = Field(1, ge=1, description="Copies of each task's worked solution")
+    glossary_copies: int = Field(
+        3,
+        ge=0,
+        description="Copies of each glossary entry (two per knowledge fact) when the knowledge tasks are "
+        "knowledge-v4 (task_suites.knowledge_glossary); a tiny model recalls a read fact after ~8 readings",
+    )
     seed: int = Field(0, description="Seed of error injection and order")
     rl_only_families: list[str] = Field(
         default_factory=lambda: list(RL_ONLY_FAMILIES),
@@ -198,8 +205,19 @@ def build_sft_trajectories(
         ]
         rows.append({"kind": "chat_definition", "task_id": "", "messages": messages})
     rows += copy_drill(facts, cfg.copy_drill_rows, rng)
+    rows += glossary_rows(suites.get("knowledge"), cfg.glossary_copies)
     rng.shuffle(rows)
     return rows, Counter(r["kind"] for r in rows)
+
+
+def glossary_rows(knowledge: TaskSuite | None, copies: int) -> list[dict[str, Any]]:
+    """The knowledge suite's glossary (empty unless knowledge-v4) as chats, `copies` times each entry."""
+    entries = getattr(knowledge, "glossary_entries", lambda: [])()
+    return [
+        {"kind": "glossary", "task_id": "", "messages": [
+            {"role": "user", "content": GLOSSARY_PROMPT}, {"role": "assistant", "content": entry}]}
+        for entry in entries for _ in range(copies)
+    ]  # fmt: skip
 
 
 def copy_drill(facts: Sequence[tuple[str, str]], n: int, rng: random.Random) -> list[dict[str, Any]]:

@@ -321,7 +321,7 @@ def test_knowledge_v3_letters_the_choices_and_accepts_the_right_letter_or_term(t
     v2 = build_task_sets(config, FACTS)
     sets = build_task_sets(config.model_copy(update={"knowledge_labels": True}), FACTS)
     assert [t.meta["choices"] for t in sets["train"]] == [t.meta["choices"] for t in v2["train"]]
-    assert knowledge_format_of(sets["train"]) == (4, True) and knowledge_format_of(v2["train"]) == (4, False)
+    assert knowledge_format_of(sets["train"]) == (4, True, False) and knowledge_format_of(v2["train"]) == (4, False, False)
     registry = suites(FACTS)  # the letters travel with the task too
     letters = Counter()
     for task in sets["train"]:
@@ -456,9 +456,9 @@ def test_knowledge_drill_asks_about_train_terms_the_train_questions_do_not_name(
     sets = build_task_sets(config, facts)
     knowledge = [t for t in sets["train"] if t.domain == "knowledge"]
     # the sft_data asset's registry: the choices read back from the task suites' own train tasks
-    assert knowledge_format_of(knowledge) == (4, False)
+    assert knowledge_format_of(knowledge) == (4, False, False)
     opened = build_task_sets(config.model_copy(update={"knowledge_choices": 0}), facts)["train"]
-    assert knowledge_format_of(opened) == (0, False)
+    assert knowledge_format_of(opened) == (0, False, False)
     registry = suites(facts, *knowledge_format_of(knowledge))
     cfg = SftDataConfig(definition_chats=0, knowledge_drill_per_level=30)
     rows, kinds = build_sft_trajectories(knowledge, registry, facts, cfg)

@@ -26,6 +26,7 @@ from typing import Any
 
 from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify, similarity
 from training.agentic.protocol import EnvironmentCrash
+from training.tasks.knowledge import clean_definition
 from training.tasks.base import (
     Split,
     Task,
@@ -46,8 +47,6 @@ MIN_CLUE_DF = 10  # clue words appear in at least this many documents (seen in m
 MAX_TERM_CHARS = 14  # answers are copied from an observation by a tiny policy: short terms only
 _WORD = re.compile(r"[a-z0-9]+")
 _CLUE_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
-_SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
-_PRONUNCIATION = re.compile(r"/[^/\s][^/]{0,40}/|\\[^\\]{1,80}\\")
 
 
 def terms_of(text: str) -> list[str]:
@@ -77,13 +76,6 @@ class BM25Index:
                 norm = tf + self.k1 * (1 - self.b + self.b * self.lengths[i] / self.avg_length)
                 scores[i] = scores.get(i, 0.0) + self.idf[w] * tf * (self.k1 + 1) / norm
         return [i for i, _ in sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]]
-
-
-def clean_definition(definition: str) -> str:
-    """The definition without dictionary markup: sense labels ("n 1:"), pronunciations (/.../, \\...\\)."""
-    text = _SENSE.sub("", definition.strip())
-    text = _PRONUNCIATION.sub(" ", text)
-    return " ".join(text.split()).rstrip(".")
 
 
 def documents(facts: Sequence[tuple[str, str]], seed: int = 0) -> list[tuple[str, str]]:

@@ -6,14 +6,40 @@ in a seeded place: the policy has to tell which term the corpus defines that way
 have generated; the worked solution quotes the chosen term as it is quoted in the prompt (tools.py: a copied
 word is then the same tokens in both). With `labels` as well (knowledge-v3) each listed term has a letter
 (`A) "salad", B) ...`) and the answer is the letter: one token to copy, where a tiny policy copying a listed
-multi-token term writes a blend of the terms ("saggageugh" for "baggage master")."""
+multi-token term writes a blend of the terms ("saggageugh" for "baggage master").
+
+With `glossary` (knowledge-v4) the suite's facts are also a glossary the model reads in SFT (every fact, train
+and held-out, definition first and term first: `glossary_entries`), with dictionary markup removed from the
+definitions. A held-out question then asks about a fact the model has read but was never asked about: the
+report's premise that RL draws out knowledge from the corpus rather than adding it. In v1-v3 the facts are in
+no training text, and a held-out question asks for a term the model never saw (0 on tiny in every format).
+Questions and glossary use the same cleaned definition, so a clue is a prefix of what the model read."""
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 
 from training.tasks.base import Split, Task, Verdict, extract_answer, normalise_text, split_seed, task_id
+
+_SENSE = re.compile(r"^(?:(?:n|v|adj|adv)\s+)?\d+\s*:\s*|^(?:n|v|adj|adv)\s*:\s*")
+_PRONUNCIATION = re.compile(r"/[^/\s][^/]{0,40}/|\\[^\\]{1,80}\\")
+
+
+def clean_definition(definition: str) -> str:
+    """The definition without dictionary markup: sense labels ("n 1:"), pronunciations (/.../, \\...\\)."""
+    text = _SENSE.sub("", definition.strip())
+    text = _PRONUNCIATION.sub(" ", text)
+    return " ".join(text.split()).rstrip(".")
+
+
+def _readable(definition: str) -> bool:
+    return len(_WORD.findall(definition)) >= 4 and not _MARKUP.search(definition)
+
+
+_WORD = re.compile(r"[A-Za-z]{2,}")
+_MARKUP = re.compile(r"\[[a-z=.^~`*-]{1,3}\]|^\W")  # Webster's pronunciation letters ("[a^]"); a leading ","
 
 
 class KnowledgeSuite:
@@ -25,7 +51,9 @@ class KnowledgeSuite:
 
     LABELS = "ABCDEFGHIJ"
 
-    def __init__(self, facts: Sequence[tuple[str, str]], choices: int = 0, labels: bool = False):
+    def __init__(
+        self, facts: Sequence[tuple[str, str]], choices: int = 0, labels: bool = False, glossary: bool = False
+    ):
         if choices == 1 or choices < 0:
             raise ValueError(
                 f"knowledge choices: {choices} (task_suites.knowledge_choices); use 0 (an open question) or 2 or more"
@@ -35,10 +63,20 @@ class KnowledgeSuite:
                 f"task_suites.knowledge_labels needs knowledge_choices between 2 and {len(self.LABELS)}, "
                 f"not {choices}: letters label listed choices"
             )
+        if glossary and choices:
+            raise ValueError(
+                "task_suites.knowledge_glossary asks open questions about facts the model read; set "
+                f"knowledge_choices to 0 (it is {choices})"
+            )
+        if glossary:  # entries the markup cleaning leaves unreadable (", Adipsy ([a^]d"[i^]p*s[y^]), n") are left out
+            facts = [(t, c) for t, d in facts if _readable(c := clean_definition(d))]
         self.facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
         self.choices = choices
         self.labels = labels
-        if labels:
+        self.glossary = glossary
+        if glossary:
+            self.version = "knowledge-v4-glossary"
+        elif labels:
             self.version = f"knowledge-v3-labelled{choices}"
         else:
             self.version = f"knowledge-v2-choices{choices}" if choices else "knowledge-v1"
@@ -59,8 +97,12 @@ class KnowledgeSuite:
             )
         tasks = []
         for term, definition in pool[:n]:
-            clue = definition[: self.CLUE_CHARS.get(difficulty, 80)].rsplit(" ", 1)[0]
-            prompt, meta = f"Which term is defined as: {clue}?", {}
+            chars = self.CLUE_CHARS.get(difficulty, 80)
+            if self.glossary and len(definition) <= chars:  # the whole definition, as the glossary has it
+                clue = definition
+            else:
+                clue = definition[:chars].rsplit(" ", 1)[0]
+            prompt, meta = f"Which term is defined as: {clue}?", {"glossary": True} if self.glossary else {}
             if self.choices:
                 listed = rng.sample([t for t in terms if t.lower() != term.lower()], self.choices - 1)
                 listed.insert(rng.randrange(self.choices), term)
@@ -75,6 +117,13 @@ class KnowledgeSuite:
                 Task(task_id(self.domain, prompt), self.domain, prompt, term, difficulty, split, meta)
             )
         return tasks
+
+    def glossary_entries(self) -> list[str]:
+        """What SFT reads of every fact (knowledge-v4): definition first, as a question's clue starts, and term
+        first, as a dictionary lists it."""
+        if not self.glossary:
+            return []
+        return [entry for t, d in self.facts for entry in (f"{d}: {t}.", f"{t}: {d}.")]
 
     def verify(self, task: Task, response: str) -> Verdict:
         answer = extract_answer(response)

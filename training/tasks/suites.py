@@ -59,6 +59,12 @@ class TaskSuitesConfig(BaseModel):
         description="With knowledge_choices: letter the listed terms and answer with the letter (knowledge-v3), "
         "so picking a term does not hinge on copying it token by token",
     )
+    knowledge_glossary: bool = Field(
+        False,
+        description="Knowledge questions about facts the model reads in SFT as a glossary (knowledge-v4; "
+        "sft_data.glossary_copies): held-out questions ask about read facts no question named; without it the "
+        "facts are in no training text",
+    )
     rl_pool_per_level: int = Field(
         1000,
         ge=0,
@@ -69,25 +75,34 @@ class TaskSuitesConfig(BaseModel):
 
 
 def suites(
-    facts: Sequence[tuple[str, str]] = (), knowledge_choices: int = 0, knowledge_labels: bool = False
+    facts: Sequence[tuple[str, str]] = (),
+    knowledge_choices: int = 0,
+    knowledge_labels: bool = False,
+    knowledge_glossary: bool = False,
 ) -> dict[str, TaskSuite]:
-    """Every domain's suite; `knowledge_choices` and `knowledge_labels` only shape generated questions (a task
-    carries its choices, so any registry verifies and solves it)."""
+    """Every domain's suite; the knowledge options only shape generated questions and the glossary SFT reads
+    (a task carries its choices, so any registry verifies and solves it)."""
     return {
         "math": MathSuite(),
         "code": CodeSuite(),
         "tool": ToolSuite(),
-        "knowledge": KnowledgeSuite(facts, knowledge_choices, knowledge_labels),
+        "knowledge": KnowledgeSuite(facts, knowledge_choices, knowledge_labels, knowledge_glossary),
     }
 
 
-def knowledge_format_of(tasks: Sequence[Task]) -> tuple[int, bool]:
-    """The (`knowledge_choices`, `knowledge_labels`) the knowledge tasks among `tasks` were made with ((0, False):
-    open questions), read from the tasks themselves, so a later stage generates more of the same kind without
-    the task suites' config."""
+def knowledge_format_of(tasks: Sequence[Task]) -> tuple[int, bool, bool]:
+    """The (`knowledge_choices`, `knowledge_labels`, `knowledge_glossary`) the knowledge tasks among `tasks` were
+    made with ((0, False, False): open questions), read from the tasks themselves, so a later stage generates
+    more of the same kind (and the same glossary) without the task suites' config."""
     knowledge = [t for t in tasks if t.domain == "knowledge"]
     choices = max((len(t.meta.get("choices", ())) for t in knowledge), default=0)
-    return choices, any(t.meta.get("labels") for t in knowledge)
+    labels = any(t.meta.get("labels") for t in knowledge)
+    return choices, labels, any(t.meta.get("glossary") for t in knowledge)
+
+
+def _configured_suites(config: TaskSuitesConfig, facts: Sequence[tuple[str, str]]) -> dict[str, TaskSuite]:
+    knowledge = (config.knowledge_choices, config.knowledge_labels, config.knowledge_glossary)
+    return suites(facts[: config.max_facts], *knowledge)
 
 
 def build_task_sets(
@@ -98,7 +113,7 @@ def build_task_sets(
     unknown = sorted(set(config.levels) - set(DOMAINS))
     if unknown:
         raise ValueError(f"task_suites.levels: unknown domain(s) {unknown}; domains are {list(DOMAINS)}")
-    registry = suites(facts[: config.max_facts], config.knowledge_choices, config.knowledge_labels)
+    registry = _configured_suites(config, facts)
     out: dict[Split, list[Task]] = {"train": [], "heldout": [], "test": []}
     for domain, levels in config.levels.items():
         for level in levels:
@@ -121,7 +136,7 @@ def build_rl_pool(
     """`rl_pool_per_level` train-kind tasks per domain and level from a seed stream of their own, sharing no
     prompt with `sets` (train, held-out, test) or each other; fewer where the prompt space runs out (one-digit
     sums are all train or held-out already)."""
-    registry = suites(facts[: config.max_facts], config.knowledge_choices, config.knowledge_labels)
+    registry = _configured_suites(config, facts)
     seen = {t.prompt for tasks in sets.values() for t in tasks}
     out: list[Task] = []
     for domain, levels in config.levels.items():

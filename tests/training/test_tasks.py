@@ -321,7 +321,11 @@ def test_knowledge_v3_letters_the_choices_and_accepts_the_right_letter_or_term(t
     v2 = build_task_sets(config, FACTS)
     sets = build_task_sets(config.model_copy(update={"knowledge_labels": True}), FACTS)
     assert [t.meta["choices"] for t in sets["train"]] == [t.meta["choices"] for t in v2["train"]]
-    assert knowledge_format_of(sets["train"]) == (4, True, False) and knowledge_format_of(v2["train"]) == (4, False, False)
+    assert knowledge_format_of(sets["train"]) == (4, True, False) and knowledge_format_of(v2["train"]) == (
+        4,
+        False,
+        False,
+    )
     registry = suites(FACTS)  # the letters travel with the task too
     letters = Counter()
     for task in sets["train"]:

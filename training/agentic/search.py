@@ -26,7 +26,6 @@ from typing import Any
 
 from training.agentic.episodes import Delay, ExtraLatency, clip, parse_tool_call, replay_verify, similarity
 from training.agentic.protocol import EnvironmentCrash
-from training.tasks.knowledge import clean_definition
 from training.tasks.base import (
     Split,
     Task,
@@ -36,6 +35,7 @@ from training.tasks.base import (
     split_seed,
     task_id,
 )
+from training.tasks.knowledge import clean_definition
 
 TOOLS = {"search": ("query",)}
 STOPWORDS = frozenset(

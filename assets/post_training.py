@@ -171,7 +171,8 @@ def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
 sft_data_set = tracked_asset(
     "sft_data_set",
     "Chat trajectories for SFT: worked solutions (reasoning and agentic tasks), corrected wrong steps and\n"
-    "failed tool calls (kept in context, masked from the loss), and definition chats from the corpus's dictionaries.",
+    "failed tool calls (kept in context, masked from the loss), and definition chats from the corpus's dictionaries\n"
+    "(with knowledge-v4 tasks, every knowledge fact as a glossary entry too).",
     config=SftDataRunConfig,
     stage=_build_sft_data,
     code_modules=[sft_data],

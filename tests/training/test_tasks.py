@@ -590,3 +590,34 @@ def test_knowledge_choices_beyond_a_splits_facts_fail_naming_the_setting():
         ValueError, match="task_suites.knowledge_choices: 4 choices, but the heldout split has only 1"
     ):
         KnowledgeSuite(FACTS[:2], 4).generate("heldout", 1, 0, 1)
+
+
+def test_knowledge_v4_asks_about_glossary_facts_whose_clue_is_what_sft_read():
+    from training.sft_data import GLOSSARY_PROMPT, SftDataConfig, build_sft_trajectories
+
+    facts = [(t, r"n 1: \Ab*a`cus\ " + d) for t, d in FACTS] + [
+        ("adipsia", ', Adipsy ([a^]d"[i^]p*s[y^]), n')
+    ]
+    config = TaskSuitesConfig(levels={"knowledge": [1, 4]}, train_per_level=30, heldout_per_level=8)
+    sets = build_task_sets(config.model_copy(update={"knowledge_glossary": True}), facts)
+    knowledge = [t for s in ("train", "heldout") for t in sets[s]]
+    assert knowledge_format_of(sets["train"]) == (0, False, True)
+    assert {t.split for t in knowledge} == {"train", "heldout"}
+    assert {t.answer for t in sets["train"]}.isdisjoint({t.answer for t in sets["heldout"]})
+    registry = suites(facts, *knowledge_format_of(sets["train"]))
+    assert registry["knowledge"].version == "knowledge-v4-glossary"
+    rows, kinds = build_sft_trajectories(sets["train"], registry, facts, SftDataConfig(glossary_copies=3))
+    read = [r["messages"][1]["content"] for r in rows if r["kind"] == "glossary"]
+    assert {r["messages"][0]["content"] for r in rows if r["kind"] == "glossary"} == {GLOSSARY_PROMPT}
+    assert kinds["glossary"] == len(read) == 2 * 3 * len(FACTS)  # the unreadable "adipsia" entry is left out
+    assert not any("adipsia" in entry or "\\" in entry or "n 1:" in entry for entry in read)
+    for task in knowledge:  # held-out too: a question about a fact the model read, starting as the entry does
+        clue = task.prompt.removeprefix("Which term is defined as: ").removesuffix("?")
+        assert clue and any(e.startswith(clue) and e.endswith(f": {task.answer}.") for e in read), task.prompt
+        assert task.meta == {"glossary": True}
+    # v1 reads no glossary: the same facts give no glossary rows and keep their markup in the questions
+    v1 = build_task_sets(config, facts)
+    rows, kinds = build_sft_trajectories(v1["train"], suites(facts), facts, SftDataConfig(glossary_copies=3))
+    assert kinds["glossary"] == 0 and "n 1:" in v1["heldout"][0].prompt
+    with pytest.raises(ValueError, match="knowledge_choices to 0"):
+        KnowledgeSuite(facts, choices=4, glossary=True)

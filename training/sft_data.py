@@ -40,6 +40,12 @@ class SftDataConfig(BaseModel):
     )
     definition_chats: int = Field(300, ge=0, description="Chats asking what a corpus term means")
     repeats: int = Field(1, ge=1, description="Copies of each task's worked solution")
+    knowledge_rows_per_level: int | None = Field(
+        None,
+        ge=0,
+        description="Knowledge worked solutions SFT keeps per level (None: all): with knowledge-v4 a foothold, "
+        "so RL's knowledge prompts are about read facts never asked, as held-out ones are",
+    )
     glossary_copies: int = Field(
         3,
         ge=0,
@@ -130,6 +136,21 @@ def _rl_only_cut(tasks: Sequence[Task], families: set[str], keep: int) -> list[T
     return out
 
 
+def _knowledge_cut(tasks: Sequence[Task], per_level: int | None) -> list[Task]:
+    """`tasks` with at most `per_level` knowledge tasks of each level (the first ones, in order)."""
+    if per_level is None:
+        return list(tasks)
+    kept: Counter = Counter()
+    out = []
+    for t in tasks:
+        if t.domain == "knowledge":
+            if kept[t.difficulty] >= per_level:
+                continue
+            kept[t.difficulty] += 1
+        out.append(t)
+    return out
+
+
 def drill(
     tasks: Sequence[Task], suite: TaskSuite, per_level: int, seed: int, excluded: Collection[str]
 ) -> list[Task]:
@@ -158,6 +179,7 @@ def build_sft_trajectories(
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
     tasks = _rl_only_cut(tasks, set(cfg.rl_only_families), cfg.rl_family_rows)
+    tasks = _knowledge_cut(tasks, cfg.knowledge_rows_per_level)
     drilled: list[Task] = []
     for domain, per_level in (
         ("math", cfg.math_drill_per_level),

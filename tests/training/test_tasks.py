@@ -615,6 +615,12 @@ def test_knowledge_v4_asks_about_glossary_facts_whose_clue_is_what_sft_read():
         clue = task.prompt.removeprefix("Which term is defined as: ").removesuffix("?")
         assert clue and any(e.startswith(clue) and e.endswith(f": {task.answer}.") for e in read), task.prompt
         assert task.meta == {"glossary": True}
+    # a foothold: SFT keeps 2 knowledge worked solutions per level and still reads every fact
+    foothold = SftDataConfig(glossary_copies=3, knowledge_rows_per_level=2)
+    rows, kinds = build_sft_trajectories(sets["train"], registry, facts, foothold)
+    asked = [r["task_id"] for r in rows if r["kind"] == "knowledge"]
+    by_id = {t.id: t for t in sets["train"]}
+    assert sorted(by_id[i].difficulty for i in asked) == [1, 1, 4, 4] and kinds["glossary"] == len(read)
     # v1 reads no glossary: the same facts give no glossary rows and keep their markup in the questions
     v1 = build_task_sets(config, facts)
     rows, kinds = build_sft_trajectories(v1["train"], suites(facts), facts, SftDataConfig(glossary_copies=3))

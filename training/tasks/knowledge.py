@@ -68,9 +68,8 @@ class KnowledgeSuite:
                 "task_suites.knowledge_glossary asks open questions about facts the model read; set "
                 f"knowledge_choices to 0 (it is {choices})"
             )
-        if (
-            glossary
-        ):  # entries the markup cleaning leaves unreadable (", Adipsy ([a^]d"[i^]p*s[y^]), n") are left out
+        if glossary:
+            # entries the markup cleaning leaves unreadable (", Adipsy ([a^]d"[i^]p*s[y^]), n") are left out
             facts = [(t, c) for t, d in facts if _readable(c := clean_definition(d))]
         self.facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
         self.choices = choices

@@ -7,7 +7,7 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from training.sft import error_correction_trajectory, failed_tool_call_trajectory
 from training.tasks.base import Task, TaskSuite
 from training.tasks.code import FAMILIES
+from training.tasks.knowledge import KnowledgeSuite
 from training.tasks.math import column_steps
 
 # Code families SFT sees only `rl_family_rows` (2) worked solutions of, so Reasoning RL has skills left to learn:
@@ -122,31 +123,25 @@ def _wrong_step(task: Task, rng: random.Random) -> str:
     return "I am not sure."
 
 
-def _rl_only_cut(tasks: Sequence[Task], families: set[str], keep: int) -> list[Task]:
-    """`tasks` with at most `keep` code tasks of each family in `families` (the first ones, in order)."""
+def _code_family(task: Task) -> str | None:
+    return task.meta.get("family") if task.domain == "code" else None
+
+
+def _knowledge_level(task: Task) -> int | None:
+    return task.difficulty if task.domain == "knowledge" else None
+
+
+def _keep_first(tasks: Sequence[Task], group: Callable[[Task], object], keep: int | None) -> list[Task]:
+    """`tasks` with at most `keep` of each group (the first ones, in order); tasks whose group is None, and all
+    tasks when `keep` is None, are kept."""
     kept: Counter = Counter()
     out = []
     for t in tasks:
-        family = t.meta.get("family") if t.domain == "code" else None
-        if family in families:
-            if kept[family] >= keep:
+        g = group(t)
+        if g is not None and keep is not None:
+            if kept[g] >= keep:
                 continue
-            kept[family] += 1
-        out.append(t)
-    return out
-
-
-def _knowledge_cut(tasks: Sequence[Task], per_level: int | None) -> list[Task]:
-    """`tasks` with at most `per_level` knowledge tasks of each level (the first ones, in order)."""
-    if per_level is None:
-        return list(tasks)
-    kept: Counter = Counter()
-    out = []
-    for t in tasks:
-        if t.domain == "knowledge":
-            if kept[t.difficulty] >= per_level:
-                continue
-            kept[t.difficulty] += 1
+            kept[g] += 1
         out.append(t)
     return out
 
@@ -178,8 +173,11 @@ def build_sft_trajectories(
     `excluded_prompts` (held-out and test prompts) never become math drill rows."""
     rng = random.Random(cfg.seed)
     rows: list[dict[str, Any]] = []
-    tasks = _rl_only_cut(tasks, set(cfg.rl_only_families), cfg.rl_family_rows)
-    tasks = _knowledge_cut(tasks, cfg.knowledge_rows_per_level)
+    families = set(cfg.rl_only_families)
+    tasks = _keep_first(
+        tasks, lambda t: _code_family(t) if _code_family(t) in families else None, cfg.rl_family_rows
+    )
+    tasks = _keep_first(tasks, _knowledge_level, cfg.knowledge_rows_per_level)
     drilled: list[Task] = []
     for domain, per_level in (
         ("math", cfg.math_drill_per_level),
@@ -234,7 +232,7 @@ def build_sft_trajectories(
 
 def glossary_rows(knowledge: TaskSuite | None, copies: int) -> list[dict[str, Any]]:
     """The knowledge suite's glossary (empty unless knowledge-v4) as chats, `copies` times each entry."""
-    entries = getattr(knowledge, "glossary_entries", lambda: [])()
+    entries = knowledge.glossary_entries() if isinstance(knowledge, KnowledgeSuite) else []
     return [
         {"kind": "glossary", "task_id": "", "messages": [
             {"role": "user", "content": GLOSSARY_PROMPT}, {"role": "assistant", "content": entry}]}

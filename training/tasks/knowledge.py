@@ -34,12 +34,12 @@ def clean_definition(definition: str) -> str:
     return " ".join(text.split()).rstrip(".")
 
 
-def _readable(definition: str) -> bool:
-    return len(_WORD.findall(definition)) >= 4 and not _MARKUP.search(definition)
-
-
 _WORD = re.compile(r"[A-Za-z]{2,}")
 _MARKUP = re.compile(r"\[[a-z=.^~`*-]{1,3}\]|^\W")  # Webster's pronunciation letters ("[a^]"); a leading ","
+
+
+def _readable(definition: str) -> bool:
+    return len(_WORD.findall(definition)) >= 4 and not _MARKUP.search(definition)
 
 
 class KnowledgeSuite:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from color_env import color_environments  # noqa: E402  (pytest puts this directory on sys.path)
+from color_env import ColorEnv, _ColorEpisode, color_environments  # noqa: E402  (pytest puts this directory on sys.path)
 
 from infra.cpu import cpus
 from training.agentic import async_loop
@@ -398,6 +398,42 @@ def test_the_difficulty_filter_keeps_tasks_solved_sometimes_and_leaves_out_famil
     assert metrics["filter/kept/color"] >= 3 and {t.domain for t in kept} == {"color"}
     assert len(kept) == metrics["filter/kept"] == metrics["filter/kept/color"]
     assert _filtered(model, tok, tasks, envs, config.model_copy(update={"filter_samples": 0}), print) == tasks
+
+
+class _EasyOrColor(ColorEnv):
+    """The color family, except that a task whose prompt starts with "easy" is solved by any answer."""
+
+    def open(self, task: Task):
+        return _ColorEpisode(ColorEnv(target="") if task.prompt.startswith("easy") else self, task)
+
+
+def test_the_difficulty_filter_adds_the_configured_share_of_always_solved_tasks_as_anchors(setup):
+    from training.agentic.job import _filtered
+
+    tok, _, cfg, _ = setup
+    model = build_model(cfg, seed=0)
+    envs = {"color": _EasyOrColor()}
+    tasks = [
+        Task(f"{p}{i}", "color", f"{p} pick a color {i}", "", 1, "train")
+        for p in ("easy", "hard")
+        for i in range(8)
+    ]
+    config = AgenticRLConfig(
+        max_new_tokens=4, max_turns=1, filter_samples=8, filter_tasks_per_domain=16, min_domain_prompts=2,
+        task_ratios={"color": 1.0}, keep_solved_share=0.5,
+    )  # fmt: skip
+    logged: list[dict] = []
+    kept = _filtered(model, tok, tasks, envs, config, lambda m, s: logged.append(m))
+    (metrics,) = logged
+    solved = metrics["filter/always_solved"]
+    assert solved >= 8 and metrics["filter/anchors/color"] == round(0.5 * solved), metrics
+    assert len(kept) == metrics["filter/kept/color"] + metrics["filter/anchors/color"]
+    easy = [t for t in kept if t.prompt.startswith("easy")]
+    assert len(easy) >= round(0.5 * solved) - (solved - 8) and len({t.id for t in kept}) == len(kept)
+    logged.clear()
+    default = _filtered(model, tok, tasks, envs, config.model_copy(update={"keep_solved_share": 0.0}), print)
+    # no anchors by default: the always-solved tasks are dropped
+    assert not any(t.prompt.startswith("easy") for t in default)
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0])

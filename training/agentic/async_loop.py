@@ -118,6 +118,13 @@ class AgenticRLConfig(BaseModel):
     min_domain_prompts: int = Field(
         8, ge=1, description="A family the filter keeps fewer tasks of is left out of training"
     )
+    keep_solved_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the tasks the filter found always solved kept in training (seeded) as anchors, as "
+        "in Reasoning RL: no gradient while solved, a pull back once RL starts failing them (0 = none)",
+    )
     seed: int = Field(0, description="Seed of task order and sampling")
 
 

@@ -183,9 +183,10 @@ def sampled_success(rates: dict[str, float], tasks: list) -> dict[str, float]:
 
 def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     """The difficulty filter (as Reasoning RL's): the train tasks the parent solves sometimes, from a seeded
-    sample of `filter_tasks_per_domain` per family; a family never (or always) solved is left out."""
+    sample of `filter_tasks_per_domain` per family, plus `keep_solved_share` of the always-solved ones as
+    anchors; a family never (or always) solved is left out."""
     from training.agentic.async_loop import sampled_pass_rates
-    from training.rl.reasoning import keep_sometimes_solved, per_domain
+    from training.rl.reasoning import keep_with_anchors, per_domain
 
     if not cfg.filter_samples:
         return train
@@ -193,7 +194,7 @@ def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     pool = per_domain([t for t in train if t.domain in wanted], cfg.filter_tasks_per_domain, cfg.seed)
     log.info("agentic RL: difficulty filter over %d train tasks x %d rollouts", len(pool), cfg.filter_samples)
     rates = sampled_pass_rates(model, tok, pool, envs, cfg, tok.pad_token_id, cfg.filter_samples)
-    kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, "agentic_rl")
+    kept, metrics = keep_with_anchors(pool, rates, cfg, "agentic_rl")
     log_metrics(metrics, 0)
     log.info("agentic RL: difficulty filter kept %s", {k: v for k, v in metrics.items() if "kept/" in k})
     return kept

@@ -430,13 +430,22 @@ def _filtered_train(
         return train
     pool = per_domain(train, cfg.filter_prompts_per_domain, cfg.seed)
     rates = difficulty_filter_rates(engine, tokenizer, pool, suites, cfg)
-    kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, "reasoning_rl")
+    kept, metrics = keep_with_anchors(pool, rates, cfg, "reasoning_rl")
+    log_metrics(metrics, 0)
+    return kept
+
+
+def keep_with_anchors(
+    pool: list[Task], rates: dict[str, float], cfg: Any, stage: str
+) -> tuple[list[Task], dict[str, float]]:
+    """`keep_sometimes_solved` plus `cfg.keep_solved_share` of the always-solved tasks of the trained domains as
+    anchors (`cfg`: any stage config with min_domain_prompts, keep_solved_share and seed)."""
+    kept, metrics = keep_sometimes_solved(pool, rates, cfg.min_domain_prompts, stage)
     kept_ids = {t.id for t in kept}  # with no prompt solved sometimes the filter keeps the whole pool
     rest = [t for t in pool if t.id not in kept_ids]
     anchors = solved_anchors(rest, rates, {t.domain for t in kept}, cfg.keep_solved_share, cfg.seed)
     counts = Counter(t.domain for t in anchors)
-    log_metrics(metrics | {f"filter/anchors/{d}": float(n) for d, n in counts.items()}, 0)
-    return kept + anchors
+    return kept + anchors, metrics | {f"filter/anchors/{d}": float(n) for d, n in counts.items()}
 
 
 def keep_sometimes_solved(

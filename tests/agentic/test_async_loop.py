@@ -430,7 +430,6 @@ def test_the_difficulty_filter_adds_the_configured_share_of_always_solved_tasks_
     assert len(kept) == metrics["filter/kept/color"] + metrics["filter/anchors/color"]
     easy = [t for t in kept if t.prompt.startswith("easy")]
     assert len(easy) >= round(0.5 * solved) - (solved - 8) and len({t.id for t in kept}) == len(kept)
-    logged.clear()
     default = _filtered(model, tok, tasks, envs, config.model_copy(update={"keep_solved_share": 0.0}), print)
     # no anchors by default: the always-solved tasks are dropped
     assert not any(t.prompt.startswith("easy") for t in default)

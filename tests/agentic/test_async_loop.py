@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -458,3 +459,19 @@ def test_the_update_ratio_is_one_on_rollouts_sampled_at_the_configured_temperatu
     assert stats["is/masked_fraction"] == 0.0
     wrong = update(model, optimizer, groups, tok.pad_token_id, config.model_copy(update={"temperature": 1.0}))
     assert min(wrong["ratio/min"], 1 / wrong["ratio/max"]) < 0.9, wrong
+
+
+def test_the_filter_pool_takes_per_family_sizes_and_rejects_unknown_families():
+    from pydantic import ValidationError
+
+    from training.rl.reasoning import per_domain
+
+    config = AgenticRLConfig(filter_tasks_per_domain=3, filter_tasks_for={"search": 5})
+    tasks = [Task(f"{d}-{i}", d, "p", "a", 1, "train") for d in ("codefix", "search") for i in range(8)]
+    pool = per_domain(tasks, config.filter_pool_size, seed=0)
+    assert Counter(t.domain for t in pool) == {"codefix": 3, "search": 5}
+    assert per_domain(tasks, config.filter_pool_size, seed=0) == pool  # seeded
+    with pytest.raises(ValidationError, match="filter_tasks_for: shell: 4 must name a family"):
+        AgenticRLConfig(filter_tasks_for={"shell": 4})
+    with pytest.raises(ValidationError, match="filter_tasks_for: search: 0"):
+        AgenticRLConfig(filter_tasks_for={"search": 0})

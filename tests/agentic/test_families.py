@@ -526,3 +526,31 @@ def test_task_sets_are_the_same_in_every_process(tmp_path):
     sets = build_agentic_task_sets(AgenticTasksConfig(train_per_level=5, heldout_per_level=3), FACTS)
     here = {s: [t.to_json() for t in ts] for s, ts in sets.items()}
     assert len(versions) == 1 and json.loads(versions.pop()) == json.loads(json.dumps(here))
+
+
+def test_search_unwritten_tasks_drop_every_task_that_writes_what_sft_wrote(tmp_path):
+    """`agentic_rl.search_unwritten_only`'s rule on the real task sets: the search tasks left to RL write (query
+    or answer) nothing an SFT worked solution wrote; the others are exactly those that share such a string."""
+    from training.agentic.search import unwritten_tasks, written_strings
+    from training.tasks.base import normalise_text
+
+    config = AgenticTasksConfig(
+        levels={"search": [1, 2], "terminal": [1]}, train_per_level=40, heldout_per_level=2, sft_per_level=12
+    )
+    write_agentic_tasks(build_agentic_task_sets(config, FACTS), tmp_path, FACTS, config.sft_rows)
+    sft = read_agentic_sft_tasks(tmp_path)
+    rl = [t for t in read_agentic_tasks(tmp_path)["train"] if t.id not in {s.id for s in sft}]
+    written = set().union(*(written_strings(t) for t in sft if t.domain == "search"))
+    kept = unwritten_tasks(rl, sft)
+    dropped = [t for t in rl if t not in kept]
+    search_rl = [t for t in rl if t.domain == "search"]
+    assert search_rl and dropped and len(dropped) < len(search_rl)  # the rule bites, and leaves some
+    assert all(not written_strings(t) & written for t in kept if t.domain == "search")
+    assert all(written_strings(t) & written and t.domain == "search" for t in dropped)
+    assert [t for t in kept if t.domain == "terminal"] == [t for t in rl if t.domain == "terminal"]
+    level1 = next(t for t in sft if t.domain == "search" and t.difficulty == 1)
+    assert written_strings(level1) == {
+        normalise_text(level1.meta["steps"][0][0]),
+        normalise_text(level1.answer),
+    }
+    assert unwritten_tasks(rl, []) == rl

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from training.agentic.buffer import TrajectoryBuffer, trained_reward
 from training.agentic.driver import RolloutDriver
 from training.agentic.gateway import TitoGateway
-from training.agentic.protocol import Environment
+from training.agentic.protocol import AGENTIC_DOMAINS, Environment
 from training.dsa_indexer import set_dsa_mode
 from training.rl.losses import double_sided_is_loss, group_advantages
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
@@ -115,6 +115,19 @@ class AgenticRLConfig(BaseModel):
         4, ge=0, description="Difficulty filter: rollouts per train task before RL (0 = off)"
     )
     filter_tasks_per_domain: int = Field(64, ge=1, description="Train tasks per family the filter scores")
+    filter_tasks_for: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per-family exceptions to filter_tasks_per_domain (a family the parent rarely solves needs "
+        "a larger pool for the filter to keep enough distinct tasks)",
+    )
+    # On tiny the parent solves a level-1 search task 0.60 of the time when SFT wrote its answer as a query,
+    # 0.29 when SFT wrote it as an answer and 0.12 when SFT never wrote it, as for every held-out task
+    # (2026-12-06), so the filter otherwise keeps mostly tasks RL can answer from memory.
+    search_unwritten_only: bool = Field(
+        False,
+        description="Train search only on tasks whose queries and answer SFT's worked solutions never wrote, "
+        "as held-out tasks' answers never were (copying a term, not recalling one)",
+    )
     min_domain_prompts: int = Field(
         8, ge=1, description="A family the filter keeps fewer tasks of is left out of training"
     )
@@ -126,6 +139,19 @@ class AgenticRLConfig(BaseModel):
         "in Reasoning RL: no gradient while solved, a pull back once RL starts failing them (0 = none)",
     )
     seed: int = Field(0, description="Seed of task order and sampling")
+
+    @field_validator("filter_tasks_for")
+    @classmethod
+    def _known_families(cls, value: dict[str, int]) -> dict[str, int]:
+        for family, n in value.items():
+            if family not in AGENTIC_DOMAINS or n < 1:
+                raise ValueError(
+                    f"filter_tasks_for: {family}: {n} must name a family of {AGENTIC_DOMAINS} with at least 1 task"
+                )
+        return value
+
+    def filter_pool_size(self, family: str) -> int:
+        return self.filter_tasks_for.get(family, self.filter_tasks_per_domain)
 
 
 class WorkerSpec(BaseModel):

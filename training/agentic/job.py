@@ -82,6 +82,7 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
         read_agentic_sft_tasks,
         read_agentic_tasks,
     )
+    from training.agentic.search import unwritten_tasks
     from training.checkpoint import export_hf
     from training.model import load_model
     from training.rl.reasoning import paired_gain
@@ -97,9 +98,18 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     facts = read_agentic_facts(tasks_dir)
     local_envs = agentic_suites(facts)  # held-out scoring in process, without extra latency
     scored = heldout_subset(sets["heldout"], cfg.eval_tasks_per_domain)
-    seen_in_sft = {t.id for t in read_agentic_sft_tasks(tasks_dir)}  # RL trains on the rest
+    sft_tasks = read_agentic_sft_tasks(tasks_dir)
+    seen_in_sft = {t.id for t in sft_tasks}  # RL trains on the rest
     train = [t for t in sets["train"] if t.id not in seen_in_sft]
     log_metrics = metrics_logger(run_dir, spec, spec.callbacks, resume_after=0)  # a rerun starts over
+    if cfg.search_unwritten_only:
+        before = sum(t.domain == "search" for t in train)
+        train = unwritten_tasks(train, sft_tasks)
+        after = sum(t.domain == "search" for t in train)
+        log.info("agentic RL: %d of %d search train tasks write nothing SFT wrote", after, before)
+        log_metrics(
+            {"filter/search_unwritten": float(after), "filter/search_written": float(before - after)}, 0
+        )
     train = _filtered(model, tok, train, local_envs, cfg, log_metrics)
     domains = sorted({t.domain for t in train} & {d for d, r in cfg.task_ratios.items() if r > 0})
 
@@ -183,7 +193,7 @@ def sampled_success(rates: dict[str, float], tasks: list) -> dict[str, float]:
 
 def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     """The difficulty filter (as Reasoning RL's): the train tasks the parent solves sometimes, from a seeded
-    sample of `filter_tasks_per_domain` per family, plus `keep_solved_share` of the always-solved ones as
+    sample of `filter_tasks_per_domain` per family (`filter_tasks_for` where given), plus `keep_solved_share` of the always-solved ones as
     anchors; a family never (or always) solved is left out."""
     from training.agentic.async_loop import sampled_pass_rates
     from training.rl.reasoning import keep_with_anchors, per_domain
@@ -191,7 +201,7 @@ def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     if not cfg.filter_samples:
         return train
     wanted = {d for d, r in cfg.task_ratios.items() if r > 0}
-    pool = per_domain([t for t in train if t.domain in wanted], cfg.filter_tasks_per_domain, cfg.seed)
+    pool = per_domain([t for t in train if t.domain in wanted], cfg.filter_pool_size, cfg.seed)
     log.info("agentic RL: difficulty filter over %d train tasks x %d rollouts", len(pool), cfg.filter_samples)
     rates = sampled_pass_rates(model, tok, pool, envs, cfg, tok.pad_token_id, cfg.filter_samples)
     kept, metrics = keep_with_anchors(pool, rates, cfg, "agentic_rl")

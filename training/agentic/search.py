@@ -257,5 +257,17 @@ class SearchSuite:
         return [*messages, {"role": "assistant", "content": f'Answer: "{task.answer}"'}]
 
 
+def written_strings(task: Task) -> set[str]:
+    """What the worked solution of a search task writes: its queries and its answer (normalised)."""
+    return {normalise_text(q) for q, _ in task.meta["steps"]} | {normalise_text(task.answer)}
+
+
+def unwritten_tasks(tasks: Sequence[Task], sft_tasks: Sequence[Task]) -> list[Task]:
+    """The search tasks none of whose queries or answer an SFT worked solution wrote (other families pass):
+    a held-out answer is never written in SFT, so these ask RL to copy a term, as held-out tasks do."""
+    written = set().union(*(written_strings(t) for t in sft_tasks if t.domain == SearchSuite.domain))
+    return [t for t in tasks if t.domain != SearchSuite.domain or not written_strings(t) & written]
+
+
 def _stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")

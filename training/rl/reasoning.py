@@ -487,13 +487,15 @@ def solved_anchors(
     return random.Random(seed).sample(solved, round(share * len(solved)))
 
 
-def per_domain(tasks: list[Task], n: int, seed: int) -> list[Task]:
-    """Up to `n` tasks of each domain, a seeded sample (the difficulty filter's pool)."""
+def per_domain(tasks: list[Task], n: int | Callable[[str], int], seed: int) -> list[Task]:
+    """Up to `n` tasks of each domain (`n(domain)` when a function), a seeded sample (the difficulty filter's
+    pool)."""
     rng = random.Random(seed)
     by: dict[str, list[Task]] = defaultdict(list)
     for t in tasks:
         by[t.domain].append(t)
-    return [t for d in sorted(by) for t in rng.sample(by[d], min(n, len(by[d])))]
+    size = n if callable(n) else (lambda _: n)
+    return [t for d in sorted(by) for t in rng.sample(by[d], min(size(d), len(by[d])))]
 
 
 def _filter_metrics(pool: list[Task], rates: dict[str, float], kept: list[Task]) -> dict[str, float]:

@@ -122,6 +122,7 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
             f"{metrics.get(f'heldout/paired_gain_se/{d}', float('nan')):.3f}",
             "fixed / broken": f"{metrics.get(f'heldout/fixed/{d}', 0):.0f} / {metrics.get(f'heldout/broken/{d}', 0):.0f}",
             **_sampled_columns(metrics, d),
+            "failures: parent -> agentic RL": failure_changes(metrics, d),
         }
         for d in held_out_families(metrics)
     ]
@@ -141,6 +142,21 @@ def _agentic_rl(launch: PipesLaunch, cfg: AgenticRLConfig, s, _, run) -> StageRe
         },
         data_version=key,
         history=history,
+    )
+
+
+def failure_changes(metrics: Mapping[str, float], d: str) -> str:
+    """Held-out failures of family `d` by kind, parent -> trained ("wrong_answer_found 26 -> 20, ...")."""
+    kinds = sorted(
+        {
+            k.split("/")[3]
+            for k in metrics
+            if k.startswith(f"heldout/failures/{d}/") or k.startswith(f"parent/failures/{d}/")
+        }
+    )
+    return ", ".join(
+        f"{k} {metrics.get(f'parent/failures/{d}/{k}', 0):.0f} -> {metrics.get(f'heldout/failures/{d}/{k}', 0):.0f}"
+        for k in kinds
     )
 
 

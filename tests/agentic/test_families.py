@@ -554,3 +554,21 @@ def test_search_unwritten_tasks_drop_every_task_that_writes_what_sft_wrote(tmp_p
         normalise_text(level1.answer),
     }
     assert unwritten_tasks(rl, []) == rl
+
+
+def test_a_wrong_search_answer_says_whether_a_search_had_returned_the_answer(families):
+    """`wrong_answer_found` (the policy read the answer and wrote another: a copying failure) against
+    `wrong_answer` (no search it made returned the answer), through a real episode's tool calls."""
+    search = families["search"]
+    task = search.generate("train", 1, 0, 1)[0]
+    clue = task.meta["steps"][0][0]
+    call = f'<tool_call>{{"name": "search", "arguments": {{"query": "{clue}"}}}}</tool_call>'
+    assert f'"{task.answer}"' in search.search_text(clue)
+    assert search.verify(task, f"{call}\nAnswer: kalomi").reason == "wrong_answer_found"
+    assert search.verify(task, f"{call}\nAnswer: {task.answer}").reward == 1.0
+    assert search.verify(task, "Answer: kalomi").reason == "wrong_answer"
+    unrelated = next(
+        t for t in search.generate("train", 20, 1, 1) if t.answer not in search.search_text(clue)
+    )
+    other = f'<tool_call>{{"name": "search", "arguments": {{"query": "{unrelated.meta["steps"][0][0]}"}}}}</tool_call>'
+    assert search.verify(task, f"{other}\nAnswer: kalomi").reason == "wrong_answer"

@@ -51,3 +51,31 @@ def test_the_agentic_report_lists_each_family_once_beside_its_per_level_scores()
     metrics = {f"heldout/{k}": v for k, v in (success_of(trajs) | success_by_level(trajs, tasks)).items()}
     assert "heldout/success/codefix/level2" in metrics
     assert held_out_families(metrics) == ["codefix", "search"]
+
+
+def test_held_out_failures_are_counted_by_kind_and_reported_parent_to_trained():
+    from assets.agentic import failure_changes
+    from training.agentic.async_loop import failure_kind, success_of
+    from training.rollout.trajectory import Trajectory
+
+    assert failure_kind("tests_failed: out.txt holds 'nope'") == "tests_failed"
+    assert failure_kind("fail_to_pass 0/3, pass_to_pass 3/3; g(1) == 2 got 1") == "fail_to_pass"
+    assert failure_kind("wrong_answer_found") == "wrong_answer_found" and failure_kind("") == "unknown"
+    reasons = ["correct", "wrong_answer_found", "wrong_answer_found", "no_answer", "tests_failed: x"]
+    trajs = [
+        Trajectory(f"t{i}", "search", f"s{i}", f"s{i}", [], [], reward=float(r == "correct"), reason=r)
+        for i, r in enumerate(reasons)
+    ]
+    trajs.append(Trajectory("crash", "search", "s9", "s9", [], [], status="env_failure", reason="env: boom"))
+    out = success_of(trajs)
+    failures = {k: v for k, v in out.items() if k.startswith("failures/")}
+    assert failures == {
+        "failures/search/wrong_answer_found": 2.0,
+        "failures/search/no_answer": 1.0,
+        "failures/search/tests_failed": 1.0,
+    }  # the success and the environment failure are not failures of the policy
+    metrics = {f"parent/{k}": v for k, v in failures.items()} | {"heldout/failures/search/no_answer": 3.0}
+    assert (
+        failure_changes(metrics, "search")
+        == "no_answer 1 -> 3, tests_failed 1 -> 0, wrong_answer_found 2 -> 0"
+    )

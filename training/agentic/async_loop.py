@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import random
+import re
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -626,4 +627,14 @@ def success_of(trajs: Sequence[Trajectory]) -> dict[str, float]:
         out[f"success_se/{d}"] = math.sqrt(p * (1 - p) / max(1, len(ok)))
         out[f"n/{d}"] = float(len(ok))
         out[f"env_failures/{d}"] = float(len(ts) - len(ok))
+        for kind, n in Counter(
+            failure_kind(t.reason) for t in ts if t.status != "env_failure" and t.reward < 1
+        ).items():
+            out[f"failures/{d}/{kind}"] = float(n)
     return out
+
+
+def failure_kind(reason: str) -> str:
+    """The kind of a verifier's reason without its details ("tests_failed: ..." -> "tests_failed")."""
+    head = reason.split(":")[0].split(",")[0].split()
+    return re.sub(r"[^a-z0-9_]", "_", head[0].lower()) if head else "unknown"

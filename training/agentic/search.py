@@ -112,6 +112,7 @@ def _clue(text: str, index: BM25Index, n_words: int) -> str:
 class SearchEpisode:
     def __init__(self, suite: SearchSuite, task: Task, latency: ExtraLatency):
         self.suite, self.task, self.delay, self.closed = suite, task, Delay(latency, task.id), False
+        self.found: set[str] = set()  # the terms of every result returned, normalised
 
     def tool(self, payload: str) -> str:
         if self.closed:
@@ -123,7 +124,9 @@ class SearchEpisode:
         query = parsed[1].get("query", "").strip()
         if not query or len(query) > MAX_QUERY_CHARS:
             return f"error: query must be 1 to {MAX_QUERY_CHARS} characters"
-        return self.suite.search_text(query)
+        hits = self.suite.index.search(query)
+        self.found |= {normalise_text(self.suite.docs[i][0]) for i in hits}
+        return self.suite.results_text(hits)
 
     def finish(self, response: str) -> Verdict:
         if self.closed:
@@ -136,7 +139,9 @@ class SearchEpisode:
         got = normalise_text(answer)
         if got in {normalise_text(a) for a in accepted}:
             return Verdict(1.0, "correct")
-        return Verdict(0.0, "wrong_answer", partial=max(similarity(got, normalise_text(a)) for a in accepted))
+        # a search that returned the answer and a different term written is a copying failure, not a search one
+        kind = "wrong_answer_found" if self.found & {normalise_text(a) for a in accepted} else "wrong_answer"
+        return Verdict(0.0, kind, partial=max(similarity(got, normalise_text(a)) for a in accepted))
 
     def close(self) -> None:
         self.closed = True
@@ -156,7 +161,9 @@ class SearchSuite:
         self._links: dict[int, list[int]] | None = None
 
     def search_text(self, query: str) -> str:
-        hits = self.index.search(query)
+        return self.results_text(self.index.search(query))
+
+    def results_text(self, hits: Sequence[int]) -> str:
         if not hits:
             return "no results"
         return clip("\n".join(clip(f'"{self.docs[i][0]}": {self.docs[i][1]}', SNIPPET_CHARS) for i in hits))

@@ -193,8 +193,8 @@ def sampled_success(rates: dict[str, float], tasks: list) -> dict[str, float]:
 
 def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     """The difficulty filter (as Reasoning RL's): the train tasks the parent solves sometimes, from a seeded
-    sample of `filter_tasks_per_domain` per family (`filter_tasks_for` where given), plus `keep_solved_share` of the always-solved ones as
-    anchors; a family never (or always) solved is left out."""
+    sample of `filter_tasks_per_domain` per family (`filter_tasks_for` where given), plus `keep_solved_share`
+    of the always-solved ones as anchors; a family never (or always) solved is left out."""
     from training.agentic.async_loop import sampled_pass_rates
     from training.rl.reasoning import keep_with_anchors, per_domain
 

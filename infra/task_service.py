@@ -5,7 +5,7 @@ Routes (JSON bodies):
 - `POST /episodes {task, episode_id?}` -> `{episode_id}`: opens an episode. A client-chosen `episode_id` (32
   hex chars) makes the call idempotent: a retry after a lost answer gets the same episode, not a second one.
 - `POST /episodes/<id>/tool {payload}` -> `{observation}`: one tool call (the JSON between <tool_call> tags).
-- `POST /episodes/<id>/finish {response}` -> `{reward, reason, partial}`: scores and closes the episode.
+- `POST /episodes/<id>/finish {response}` -> `{reward, reason, partial, found}`: scores and closes the episode.
 - `DELETE /episodes/<id>` -> `{closed}`: closes without scoring (idempotent).
 - `GET /health` -> `{domain, version, in_flight, served}`.
 A malformed body or id is a 400 naming the field, an unknown episode a 404, an `EnvironmentCrash` inside the
@@ -152,7 +152,13 @@ class _TaskHandler(JsonHandler):
                 response = field_of(body, "response", str)
                 verdict = self._call(episode_id, lambda e: e.finish(response), close=True)
                 self.send_json(
-                    200, {"reward": verdict.reward, "reason": verdict.reason, "partial": verdict.partial}
+                    200,
+                    {
+                        "reward": verdict.reward,
+                        "reason": verdict.reason,
+                        "partial": verdict.partial,
+                        "found": verdict.found,
+                    },
                 )
             else:
                 self.send_error_json(
@@ -273,8 +279,11 @@ class RemoteEpisode:
             answer = self._post("finish", {"response": response})
         finally:
             self.closed = True  # the service closes it whether scoring worked or not
-        partial = min(1.0, max(0.0, float(answer.get("partial", 0.0))))  # a credit, whatever a service sends
-        return Verdict(float(answer["reward"]), str(answer["reason"]), partial)
+
+        def credit(key: str) -> float:  # a credit in [0, 1], whatever a service sends
+            return min(1.0, max(0.0, float(answer.get(key, 0.0))))
+
+        return Verdict(float(answer["reward"]), str(answer["reason"]), credit("partial"), credit("found"))
 
     def close(self) -> None:
         if self.closed:

@@ -20,7 +20,9 @@ class _ColorEpisode:
 
     def finish(self, response: str) -> Verdict:
         time.sleep(self.env.latency_s)
-        return Verdict(1.0, "correct") if self.env.target in response else Verdict(0.0, "wrong_answer")
+        if self.env.target in response:
+            return Verdict(1.0, "correct")
+        return Verdict(0.0, "wrong_answer", found=float(bool(self.env.found) and self.env.found in response))
 
     def close(self) -> None:
         self.closed = True
@@ -29,12 +31,14 @@ class _ColorEpisode:
 class ColorEnv:
     """Reward 1 when the answer contains `target` (an "e": about half of an untrained model's samples, so
     groups carry signal); opening an episode sleeps, and every `crash_every`-th open crashes (an environment
-    failure, not the policy's)."""
+    failure, not the policy's). A failed answer containing `found` (if set) is credited as one whose tools
+    had returned the answer (`Verdict.found`)."""
 
     domain, version = "color", "c1"
 
-    def __init__(self, latency_s: float = 0.0, crash_every: int = 0, target: str = "e"):
+    def __init__(self, latency_s: float = 0.0, crash_every: int = 0, target: str = "e", found: str = ""):
         self.latency_s, self.crash_every, self.target, self.opened = latency_s, crash_every, target, 0
+        self.found = found
         self.lock = threading.Lock()
 
     def open(self, task: Task) -> _ColorEpisode:

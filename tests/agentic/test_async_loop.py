@@ -401,6 +401,39 @@ def test_the_difficulty_filter_keeps_tasks_solved_sometimes_and_leaves_out_famil
     assert _filtered(model, tok, tasks, envs, config.model_copy(update={"filter_samples": 0}), print) == tasks
 
 
+def test_with_found_credit_the_filter_keeps_tasks_never_solved_whose_rollouts_sometimes_found_the_answer(
+    setup,
+):
+    from training.agentic.job import _filtered
+
+    tok, _, cfg, _ = setup
+    model = build_model(cfg, seed=0)
+    envs = {"color": ColorEnv(target="@@never@@", found="e")}  # never solved; "found" about as often as "e"
+    tasks = [Task(f"c{i}", "color", f"pick a color {i}", "", 1, "train") for i in range(8)]
+    config = AgenticRLConfig(
+        max_new_tokens=4, max_turns=1, filter_samples=8, filter_tasks_per_domain=8, min_domain_prompts=2,
+        task_ratios={"color": 1.0},
+    )  # fmt: skip
+    logged: list[dict] = []
+    plain = _filtered(model, tok, tasks, envs, config, lambda m, s: logged.append(m))
+    assert logged[0]["filter/never_solved"] == 8 and logged[0]["filter/kept"] == 0
+    assert sorted(t.id for t in plain) == sorted(t.id for t in tasks)  # nothing learnable: the whole pool
+    credited = _filtered(
+        model,
+        tok,
+        tasks,
+        envs,
+        config.model_copy(update={"found_credit": 0.3}),
+        lambda m, s: logged.append(m),
+    )
+    metrics = logged[1]
+    # an untrained model puts an "e" in about one answer in six: in 8 samples most tasks are found sometimes
+    assert metrics["filter/kept"] >= 3 and len(credited) == metrics["filter/kept"]
+    assert (
+        metrics["filter/always_solved"] == 0 and metrics["filter/never_solved"] == 8 - metrics["filter/kept"]
+    )
+
+
 class _EasyOrColor(ColorEnv):
     """The color family, except that a task whose prompt starts with "easy" is solved by any answer."""
 

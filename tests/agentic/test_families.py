@@ -572,3 +572,43 @@ def test_a_wrong_search_answer_says_whether_a_search_had_returned_the_answer(fam
     )
     other = f'<tool_call>{{"name": "search", "arguments": {{"query": "{unrelated.meta["steps"][0][0]}"}}}}</tool_call>'
     assert search.verify(task, f"{other}\nAnswer: kalomi").reason == "wrong_answer"
+
+
+def test_found_credit_ranks_a_failed_search_that_returned_the_answer_above_one_that_did_not(families):
+    """`Verdict.found` through a real episode's tool calls, and the trained reward it gives with
+    `found_credit` (0 by default: success alone)."""
+    from training.agentic.buffer import trained_reward
+    from training.rollout.trajectory import Trajectory
+
+    search = families["search"]
+    task = search.generate("train", 1, 0, 1)[0]
+    call = (
+        f'<tool_call>{{"name": "search", "arguments": {{"query": "{task.meta["steps"][0][0]}"}}}}</tool_call>'
+    )
+    verdicts = {
+        "right": search.verify(task, f"{call}\nAnswer: {task.answer}"),
+        "found_wrong": search.verify(task, f"{call}\nAnswer: kalomi"),
+        "found_silent": search.verify(task, call),
+        "blind": search.verify(task, "Answer: kalomi"),
+    }
+    assert {k: (v.reward, v.found) for k, v in verdicts.items()} == {
+        "right": (1.0, 1.0), "found_wrong": (0.0, 1.0), "found_silent": (0.0, 1.0), "blind": (0.0, 0.0),
+    }  # fmt: skip
+
+    def reward(verdict, credit: float) -> float:
+        traj = Trajectory("t", "search", task.id, "g", [], [1], [2], [-0.1], [1], [1], verdict.reward)
+        traj.reward_components = verdict.components()
+        return trained_reward(traj, 0.0, credit)
+
+    assert [reward(v, 0.3) for v in verdicts.values()] == [1.0, 0.3, 0.3, 0.0]
+    assert [reward(v, 0.0) for v in verdicts.values()] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_credits_that_would_pay_a_failure_as_much_as_a_success_are_rejected():
+    from pydantic import ValidationError
+
+    from training.agentic.async_loop import AgenticRLConfig
+
+    assert AgenticRLConfig(partial_credit=0.4, found_credit=0.5).found_credit == 0.5
+    with pytest.raises(ValidationError, match=r"partial_credit \(0.5\) \+ found_credit \(0.5\) must be < 1"):
+        AgenticRLConfig(partial_credit=0.5, found_credit=0.5)

@@ -445,7 +445,8 @@ def test_a_real_family_over_http_gives_the_in_process_verdicts_and_partial_credi
         for task in tasks:
             over_http = play_solution(remote.open, suite, task)
             assert over_http == play_solution(suite.open, suite, task)
-            assert over_http[1] == Verdict(1.0, "correct") and over_http[0]
+            found = 1.0 if family == "search" else 0.0  # the solution's searches returned the answer
+            assert over_http[1] == Verdict(1.0, "correct", found=found) and over_http[0]
             assert remote.open(task).finish("no idea").reward == 0.0
             # a near miss's partial credit crosses the wire too (the trainer's reward reads it)
             near = f'Answer: "{task.answer[:-1]}"' if family == "search" else "no idea"
@@ -457,4 +458,5 @@ def test_a_real_family_over_http_gives_the_in_process_verdicts_and_partial_credi
             assert remote.open(task).finish(near) == in_process
             if family == "search":
                 assert 0.5 < in_process.partial < 1.0
+                assert remote.open(task).finish(near).found == 0.0  # no search made: nothing found
         assert remote.health()["in_flight"] == 0

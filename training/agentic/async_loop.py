@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import nn
 
 from training.agentic.buffer import TrajectoryBuffer, trained_reward
@@ -74,6 +74,11 @@ class AgenticRLConfig(BaseModel):
         0.0, ge=0, lt=1,
         description="Reward of a failed rollout: this times how close it came (share of tests passed, similarity "
         "of the file or answer written); 0 trains on success alone. Held-out success stays the verifier's 0 / 1",
+    )  # fmt: skip
+    found_credit: float = Field(
+        0.0, ge=0, lt=1,
+        description="Reward of a failed rollout whose tools had returned the answer (search: a result's term is "
+        "the answer; the query was right, the copying was not); 0 = none. Held-out success stays the verifier's",
     )  # fmt: skip
     mode: Literal["async", "sync"] = Field(
         "async", description="async pipeline, or sync with partial rollouts"
@@ -150,6 +155,15 @@ class AgenticRLConfig(BaseModel):
                     f"filter_tasks_for: {family}: {n} must name a family of {AGENTIC_DOMAINS} with at least 1 task"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _credits_below_success(self) -> AgenticRLConfig:
+        if self.partial_credit + self.found_credit >= 1:
+            raise ValueError(
+                f"partial_credit ({self.partial_credit}) + found_credit ({self.found_credit}) must be < 1: "
+                "a failed rollout must get less than a success"
+            )
+        return self
 
     def filter_pool_size(self, family: str) -> int:
         return self.filter_tasks_for.get(family, self.filter_tasks_per_domain)
@@ -310,7 +324,11 @@ class AgenticRun:
         self.weights_dir = run_dir / "weights"
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.buffer = TrajectoryBuffer(
-            self.cfg.group_size, self.cfg.max_staleness, self.cfg.drop_uniform_groups, self.cfg.partial_credit
+            self.cfg.group_size,
+            self.cfg.max_staleness,
+            self.cfg.drop_uniform_groups,
+            self.cfg.partial_credit,
+            self.cfg.found_credit,
         )
         self.worker_stats: dict[str, float] = {}
         self.idle_s = 0.0
@@ -430,7 +448,9 @@ def update(
 ) -> dict[str, float]:  # fmt: skip
     """One optimizer step on Eq. 3-5 over whole groups (advantage = reward - group mean, no std)."""
     trajs = [t for g in groups for t in g]
-    rewards = torch.tensor([[trained_reward(t, cfg.partial_credit) for t in g] for g in groups])
+    rewards = torch.tensor(
+        [[trained_reward(t, cfg.partial_credit, cfg.found_credit) for t in g] for g in groups]
+    )
     adv = group_advantages(rewards, normalise_std=False).flatten()
     batch = response_batch(trajs, pad_id)
     # the rollouts' log-probs are of the tempered distribution: the ratio must compare like with like
@@ -584,17 +604,20 @@ def _rollouts(
 
 def sampled_pass_rates(
     model: nn.Module, tokenizer: Any, tasks: Sequence[Task], environments: Mapping[str, Environment],
-    cfg: AgenticRLConfig, pad_id: int, samples: int,
+    cfg: AgenticRLConfig, pad_id: int, samples: int, trained: bool = False,
 ) -> dict[str, float]:  # fmt: skip
-    """Each task's pass rate over `samples` rollouts at the rollout temperature and precision; environment
-    failures are left out (a task with only failures has no rate)."""
+    """Each task's pass rate over `samples` rollouts at the rollout temperature and precision (`trained`: its
+    mean trained reward, credits included); environment failures are left out (a task with only failures has
+    no rate)."""
     dtype = engine_dtype(cfg.engine_dtype, next(model.parameters()).device)
     params = SamplingParams(cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed + 7)
     trajs = _rollouts(model, tokenizer, tasks, environments, cfg, pad_id, dtype, params, samples, "filter")
     rewards: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
         if t.status != "env_failure":
-            rewards[t.prompt_id].append(t.reward)
+            rewards[t.prompt_id].append(
+                trained_reward(t, cfg.partial_credit, cfg.found_credit) if trained else t.reward
+            )
     return {k: sum(v) / len(v) for k, v in rewards.items()}
 
 

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from training.rollout.trajectory import Trajectory
 
 
-def trained_reward(traj: Trajectory, partial_credit: float) -> float:
+def trained_reward(traj: Trajectory, partial_credit: float, found_credit: float = 0.0) -> float:
     """The reward the trainer optimizes: the verifier's 1 for a success, else `partial_credit` times how close
-    the attempt came (`Verdict.partial`), so a group that failed every time still ranks its near misses."""
-    if traj.reward >= 1.0 or not partial_credit:
+    the attempt came (`Verdict.partial`) plus `found_credit` if a tool had returned the answer
+    (`Verdict.found`), so a group that failed every time still ranks its near misses."""
+    if traj.reward >= 1.0 or not (partial_credit or found_credit):
         return traj.reward
-    return traj.reward + partial_credit * traj.reward_components.get("partial", 0.0)
+    parts = traj.reward_components
+    return traj.reward + partial_credit * parts.get("partial", 0.0) + found_credit * parts.get("found", 0.0)
 
 
 @dataclass
@@ -47,13 +49,13 @@ class BufferCounts:
 
 class TrajectoryBuffer:
     def __init__(self, group_size: int, max_staleness: int, drop_uniform: bool = False,
-                 partial_credit: float = 0.0):  # fmt: skip
+                 partial_credit: float = 0.0, found_credit: float = 0.0):  # fmt: skip
         if group_size < 1 or max_staleness < 0:
             raise ValueError(
                 f"group_size must be >= 1 and max_staleness >= 0, got {group_size}, {max_staleness}"
             )
         self.group_size, self.max_staleness, self.drop_uniform = group_size, max_staleness, drop_uniform
-        self.partial_credit = partial_credit
+        self.partial_credit, self.found_credit = partial_credit, found_credit
         self._groups: OrderedDict[str, list[Trajectory]] = OrderedDict()
         self._seen: set[str] = set()
         self.counts = BufferCounts()
@@ -101,7 +103,10 @@ class TrajectoryBuffer:
             self.counts.dropped_groups += 1
             self.counts.dropped_in_groups += len(valid)
             return []
-        if self.drop_uniform and len({trained_reward(t, self.partial_credit) for t in valid}) == 1:
+        if (
+            self.drop_uniform
+            and len({trained_reward(t, self.partial_credit, self.found_credit) for t in valid}) == 1
+        ):
             self.counts.uniform_groups += 1
             self.counts.uniform_samples += len(valid)
             return []

@@ -192,9 +192,10 @@ def sampled_success(rates: dict[str, float], tasks: list) -> dict[str, float]:
 
 
 def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
-    """The difficulty filter (as Reasoning RL's): the train tasks the parent solves sometimes, from a seeded
-    sample of `filter_tasks_per_domain` per family (`filter_tasks_for` where given), plus `keep_solved_share`
-    of the always-solved ones as anchors; a family never (or always) solved is left out."""
+    """The difficulty filter (as Reasoning RL's): the train tasks on which the parent's trained reward (success
+    plus any credits) is sometimes above 0 and sometimes below 1, from a seeded sample of
+    `filter_tasks_per_domain` per family (`filter_tasks_for` where given), plus `keep_solved_share` of the
+    always-solved ones as anchors; a family never (or always) solved is left out."""
     from training.agentic.async_loop import sampled_pass_rates
     from training.rl.reasoning import keep_with_anchors, per_domain
 
@@ -203,7 +204,10 @@ def _filtered(model, tok, train: list, envs, cfg, log_metrics) -> list:
     wanted = {d for d, r in cfg.task_ratios.items() if r > 0}
     pool = per_domain([t for t in train if t.domain in wanted], cfg.filter_pool_size, cfg.seed)
     log.info("agentic RL: difficulty filter over %d train tasks x %d rollouts", len(pool), cfg.filter_samples)
-    rates = sampled_pass_rates(model, tok, pool, envs, cfg, tok.pad_token_id, cfg.filter_samples)
+    # on the trained reward: a task never solved whose rollouts earn different credits still has a gradient
+    rates = sampled_pass_rates(
+        model, tok, pool, envs, cfg, tok.pad_token_id, cfg.filter_samples, trained=True
+    )
     kept, metrics = keep_with_anchors(pool, rates, cfg, "agentic_rl")
     log_metrics(metrics, 0)
     log.info("agentic RL: difficulty filter kept %s", {k: v for k, v in metrics.items() if "kept/" in k})

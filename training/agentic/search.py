@@ -132,16 +132,17 @@ class SearchEpisode:
         if self.closed:
             raise EnvironmentCrash("search: episode already closed")
         self.delay.wait()
+        accepted = {normalise_text(a) for a in self.task.meta.get("accepted") or [self.task.answer]}
+        found = float(bool(self.found & accepted))
         answer = extract_answer(response)
         if answer is None:
-            return Verdict(0.0, "no_answer")
-        accepted = self.task.meta.get("accepted") or [self.task.answer]
+            return Verdict(0.0, "no_answer", found=found)
         got = normalise_text(answer)
-        if got in {normalise_text(a) for a in accepted}:
-            return Verdict(1.0, "correct")
+        if got in accepted:
+            return Verdict(1.0, "correct", found=found)
         # a search that returned the answer and a different term written is a copying failure, not a search one
-        kind = "wrong_answer_found" if self.found & {normalise_text(a) for a in accepted} else "wrong_answer"
-        return Verdict(0.0, kind, partial=max(similarity(got, normalise_text(a)) for a in accepted))
+        kind = "wrong_answer_found" if found else "wrong_answer"
+        return Verdict(0.0, kind, partial=max(similarity(got, a) for a in accepted), found=found)
 
     def close(self) -> None:
         self.closed = True

@@ -42,10 +42,13 @@ class Verdict:
     # how close a failed attempt came, in [0, 1] (share of tests passed, similarity of what was written):
     # a training signal only (`AgenticRLConfig.partial_credit`); success is `reward`
     partial: float = 0.0
+    # 1.0 when a tool had returned the answer (search: a result's term), also a training signal only
+    # (`AgenticRLConfig.found_credit`)
+    found: float = 0.0
 
     def components(self) -> dict[str, float]:
         """What a trajectory records of it (`Trajectory.reward_components`)."""
-        return {"verifier": self.reward, "partial": self.partial}
+        return {"verifier": self.reward, "partial": self.partial, "found": self.found}
 
 
 class TaskSuite(Protocol):

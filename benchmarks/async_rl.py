@@ -119,7 +119,7 @@ def main() -> int:
     facts_json.write_text(json.dumps([list(f) for f in FACTS]))
     sets = build_agentic_task_sets(
         AgenticTasksConfig(levels={"terminal": [1], "codefix": [1], "search": [1]}, train_per_level=40,
-                           heldout_per_level=4, max_facts=len(FACTS)),
+                           heldout_per_level=4, heldout_for={}, max_facts=len(FACTS)),
         FACTS,
     )  # fmt: skip
     hf, _, tok = _policy(args, work, [t.prompt for t in sets["train"]])

@@ -508,3 +508,21 @@ def test_the_filter_pool_takes_per_family_sizes_and_rejects_unknown_families():
         AgenticRLConfig(filter_tasks_for={"shell": 4})
     with pytest.raises(ValidationError, match="filter_tasks_for: search: 0"):
         AgenticRLConfig(filter_tasks_for={"search": 0})
+
+
+def test_the_heldout_eval_takes_per_family_sizes_over_every_level():
+    from pydantic import ValidationError
+
+    from training.agentic.job import heldout_subset
+
+    tasks = [Task(f"{d}-{k}-{i}", d, "p", "a", k, "heldout") for d in ("codefix", "search") for k in (1, 2, 3)
+             for i in range(10)]  # fmt: skip
+    config = AgenticRLConfig(eval_tasks_per_domain=3, eval_tasks_for={"search": 9})
+    picked = heldout_subset(tasks, config.eval_tasks_per_domain, config.eval_tasks_for)
+    assert Counter((t.domain, t.difficulty) for t in picked) == {
+        ("codefix", 1): 1, ("codefix", 2): 1, ("codefix", 3): 1,
+        ("search", 1): 3, ("search", 2): 3, ("search", 3): 3,
+    }  # fmt: skip
+    assert AgenticRLConfig().eval_tasks_for == {"search": 600}
+    with pytest.raises(ValidationError, match="eval_tasks_for: shell: 4 must name a family"):
+        AgenticRLConfig(eval_tasks_for={"shell": 4})

@@ -173,7 +173,7 @@ def test_shortfall_names_the_family_and_level_sft_leaves_without_fresh_tasks(tmp
 
 
 def test_splits_are_disjoint_seeded_and_versioned(tmp_path):
-    config = AgenticTasksConfig(train_per_level=12, heldout_per_level=6)
+    config = AgenticTasksConfig(train_per_level=12, heldout_per_level=6, heldout_for={})
     sets = build_agentic_task_sets(config, FACTS)
     again = build_agentic_task_sets(config, FACTS)
     assert [t.to_json() for t in sets["train"]] == [t.to_json() for t in again["train"]]
@@ -612,3 +612,20 @@ def test_credits_that_would_pay_a_failure_as_much_as_a_success_are_rejected():
     assert AgenticRLConfig(partial_credit=0.4, found_credit=0.5).found_credit == 0.5
     with pytest.raises(ValidationError, match=r"partial_credit \(0.5\) \+ found_credit \(0.5\) must be < 1"):
         AgenticRLConfig(partial_credit=0.5, found_credit=0.5)
+
+
+def test_more_search_heldout_tasks_continue_its_heldout_stream_and_take_nothing_from_train():
+    base = AgenticTasksConfig(train_per_level=12, heldout_per_level=4, heldout_for={})
+    more = base.model_copy(update={"heldout_for": {"search": 8}})
+    a, b = build_agentic_task_sets(base, FACTS), build_agentic_task_sets(more, FACTS)
+    assert [t.to_json() for t in a["train"]] == [t.to_json() for t in b["train"]]
+    for domain in AGENTIC_DOMAINS:
+        for level in (1, 2, 3):
+            old, new = (
+                [t.prompt for t in s["heldout"] if (t.domain, t.difficulty) == (domain, level)]
+                for s in (a, b)
+            )
+            assert new[: len(old)] == old and len(old) == 4
+            assert len(new) == (8 if domain == "search" else 4), (domain, level, len(new))
+    with pytest.raises(ValueError, match=r"agentic_tasks.heldout_for: chess: 3 must name a family"):
+        build_agentic_task_sets(base.model_copy(update={"heldout_for": {"chess": 3}}), FACTS)

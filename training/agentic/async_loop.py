@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from torch import nn
 
 from training.agentic.buffer import TrajectoryBuffer, trained_reward
@@ -106,6 +106,11 @@ class AgenticRLConfig(BaseModel):
         0, ge=0, description="KV prefix cache per replica in tokens (0 = batched engine without a cache)"
     )
     eval_tasks_per_domain: int = Field(150, ge=1, description="Held-out tasks scored per family")
+    eval_tasks_for: dict[str, int] = Field(
+        default_factory=lambda: {"search": 600},
+        description="Per-family exceptions to eval_tasks_per_domain (agentic_tasks.heldout_for gives search "
+        "600 held-out tasks)",
+    )
     eval_samples: int = Field(
         2,
         ge=0,
@@ -146,13 +151,14 @@ class AgenticRLConfig(BaseModel):
     )
     seed: int = Field(0, description="Seed of task order and sampling")
 
-    @field_validator("filter_tasks_for")
+    @field_validator("filter_tasks_for", "eval_tasks_for")
     @classmethod
-    def _known_families(cls, value: dict[str, int]) -> dict[str, int]:
+    def _known_families(cls, value: dict[str, int], info: ValidationInfo) -> dict[str, int]:
         for family, n in value.items():
             if family not in AGENTIC_DOMAINS or n < 1:
                 raise ValueError(
-                    f"filter_tasks_for: {family}: {n} must name a family of {AGENTIC_DOMAINS} with at least 1 task"
+                    f"{info.field_name}: {family}: {n} must name a family of {AGENTIC_DOMAINS} with at least "
+                    "1 task"
                 )
         return value
 

@@ -30,6 +30,14 @@ class AgenticTasksConfig(BaseModel):
     )
     train_per_level: int = Field(2000, ge=1, description="Train tasks per family and level")
     heldout_per_level: int = Field(50, ge=1, description="Held-out tasks per family and level")
+    # Search: 150 held-out tasks gave SE 0.015-0.022 on gains of 0.02-0.05 that 595 fresh ones did not repeat
+    # (docs/post_training_results.md, 2026-12-06 noon). Its held-out split is by answer term, so more held-out
+    # tasks take none from train (terminal's and codefix's would: their train drops held-out prompts).
+    heldout_for: dict[str, int] = Field(
+        default_factory=lambda: {"search": 200},
+        description="Per-family exceptions to heldout_per_level (a family whose gains are small needs more "
+        "held-out tasks to resolve them)",
+    )
     # With 100 rows per level the policy memorised what to copy instead of learning to copy. On tiny, held-out
     # success after Reasoning RL's distillation (dev scores): 100 -> 400 rows (SFT 1,600 -> 3,000 steps) codefix
     # 0.54 -> 0.78, terminal 0.25 -> 0.87, search 0 -> 0.05 (2026-12-02); 400 -> 1,000 rows, with 12,000 facts
@@ -92,6 +100,12 @@ def build_agentic_task_sets(
         raise ValueError(
             f"agentic_tasks.levels: level(s) {bad} do not exist; every family has levels 1, 2, 3"
         )
+    for family, n in sorted(config.heldout_for.items()):
+        if family not in AGENTIC_DOMAINS or n < 1:
+            raise ValueError(
+                f"agentic_tasks.heldout_for: {family}: {n} must name a family of {list(AGENTIC_DOMAINS)} with at "
+                "least 1 task"
+            )
     for family, levels in sorted(config.rl_only_levels.items()):
         if family not in AGENTIC_DOMAINS or not set(levels) <= {1, 2, 3}:
             raise ValueError(
@@ -102,7 +116,8 @@ def build_agentic_task_sets(
     out: dict[Split, list[Task]] = {"train": [], "heldout": []}
     for domain, levels in config.levels.items():
         for level in levels:
-            for split, n in (("train", config.train_per_level), ("heldout", config.heldout_per_level)):
+            held = config.heldout_for.get(domain, config.heldout_per_level)
+            for split, n in (("train", config.train_per_level), ("heldout", held)):
                 out[split] += registry[domain].generate(split, n, config.seed, level)
     heldout_prompts = {t.prompt for t in out["heldout"]}
     out["train"] = [t for t in out["train"] if t.prompt not in heldout_prompts]

@@ -58,10 +58,10 @@ def local_environments(
     return {d: suites[d] for d in domains}
 
 
-def heldout_subset(tasks: list, per_domain: int) -> list:
+def heldout_subset(tasks: list, per_domain: int, for_domain: dict[str, int] | None = None) -> list:
     from training.tasks.suites import eval_subset
 
-    return eval_subset(tasks, per_domain)
+    return eval_subset(tasks, per_domain, for_domain)
 
 
 def _run(spec: AgenticJobSpec) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     sets = read_agentic_tasks(tasks_dir)
     facts = read_agentic_facts(tasks_dir)
     local_envs = agentic_suites(facts)  # held-out scoring in process, without extra latency
-    scored = heldout_subset(sets["heldout"], cfg.eval_tasks_per_domain)
+    scored = heldout_subset(sets["heldout"], cfg.eval_tasks_per_domain, cfg.eval_tasks_for)
     sft_tasks = read_agentic_sft_tasks(tasks_dir)
     seen_in_sft = {t.id for t in sft_tasks}  # RL trains on the rest
     train = [t for t in sets["train"] if t.id not in seen_in_sft]

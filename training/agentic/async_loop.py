@@ -36,7 +36,7 @@ from torch import nn
 from training.agentic.buffer import TrajectoryBuffer, trained_reward
 from training.agentic.driver import RolloutDriver
 from training.agentic.gateway import TitoGateway
-from training.agentic.protocol import AGENTIC_DOMAINS, Environment
+from training.agentic.protocol import Environment, check_family_sizes
 from training.dsa_indexer import set_dsa_mode
 from training.rl.losses import double_sided_is_loss, group_advantages
 from training.rl.policy import freeze_indexer, response_batch, token_logprobs
@@ -154,13 +154,7 @@ class AgenticRLConfig(BaseModel):
     @field_validator("filter_tasks_for", "eval_tasks_for")
     @classmethod
     def _known_families(cls, value: dict[str, int], info: ValidationInfo) -> dict[str, int]:
-        for family, n in value.items():
-            if family not in AGENTIC_DOMAINS or n < 1:
-                raise ValueError(
-                    f"{info.field_name}: {family}: {n} must name a family of {AGENTIC_DOMAINS} with at least "
-                    "1 task"
-                )
-        return value
+        return check_family_sizes(value, str(info.field_name))
 
     @model_validator(mode="after")
     def _credits_below_success(self) -> AgenticRLConfig:

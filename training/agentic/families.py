@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training.agentic.codefix import CodefixSuite
 from training.agentic.episodes import ExtraLatency
-from training.agentic.protocol import AGENTIC_DOMAINS
+from training.agentic.protocol import AGENTIC_DOMAINS, check_family_sizes
 from training.agentic.search import SearchSuite
 from training.agentic.terminal import TerminalSuite
 from training.tasks.base import Split, Task
@@ -100,12 +100,7 @@ def build_agentic_task_sets(
         raise ValueError(
             f"agentic_tasks.levels: level(s) {bad} do not exist; every family has levels 1, 2, 3"
         )
-    for family, n in sorted(config.heldout_for.items()):
-        if family not in AGENTIC_DOMAINS or n < 1:
-            raise ValueError(
-                f"agentic_tasks.heldout_for: {family}: {n} must name a family of {list(AGENTIC_DOMAINS)} with at "
-                "least 1 task"
-            )
+    check_family_sizes(config.heldout_for, "agentic_tasks.heldout_for")
     for family, levels in sorted(config.rl_only_levels.items()):
         if family not in AGENTIC_DOMAINS or not set(levels) <= {1, 2, 3}:
             raise ValueError(

@@ -18,6 +18,16 @@ from training.tasks.base import Task, Verdict
 AGENTIC_DOMAINS = ("terminal", "codefix", "search")
 
 
+def check_family_sizes(sizes: dict[str, int], setting: str) -> dict[str, int]:
+    """A per-family size setting ({family: n}): every key a family, every n at least 1; names the setting."""
+    for family, n in sorted(sizes.items()):
+        if family not in AGENTIC_DOMAINS or n < 1:
+            raise ValueError(
+                f"{setting}: {family}: {n} must name a family of {list(AGENTIC_DOMAINS)} with at least 1 task"
+            )
+    return sizes
+
+
 class EnvironmentCrash(RuntimeError):
     """The environment itself failed (not the policy); the message is the recorded reason."""
 

@@ -3,7 +3,6 @@ dictionary facts, plus verifiable suite tasks), the outcome reward model trained
 (registered with its held-out pair accuracy), and the General RL checkpoint trained from Agentic RL with the
 hybrid reward (rules + ORM + GRM + exemplar anchors), every reward component logged."""
 
-import json
 from pathlib import Path
 
 from assets.distill import AGENTIC_RL_DISTILLED
@@ -24,7 +23,7 @@ from training.rewards.general_prompts import VERSION, GeneralPromptsConfig, gene
 from training.rewards.orm import ORMConfig
 from training.rl import general, general_job
 from training.rl.general_job import GeneralRLJobSpec, GeneralRLStageConfig, ORMJobSpec
-from training.tasks.suites import read_tasks, write_tasks
+from training.tasks.suites import read_facts, read_tasks, write_tasks
 
 PROFILE = load_profile()
 GeneralPromptsRunConfig = launchpad_config("general_prompts", GeneralPromptsConfig, PROFILE)
@@ -42,7 +41,7 @@ GENERAL_PANELS = {
 
 def _build_general_prompts(cfg: GeneralPromptsConfig, s, _, run) -> StageResult:
     tasks_dir = _local(s, TASKS_PREFIX, "task_suites")
-    facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
+    facts = read_facts(tasks_dir / "facts.jsonl")
     suite = read_tasks(tasks_dir / "train.jsonl") + read_tasks(tasks_dir / "heldout.jsonl")
     sets = general_prompts(facts, cfg, suite)
     out = _work("general_prompts") / "out"

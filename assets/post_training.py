@@ -2,7 +2,6 @@
 RL (GRPO + IcePop) from SFT. Each checkpoint is a registered model version with lineage to its parent
 checkpoint and to the task-suite version it trained on (both read through committed outputs)."""
 
-import json
 import logging
 from pathlib import Path
 
@@ -37,10 +36,12 @@ from training.tasks.suites import (
     build_task_sets,
     frozen_test_sha256,
     knowledge_format_of,
+    read_facts,
     read_tasks,
     sha256_of_test_set,
     suite_version,
     suites,
+    write_facts,
     write_tasks,
 )
 from training.tokenizer import load_tokenizer
@@ -98,7 +99,7 @@ def _build_task_suites(cfg: TaskSuitesConfig, s, _, run) -> StageResult:
     out = _work("task_suites") / "out"
     for split, tasks in sets.items():
         write_tasks(tasks, out / f"{split}.jsonl")
-    (out / "facts.jsonl").write_text("".join(json.dumps(list(f)) + "\n" for f in facts))
+    write_facts(facts, out / "facts.jsonl")
     version = suite_version(sets)
     test_sha = sha256_of_test_set(sets["test"])
     frozen = test_sha == frozen_test_sha256()
@@ -147,7 +148,7 @@ def _read_split(tasks_dir: Path, split: str) -> list:
 
 def _build_sft_data(cfg: SftDataConfig, s, _, run) -> StageResult:
     tasks_dir = _tasks_dir(s)
-    facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
+    facts = read_facts(tasks_dir / "facts.jsonl")
     train = read_tasks(tasks_dir / "train.jsonl")
     agentic_dir = _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks")  # agent trajectories: a share of its train
     # the knowledge suite as task_suites made it, so knowledge_drill rows are questions of the same kind

@@ -30,7 +30,7 @@ from training.report import (
     recovery_rows,
     test_split_row,
 )
-from training.tasks.suites import read_tasks
+from training.tasks.suites import read_facts, read_tasks
 from training.tokenizer import load_tokenizer
 
 PROFILE = load_profile()
@@ -84,7 +84,7 @@ def _report(cfg: ReportConfig, s, _, run) -> StageResult:
         _local(s, TASKS_PREFIX, "task_suites"),
         _local(s, AGENTIC_TASKS_PREFIX, "agentic_tasks"),
     )
-    facts = [tuple(json.loads(x)) for x in (tasks_dir / "facts.jsonl").read_text().splitlines()]
+    facts = read_facts(tasks_dir / "facts.jsonl")
     text = (
         heldout_shards(s) if is_committed(s, SHARDS_PREFIX) else None
     )  # perplexity and passkey need the shards

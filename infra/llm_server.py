@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import json
 import logging
 import re
 import secrets
@@ -43,9 +42,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Protocol
+
+from infra.json_http import JsonHandler
 
 log = logging.getLogger(__name__)
 
@@ -589,25 +590,13 @@ _CHAT = "/v1/chat/completions"
 _POST_ROUTES = (_CHAT, "/v1/completions", "/reload_weights", "/update_weights_from_disk")
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server: OpenAICompatibleServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-    def _send(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _error(self, status: int, message: str, extra: dict | None = None) -> None:
         self.server.count(f"errors/{status}")
         error = {"message": message, "type": "invalid_request_error", "code": status}
-        self._send(status, {"error": error, **(extra or {})})
+        self.send_json(status, {"error": error, **(extra or {})})
 
     def _token_model(self) -> TokenCompletionModel | None:
         model = self.server.model
@@ -622,11 +611,11 @@ class _Handler(BaseHTTPRequestHandler):
             extra = getattr(self.server.model, "health_info", None)  # optional: e.g. prefix-cache counters
             if callable(extra):
                 health.update(extra())
-            self._send(200, health)
+            self.send_json(200, health)
         elif self.path == "/get_weight_version" and token_model is not None:  # SGLang's name
-            self._send(200, {"weight_version": str(token_model.policy_version)})
+            self.send_json(200, {"weight_version": str(token_model.policy_version)})
         elif self.path == "/v1/models":
-            self._send(
+            self.send_json(
                 200,
                 {
                     "object": "list",
@@ -635,7 +624,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif self.path == "/stats":
             with self.server.stats_lock:
-                self._send(200, dict(self.server.stats))
+                self.send_json(200, dict(self.server.stats))
         else:
             self._error(404, f"no route {self.path}")
 
@@ -656,18 +645,12 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no route {self.path}")
 
-    def _read_json(self) -> dict:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if not isinstance(body, dict):
-            raise ValueError("the body must be a JSON object")
-        return body
-
     def _completions(self) -> None:
         model = self._token_model()
         assert model is not None
         self.server.count("requests/completions")
         try:
-            req = parse_completion_request(self._read_json())
+            req = parse_completion_request(self.read_body())
         except (ValueError, TypeError) as exc:  # InvalidRequest is a ValueError
             self._error(400, f"bad request: {exc}")
             return
@@ -685,7 +668,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(500, f"model failed: {exc}")
             return
         self.server.count("responses/completions")
-        self._send(200, completion_response(model.name, req, outs))
+        self.send_json(200, completion_response(model.name, req, outs))
 
     def _reload_weights(self) -> None:
         """Ours: {"path", "version": int}; SGLang's: {"model_path", "weight_version": str} (version optional
@@ -694,7 +677,7 @@ class _Handler(BaseHTTPRequestHandler):
         assert model is not None
         self.server.count("requests/reload_weights")
         try:
-            body = self._read_json()
+            body = self.read_body()
             path = body.get("path") or body.get("model_path")
             if not isinstance(path, str) or not path:
                 raise ValueError("path (or model_path) must name an HF model directory")
@@ -720,7 +703,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.count("reloads")
         log.info("serving %s as policy version %d", path, version)
-        self._send(
+        self.send_json(
             200,
             {
                 "success": True,
@@ -733,7 +716,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _chat(self) -> None:
         self.server.count("requests/chat")
         try:
-            body = self._read_json()
+            body = self.read_body()
             messages = body["messages"]
             if not isinstance(messages, list) or not messages:
                 raise ValueError("messages must be a non-empty list")
@@ -761,7 +744,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(500, f"model failed: {exc}")
             return
         self.server.count("responses/chat")
-        self._send(200, chat_completion_response(self.server.model.name, out, want_logprobs))
+        self.send_json(200, chat_completion_response(self.server.model.name, out, want_logprobs))
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
 
     from training.checkpoint import export_hf
     from training.model import load_model
-    from training.tasks.suites import eval_subset, read_tasks, suites
+    from training.tasks.suites import eval_subset, read_facts, read_tasks, suites
     from training.tokenizer import load_tokenizer
 
     run_dir = Path(spec.run_dir)
@@ -152,9 +152,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
         torch.set_num_threads(spec.threads)
     tok = load_tokenizer(spec.init_from)
     model = load_model(spec.init_from, spec.model)
-    facts = (
-        [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
-    )
+    facts = read_facts(spec.facts)
     from training.rl.reasoning import resume_step
 
     checkpoints = run_dir / "checkpoints"

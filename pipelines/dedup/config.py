@@ -55,17 +55,7 @@ INDEX_FIELDS = (
 # version directory is named by them, so a rerun that would write other bytes never rewrites a committed one.
 RESULT_FIELDS = (
     "kind",
-    "ngram_size",
-    "num_bands",
-    "rows_per_band",
-    "seed",
-    "shingle_hash",
-    "tokenizer",
-    "lowercase",
-    "normalize_digits",
-    "strip_accents",
-    "exact_match_on",
-    "url_dedup",
+    *INDEX_FIELDS,
     "verify_threshold",
     "quality_field",
     "gzip_level",

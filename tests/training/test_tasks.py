@@ -21,10 +21,12 @@ from training.tasks.suites import (
     eval_subset,
     frozen_test_sha256,
     knowledge_format_of,
+    read_facts,
     read_tasks,
     sha256_of_test_set,
     suite_version,
     suites,
+    write_facts,
     write_tasks,
 )
 from training.tasks.tools import calculator, call_tool
@@ -278,6 +280,15 @@ def test_knowledge_questions_split_by_fact():
     task = suite.generate("heldout", 1, 0, 2)[0]
     assert suite.verify(task, f"Answer: The {task.answer.upper()}.").reward == 1.0
     assert suite.verify(task, "Answer: something else").reward == 0.0
+
+
+def test_facts_read_back_as_written_and_a_malformed_line_names_its_file_and_line(tmp_path):
+    facts = [("café", 'a room "with" coffee\nand a tab\t'), *FACTS[:3]]
+    path = write_facts(facts, tmp_path / "facts.jsonl")
+    assert read_facts(path) == facts and read_facts(None) == []
+    path.write_text(path.read_text() + '["term only"]\n')
+    with pytest.raises(ValueError, match=r"facts\.jsonl:5: a fact must be a \[term, definition\] pair"):
+        read_facts(path)
 
 
 def test_knowledge_v2_lists_the_term_among_choices_of_its_own_split_and_quotes_the_pick(tmp_path):

@@ -101,7 +101,7 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
     from training.model import load_model
     from training.rl.distill import train_distill
     from training.rl.loop import resume_step, saved_trainer_state
-    from training.tasks.suites import eval_subset, read_tasks, suites
+    from training.tasks.suites import eval_subset, read_facts, read_tasks, suites
     from training.tokenizer import load_tokenizer
 
     _check(spec)
@@ -112,9 +112,7 @@ def _run(spec: DistillJobSpec) -> dict[str, Any]:
     model = load_model(spec.init_from, spec.model)
     teachers = {name: load_model(path, spec.model).eval() for name, path in spec.teachers.items()}
     prompts = {name: read_tasks(Path(spec.teacher_tasks[name])) for name in spec.teachers}
-    facts = (
-        [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
-    )
+    facts = read_facts(spec.facts)
     registry = suites(facts)
     environments: dict[str, Any] = {}
     domains = {t.domain for tasks in prompts.values() for t in tasks}

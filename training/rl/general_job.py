@@ -210,7 +210,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
     from training.rl.general import evaluate_general, heldout_subset, train_general_rl
     from training.rl.loop import resume_step
     from training.rollout.engine import LocalRolloutEngine
-    from training.tasks.suites import read_tasks
+    from training.tasks.suites import read_facts, read_tasks
     from training.tokenizer import load_tokenizer
 
     run_dir = Path(spec.run_dir)
@@ -218,9 +218,7 @@ def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
         torch.set_num_threads(spec.threads)
     tok = load_tokenizer(spec.init_from)
     model = load_model(spec.init_from, spec.model)
-    facts = (
-        [tuple(x) for x in map(json.loads, Path(spec.facts).read_text().splitlines())] if spec.facts else []
-    )
+    facts = read_facts(spec.facts)
     cache = spec.judge_cache_dir or run_dir / "judge_cache"
     reward = build_reward(spec.reward, facts, spec.orm_dir, spec.judge, cache, spec.lid_model)
     checkpoints = run_dir / "checkpoints"

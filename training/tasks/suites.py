@@ -214,3 +214,29 @@ def write_tasks(tasks: list[Task], path: Path) -> Path:
 
 def read_tasks(path: Path) -> list[Task]:
     return [Task.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_facts(facts: Sequence[tuple[str, str]], path: Path) -> Path:
+    """The (term, definition) facts the knowledge questions and the search documents are built from, one JSON
+    pair per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps([term, definition]) + "\n" for term, definition in facts))
+    return path
+
+
+def read_facts(path: Path | str | None) -> list[tuple[str, str]]:
+    """What `write_facts` wrote (no path: no facts); a line that is not a [term, definition] pair of strings
+    is an error naming the file and line."""
+    if not path:
+        return []
+    facts = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        pair = json.loads(line)
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ValueError(
+                f"{path}:{n}: a fact must be a [term, definition] pair of strings, got {line[:80]!r}"
+            )
+        facts.append((pair[0], pair[1]))
+    return facts

@@ -25,6 +25,17 @@ def _hash(seed: int, s: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{s}".encode(), digest_size=8).digest(), "big")
 
 
+def split_by_component(files: list[dict]) -> None:
+    """Regroup files of one project by component: `group` gets `#` and the two directories below the files'
+    common directory prefix (`.` for a file directly in it)."""
+    dirs = [f["path"].split("/")[:-1] for f in files]
+    common = 0
+    while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:
+        common += 1
+    for f, d in zip(files, dirs, strict=True):
+        f["group"] = f"{f['group']}#{'/'.join(d[common : common + 2]) or '.'}"
+
+
 def component_groups(files: list[dict], min_groups: int) -> dict[str, int]:
     """A label found in fewer than `min_groups` projects cannot be split three ways by project: its files in its
     largest project are regrouped by component (the two directories below their common prefix, e.g.
@@ -41,12 +52,7 @@ def component_groups(files: list[dict], min_groups: int) -> dict[str, int]:
             continue
         main = groups.most_common(1)[0][0]
         mine = [f for f in files if f["label"] == label and f["group"] == main and not f.get("dev_only")]
-        dirs = [f["path"].split("/")[:-1] for f in mine]
-        common = 0
-        while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:
-            common += 1
-        for f, d in zip(mine, dirs, strict=True):
-            f["group"] = f"{f['group']}#{'/'.join(d[common : common + 2]) or '.'}"
+        split_by_component(mine)
         made[label] = len({f["group"] for f in mine})
     return made
 

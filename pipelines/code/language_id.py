@@ -41,7 +41,7 @@ from classifiers.code_language import (
     train_code_language_model,
 )
 from classifiers.code_language_labels import LABEL_SOURCES, NAME_SOURCES, training_label
-from classifiers.code_language_protocol import calibration_report, fit_temperature
+from classifiers.code_language_protocol import calibration_report, fit_temperature, split_by_component
 from classifiers.fasttext_train import FastTextParams, classification_report, plot_confusion
 from infra.committed import commit, is_committed
 from infra.figures import artifact_dir
@@ -192,12 +192,7 @@ def refine_single_group_languages(
         if n < share * sum(groups.values()):
             continue
         mine = [f for f in files if f[label_key] == lang and f["group"] == main]
-        dirs = [f["path"].split("/")[:-1] for f in mine]
-        common = 0
-        while all(len(d) > common for d in dirs) and len({d[common] for d in dirs}) == 1:
-            common += 1
-        for f, d in zip(mine, dirs, strict=True):
-            f["group"] = f"{f['group']}#{'/'.join(d[common : common + 2]) or '.'}"
+        split_by_component(mine)
         made[lang] = len({f["group"] for f in mine})
     return made
 

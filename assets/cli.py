@@ -63,6 +63,12 @@ def _run_jobs(args: argparse.Namespace) -> int:
     from assets.definitions import JOBS
     from assets.partitions import add_partition
 
+    names = [job.name for job in JOBS]
+    unknown = [name for name in args.only or () if name not in names]
+    if unknown:
+        print(f"crucible run: --only {' '.join(unknown)}: no such job; the jobs are {', '.join(names)}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     instance = dg.DagsterInstance.get()
     for run_id in fail_dead_cli_runs(instance):
         print(f"crucible: run {run_id} was left STARTED by a killed `crucible run`: marked FAILURE, its pool "
@@ -175,6 +181,7 @@ def _join_beside(name, beside, instance, invocation, run_ids, failed_checks) -> 
 
 
 EXIT_JOB_FAILED, EXIT_CHECK_FAILED = 1, 2
+EXIT_USAGE = 64  # a job name --only does not know (sysexits EX_USAGE; 2 is taken by a failed quality gate)
 
 
 def run_exit_code(failed_checks: list[str]) -> int:
@@ -391,7 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--code-snapshot", type=_partition_key, default="code-0001", help="code source snapshot partition"
     )
-    run.add_argument("--only", nargs="*", help="run only these jobs")
+    run.add_argument(
+        "--only", nargs="*", metavar="JOB", help="run only these jobs (a name it does not know lists them)"
+    )
     run.add_argument(
         "--sequential",
         action="store_true",

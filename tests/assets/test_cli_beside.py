@@ -35,3 +35,19 @@ def test_a_failed_job_waits_for_the_job_beside_it_and_reports_both(tmp_path):
     assert "in 3 job run(s)" in report and "| code_corpus | code_quality |" in report
     assert "| knowledge | math_filtered |" in report and "FAILED" in report
     assert list((tmp_path / "state" / "reports").glob("code_corpus-*.log"))
+
+
+def test_an_unknown_job_name_is_a_usage_error_that_lists_the_jobs_and_runs_nothing(tmp_path):
+    env = {
+        **os.environ,
+        "CRUCIBLE_STATE_DIR": str(tmp_path / "state"),
+        "DAGSTER_HOME": str(tmp_path / "dagster"),
+    }
+    run = subprocess.run(
+        [str(BIN / "crucible"), "run", "--only", "web_corpus", "post_traning"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 64, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "--only post_traning: no such job" in run.stderr and "post_training" in run.stderr
+    assert "web_corpus" in run.stderr.split("the jobs are")[1]
+    assert not (tmp_path / "state" / "reports").exists() and "Run report" not in run.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from infra.cpu import cpu_share, sole_run
 from infra.partition_keys import InvalidPartitionKey, validate_partition_key
-from infra.settings import REPO_ROOT, load_profile
+from infra.settings import REPO_ROOT, SettingsError, load_profile
 from infra.tracking import process_tags
 
 CLI_TAG = "crucible/cli_run"  # runs `crucible run` executes in its own process
@@ -182,6 +182,7 @@ def _join_beside(name, beside, instance, invocation, run_ids, failed_checks) -> 
 
 EXIT_JOB_FAILED, EXIT_CHECK_FAILED = 1, 2
 EXIT_USAGE = 64  # a job name --only does not know (sysexits EX_USAGE; 2 is taken by a failed quality gate)
+EXIT_CONFIG = 78  # an invalid profile (sysexits EX_CONFIG)
 
 
 def run_exit_code(failed_checks: list[str]) -> int:
@@ -443,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     ui.add_argument("--mlflow-port", type=int, default=5000)
     ui.set_defaults(fn=cmd_ui)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except SettingsError as exc:  # a bad profile or stage config: the message names the file and the field
+        print(f"crucible {args.command}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

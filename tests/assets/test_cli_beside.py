@@ -51,3 +51,13 @@ def test_an_unknown_job_name_is_a_usage_error_that_lists_the_jobs_and_runs_nothi
     assert "--only post_traning: no such job" in run.stderr and "post_training" in run.stderr
     assert "web_corpus" in run.stderr.split("the jobs are")[1]
     assert not (tmp_path / "state" / "reports").exists() and "Run report" not in run.stdout
+
+
+def test_an_unknown_profile_is_a_config_error_naming_the_profiles_without_a_traceback(tmp_path):
+    env = {**os.environ, "CRUCIBLE_PROFILE": "tiny2", "CRUCIBLE_STATE_DIR": str(tmp_path / "state")}
+    run = subprocess.run(
+        [str(BIN / "crucible"), "run"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 78, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "crucible run: unknown profile 'tiny2' (CRUCIBLE_PROFILE); choose one of" in run.stderr
+    assert "'tiny'" in run.stderr and "Traceback" not in run.stderr and not (tmp_path / "state").exists()

@@ -135,3 +135,15 @@ def run_once(spec: S, run: Callable[[S], Any]) -> None:
     tmp = run_dir / f"{FINISHED}.tmp"
     tmp.write_text(json.dumps({"spec_digest": digest}))
     tmp.replace(run_dir / FINISHED)
+
+
+def load_policy(init_from: str, model_cfg: Any, threads: int | None) -> tuple[Any, Any]:
+    """The job's tokenizer and model from its parent checkpoint, torch on `threads` threads (None: its default)."""
+    import torch
+
+    from training.model import load_model
+    from training.tokenizer import load_tokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    return load_tokenizer(init_from), load_model(init_from, model_cfg)

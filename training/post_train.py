@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.child_job import child_command, child_main, metrics_logger, run_child, write_result
+from training.child_job import child_command, child_main, load_policy, metrics_logger, run_child, write_result
 from training.distributed import DistributedConfig
 from training.job import DataSpec, Launch, TrainJobSpec, run_training_job
 from training.model import ModelConfig
@@ -140,18 +140,12 @@ def run_rl_job(
 
 
 def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
-    import torch
-
     from training.checkpoint import export_hf
     from training.model import load_model
     from training.tasks.suites import eval_subset, read_facts, read_tasks, suites
-    from training.tokenizer import load_tokenizer
 
     run_dir = Path(spec.run_dir)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    tok = load_tokenizer(spec.init_from)
-    model = load_model(spec.init_from, spec.model)
+    tok, model = load_policy(spec.init_from, spec.model, spec.threads)
     facts = read_facts(spec.facts)
     from training.rl.reasoning import resume_step
 

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from training.agentic.async_loop import AgenticRLConfig
-from training.child_job import child_command, child_main, metrics_logger, run_child, write_result
+from training.child_job import child_command, child_main, load_policy, metrics_logger, run_child, write_result
 from training.model import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,6 @@ def heldout_subset(tasks: list, per_domain: int, for_domain: dict[str, int] | No
 
 
 def _run(spec: AgenticJobSpec) -> dict[str, Any]:
-    import torch
-
     from infra.agentic_services import agentic_services
     from training.agentic.async_loop import (
         WorkerSpec,
@@ -84,15 +82,10 @@ def _run(spec: AgenticJobSpec) -> dict[str, Any]:
     )
     from training.agentic.search import unwritten_tasks
     from training.checkpoint import export_hf
-    from training.model import load_model
     from training.rl.reasoning import paired_gain
-    from training.tokenizer import load_tokenizer
 
     run_dir, cfg = Path(spec.run_dir), spec.config
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    tok = load_tokenizer(spec.init_from)
-    model = load_model(spec.init_from, spec.model)
+    tok, model = load_policy(spec.init_from, spec.model, spec.threads)
     tasks_dir = Path(spec.tasks_dir)
     sets = read_agentic_tasks(tasks_dir)
     facts = read_agentic_facts(tasks_dir)

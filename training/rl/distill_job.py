@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.child_job import child_command, child_main, metrics_logger, run_child, write_result
+from training.child_job import child_command, child_main, load_policy, metrics_logger, run_child, write_result
 from training.model import ModelConfig
 from training.rl.distill import DistillConfig
 
@@ -94,22 +94,16 @@ def distill_job_fingerprint(spec: DistillJobSpec) -> str:
 
 
 def _run(spec: DistillJobSpec) -> dict[str, Any]:
-    import torch
-
     from training.agentic.families import agentic_suites
     from training.checkpoint import export_hf
     from training.model import load_model
     from training.rl.distill import train_distill
     from training.rl.loop import resume_step, saved_trainer_state
     from training.tasks.suites import eval_subset, read_facts, read_tasks, suites
-    from training.tokenizer import load_tokenizer
 
     _check(spec)
     run_dir, cfg = Path(spec.run_dir), spec.config
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    tok = load_tokenizer(spec.init_from)
-    model = load_model(spec.init_from, spec.model)
+    tok, model = load_policy(spec.init_from, spec.model, spec.threads)
     teachers = {name: load_model(path, spec.model).eval() for name, path in spec.teachers.items()}
     prompts = {name: read_tasks(Path(spec.teacher_tasks[name])) for name in spec.teachers}
     facts = read_facts(spec.facts)

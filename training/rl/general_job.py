@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from classifiers.judge.client import JudgeClientConfig
 from classifiers.judge.judge_config import JudgeConfig
-from training.child_job import child_command, metrics_logger, run_child, write_result
+from training.child_job import child_command, load_policy, metrics_logger, run_child, write_result
 from training.job import Launch
 from training.model import ModelConfig
 from training.rewards.hybrid import HybridRewardConfig
@@ -203,21 +203,15 @@ def general_job_fingerprint(spec: GeneralRLJobSpec) -> str:
 
 
 def _run_general(spec: GeneralRLJobSpec) -> dict[str, Any]:
-    import torch
-
     from training.checkpoint import export_hf
     from training.model import load_model
     from training.rl.general import evaluate_general, heldout_subset, train_general_rl
     from training.rl.loop import resume_step
     from training.rollout.engine import LocalRolloutEngine
     from training.tasks.suites import read_facts, read_tasks
-    from training.tokenizer import load_tokenizer
 
     run_dir = Path(spec.run_dir)
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    tok = load_tokenizer(spec.init_from)
-    model = load_model(spec.init_from, spec.model)
+    tok, model = load_policy(spec.init_from, spec.model, spec.threads)
     facts = read_facts(spec.facts)
     cache = spec.judge_cache_dir or run_dir / "judge_cache"
     reward = build_reward(spec.reward, facts, spec.orm_dir, spec.judge, cache, spec.lid_model)

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from color_task import (  # pytest puts this directory on sys.path
+    SayBlue,
+    color_tasks,
+    color_tokenizer_and_config,
+)
 
-from training.model import ModelConfig, build_model
+from training.model import build_model
 from training.rl.distill import DistillConfig, batch_counts, train_distill
 from training.rl.losses import (
     exact_reverse_kl_distillation_loss,
@@ -21,11 +26,8 @@ from training.rl.losses import (
     on_policy_distillation_loss,
 )
 from training.rollout.multiturn import prompt_ids
-from training.tasks.base import Task, Verdict
-from training.tokenizer import END_OF_TURN, TokenizerConfig, load_tokenizer, train_tokenizer
-
-WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
-
+from training.tasks.base import Task
+from training.tokenizer import END_OF_TURN
 
 # ------------------------------------------------------------------------------------------------ the loss
 
@@ -204,25 +206,10 @@ def test_a_prompt_several_teachers_trained_on_goes_to_the_latest_of_them():
 # ------------------------------------------------------------------------------------------------ the loop
 
 
-class SaysBlue:
-    domain, version = "color", "t1"
-
-    def verify(self, task: Task, response: str) -> Verdict:
-        return Verdict(1.0, "correct") if "blue" in response else Verdict(0.0, "wrong_answer")
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    corpus = [" ".join(WORDS) + " pick a color" for _ in range(50)]
-    tok = load_tokenizer(
-        train_tokenizer(corpus, TokenizerConfig(vocab_size=320), tmp_path_factory.mktemp("tok"))
-    )
-    cfg = ModelConfig.for_size(
-        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
-    )
-    train = [Task(f"c{i}", "color", f"pick a color {i}", "blue", 1, "train") for i in range(16)]
-    heldout = [Task(f"h{i}", "color", f"pick a color {i + 100}", "blue", 1, "heldout") for i in range(8)]
-    return tok, cfg, train, heldout
+    tok, cfg = color_tokenizer_and_config(tmp_path_factory.mktemp("tok"))
+    return tok, cfg, color_tasks("train", 16), color_tasks("heldout", 8, start=100)
 
 
 def _fit_answer(model: torch.nn.Module, tok, tasks, word: str, steps: int, lr: float) -> torch.nn.Module:
@@ -265,7 +252,7 @@ def test_distillation_moves_the_student_toward_the_teacher(setup, stages, estima
     )  # fmt: skip
     final = train_distill(
         student, tok, {"sft": teacher}, {"sft": train}, config, lambda m, s: rows.append((s, dict(m))),
-        suites={"color": SaysBlue()}, heldout_prompts={"sft": heldout}, heldout_tasks=heldout,
+        suites={"color": SayBlue()}, heldout_prompts={"sft": heldout}, heldout_tasks=heldout,
     )  # fmt: skip
     kl = [m["reverse_kl/sft"] for s, m in rows if "reverse_kl/sft" in m]
     assert len(kl) == 25
@@ -387,7 +374,7 @@ def test_the_results_table_shows_the_regression_and_its_recovery(setup, stages, 
     }
     more = [Task(f"m{i}", "color", f"pick a color {i + 200}", "blue", 1, "heldout") for i in range(16)]
     test = [Task(f"t{i}", "color", f"pick a color {i + 400}", "blue", 1, "test") for i in range(16)]
-    sets = HeldoutSets(reasoning=heldout + more, test=test, verifiers={"color": SaysBlue()})
+    sets = HeldoutSets(reasoning=heldout + more, test=test, verifiers={"color": SayBlue()})
     report = post_training_report(
         chain, sets, ReportConfig(max_new_tokens=4, max_turns=1), tmp_path, tokenizer=tok
     )

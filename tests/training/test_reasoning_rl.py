@@ -5,37 +5,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from color_task import (  # pytest puts this directory on sys.path
+    SayBlue,
+    color_tasks,
+    color_tokenizer_and_config,
+)
 
-from training.model import ModelConfig, build_model
+from training.model import build_model
 from training.rl.frozen_test import score_test_set
 from training.rl.reasoning import ReasoningRLConfig, mixed_batches, resume_step, train_reasoning_rl
 from training.rollout.engine import LocalRolloutEngine
 from training.tasks.base import Task, Verdict
-from training.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
-
-WORDS = ["red", "blue", "green", "gold", "pink", "gray"]
-
-
-class SayBlue:
-    """Reward 1 when the answer says 'blue': learnable by RL alone, starts near 1/len(WORDS) or below."""
-
-    domain, version = "color", "t1"
-
-    def verify(self, task: Task, response: str) -> Verdict:
-        return Verdict(1.0, "correct") if "blue" in response else Verdict(0.0, "wrong_answer")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    corpus = [" ".join(WORDS) + " pick a color" for _ in range(50)]
-    tok = load_tokenizer(
-        train_tokenizer(corpus, TokenizerConfig(vocab_size=320), tmp_path_factory.mktemp("tok"))
-    )
-    cfg = ModelConfig.for_size(
-        "micro", vocab_size=len(tok), bos_token_id=0, eos_token_id=0, pad_token_id=1, index_topk=512
-    )
-    tasks = [Task(f"c{i}", "color", f"pick a color {i}", "blue", 1, "train") for i in range(8)]
-    return tok, cfg, tasks
+    tok, cfg = color_tokenizer_and_config(tmp_path_factory.mktemp("tok"))
+    return tok, cfg, color_tasks("train", 8)
 
 
 def test_rl_raises_reward_and_keeps_the_indexer(setup):

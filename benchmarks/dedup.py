@@ -101,9 +101,11 @@ def fetch_manuals(cache: Path, corpus: str = "manuals") -> dict[str, Path]:
             cache.mkdir(parents=True, exist_ok=True)
             debs = list(cache.glob(f"{package}_*.deb"))
             if not debs:
-                subprocess.run(["apt-get", "download", package], cwd=cache, check=True, capture_output=True)
+                subprocess.run(
+                    ["apt-get", "download", "--", package], cwd=cache, check=True, capture_output=True
+                )
                 debs = list(cache.glob(f"{package}_*.deb"))
-            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True)
+            subprocess.run(["dpkg-deb", "-x", "--", str(debs[0]), str(root)], check=True)
         out[package] = root / html
     return out
 

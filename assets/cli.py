@@ -24,7 +24,15 @@ LINEAGE_EXIT_CODES = """exit status:
   2  no such registered model version or MLflow run
   3  broken: a declared upstream with no recorded read, an upstream run MLflow does not know, a read whose
      producer run is not recorded, or a read output whose committed pointer is gone (3 wins over 4)
-  4  stale: an upstream output was re-committed after a run in the tree read it"""
+  4  stale: an upstream output was re-committed after a run in the tree read it
+  78 the profile is invalid (the message names the file and field)"""
+
+RUN_EXIT_CODES = """exit status:
+  0  every job ran and no check of ERROR severity failed
+  1  a job failed
+  2  a quality gate failed: a check of ERROR severity (listed last)
+  64 --only named a job that does not exist (the message lists them)
+  78 the profile is invalid (the message names the file and field)"""
 
 # Partitions definition each job runs on (None = unpartitioned); the order is `assets.definitions.JOBS`.
 JOB_PARTITIONS = {"web_corpus": "web_snapshot", "code_corpus": "code_snapshot", "web_rescue": "web_snapshot"}
@@ -389,7 +397,12 @@ def _partition_key(value: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="materialize the whole graph on the active profile ($CRUCIBLE_PROFILE)")
+    run = sub.add_parser(
+        "run",
+        help="materialize the whole graph on the active profile ($CRUCIBLE_PROFILE)",
+        epilog=RUN_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument(
         "--snapshot",
         type=_partition_key,

@@ -289,6 +289,9 @@ def test_facts_read_back_as_written_and_a_malformed_line_names_its_file_and_line
     path.write_text(path.read_text() + '["term only"]\n')
     with pytest.raises(ValueError, match=r"facts\.jsonl:5: a fact must be a \[term, definition\] pair"):
         read_facts(path)
+    path.write_text('["a", "b"]\n{not json\n')
+    with pytest.raises(ValueError, match=r"facts\.jsonl:2: a fact must be a \[term, definition\] pair"):
+        read_facts(path)
 
 
 def test_knowledge_v2_lists_the_term_among_choices_of_its_own_split_and_quotes_the_pick(tmp_path):

@@ -233,7 +233,10 @@ def read_facts(path: Path | str | None) -> list[tuple[str, str]]:
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
             continue
-        pair = json.loads(line)
+        try:
+            pair = json.loads(line)
+        except ValueError:
+            pair = None
         if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
             raise ValueError(
                 f"{path}:{n}: a fact must be a [term, definition] pair of strings, got {line[:80]!r}"

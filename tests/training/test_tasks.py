@@ -335,11 +335,8 @@ def test_knowledge_v3_letters_the_choices_and_accepts_the_right_letter_or_term(t
     v2 = build_task_sets(config, FACTS)
     sets = build_task_sets(config.model_copy(update={"knowledge_labels": True}), FACTS)
     assert [t.meta["choices"] for t in sets["train"]] == [t.meta["choices"] for t in v2["train"]]
-    assert knowledge_format_of(sets["train"]) == (4, True, False) and knowledge_format_of(v2["train"]) == (
-        4,
-        False,
-        False,
-    )
+    assert knowledge_format_of(sets["train"]) == (4, True, False, False)
+    assert knowledge_format_of(v2["train"]) == (4, False, False, False)
     registry = suites(FACTS)  # the letters travel with the task too
     letters = Counter()
     for task in sets["train"]:
@@ -474,9 +471,9 @@ def test_knowledge_drill_asks_about_train_terms_the_train_questions_do_not_name(
     sets = build_task_sets(config, facts)
     knowledge = [t for t in sets["train"] if t.domain == "knowledge"]
     # the sft_data asset's registry: the choices read back from the task suites' own train tasks
-    assert knowledge_format_of(knowledge) == (4, False, False)
+    assert knowledge_format_of(knowledge) == (4, False, False, False)
     opened = build_task_sets(config.model_copy(update={"knowledge_choices": 0}), facts)["train"]
-    assert knowledge_format_of(opened) == (0, False, False)
+    assert knowledge_format_of(opened) == (0, False, False, False)
     registry = suites(facts, *knowledge_format_of(knowledge))
     cfg = SftDataConfig(definition_chats=0, knowledge_drill_per_level=30)
     rows, kinds = build_sft_trajectories(knowledge, registry, facts, cfg)
@@ -615,7 +612,7 @@ def test_knowledge_v4_asks_about_glossary_facts_whose_clue_is_what_sft_read():
     config = TaskSuitesConfig(levels={"knowledge": [1, 4]}, train_per_level=30, heldout_per_level=8)
     sets = build_task_sets(config.model_copy(update={"knowledge_glossary": True}), facts)
     knowledge = [t for s in ("train", "heldout") for t in sets[s]]
-    assert knowledge_format_of(sets["train"]) == (0, False, True)
+    assert knowledge_format_of(sets["train"]) == (0, False, True, False)
     assert {t.split for t in knowledge} == {"train", "heldout"}
     assert {t.answer for t in sets["train"]}.isdisjoint({t.answer for t in sets["heldout"]})
     registry = suites(facts, *knowledge_format_of(sets["train"]))
@@ -641,3 +638,37 @@ def test_knowledge_v4_asks_about_glossary_facts_whose_clue_is_what_sft_read():
     assert kinds["glossary"] == 0 and "n 1:" in v1["heldout"][0].prompt
     with pytest.raises(ValueError, match="knowledge_choices to 0"):
         KnowledgeSuite(facts, choices=4, glossary=True)
+
+
+def test_knowledge_v5_worked_solutions_recite_the_read_entry_then_answer_and_are_verified_correct():
+    from training.sft_data import SftDataConfig, build_sft_trajectories
+
+    long = (
+        "zymurgy",
+        "the branch of chemistry that deals with fermentation, as in wine making and brewing beer",
+    )
+    facts = [*FACTS, long]
+    config = TaskSuitesConfig(
+        levels={"knowledge": [1, 4]}, train_per_level=30, heldout_per_level=8, knowledge_glossary=True,
+        knowledge_recite=True,
+    )  # fmt: skip
+    sets = build_task_sets(config, facts)
+    assert knowledge_format_of(sets["train"]) == (0, False, True, True)
+    registry = suites(facts, *knowledge_format_of(sets["train"]))
+    suite = registry["knowledge"]
+    assert suite.version == "knowledge-v5-recite" and len(long[1]) > suite.RECITE_CHARS
+    assert "zymurgy" not in {t for t, _ in suite.facts} and len(suite.facts) == len(FACTS)
+    entries = set(suite.glossary_entries())
+    for task in sets["train"] + sets["heldout"]:
+        (turn,) = suite.solution(task)
+        recited, answer_line = turn["content"].split("\n")
+        assert recited in entries and recited == f"{task.meta['recite']}: {task.answer}."
+        clue = task.prompt.removeprefix("Which term is defined as: ").removesuffix("?")
+        assert recited.startswith(clue) and answer_line == f"Answer: {task.answer}"
+        assert suite.verify(task, turn["content"]).reward == 1.0
+        assert suite.verify(task, f"{recited}\nAnswer: {long[0]}").reward == 0.0
+    rows, _ = build_sft_trajectories(sets["train"], registry, facts, SftDataConfig(glossary_copies=1))
+    answered = [r["messages"][-1]["content"] for r in rows if r["kind"] == "knowledge"]
+    assert answered and all(a.split("\n")[0] in entries for a in answered)
+    with pytest.raises(ValueError, match="set knowledge_glossary to true"):
+        KnowledgeSuite(facts, recite=True)

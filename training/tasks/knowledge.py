@@ -13,7 +13,12 @@ and held-out, definition first and term first: `glossary_entries`), with diction
 definitions. A held-out question then asks about a fact the model has read but was never asked about: the
 report's premise that RL draws out knowledge from the corpus rather than adding it. In v1-v3 the facts are in
 no training text, and a held-out question asks for a term the model never saw (0 on tiny in every format).
-Questions and glossary use the same cleaned definition, so a clue is a prefix of what the model read."""
+Questions and glossary use the same cleaned definition, so a clue is a prefix of what the model read.
+
+With `recite` as well (knowledge-v5) the worked solution first recites the fact's glossary entry, definition
+first ("<definition>: <term>."), then answers with the term it just wrote: the question becomes the entry the
+model read, continued past the clue, instead of a jump from a question to a term it only ever read after the
+definition. Only facts whose definition fits `RECITE_CHARS` are kept, so the recitation fits a turn."""
 
 from __future__ import annotations
 
@@ -50,9 +55,15 @@ class KnowledgeSuite:
     CLUE_CHARS = {1: 160, 2: 120, 3: 80, 4: 40}
 
     LABELS = "ABCDEFGHIJ"
+    RECITE_CHARS = 80  # an entry and its answer line in about 45 tokens, within a 48-token turn
 
     def __init__(
-        self, facts: Sequence[tuple[str, str]], choices: int = 0, labels: bool = False, glossary: bool = False
+        self,
+        facts: Sequence[tuple[str, str]],
+        choices: int = 0,
+        labels: bool = False,
+        glossary: bool = False,
+        recite: bool = False,
     ):
         if choices == 1 or choices < 0:
             raise ValueError(
@@ -68,14 +79,23 @@ class KnowledgeSuite:
                 "task_suites.knowledge_glossary asks open questions about facts the model read; set "
                 f"knowledge_choices to 0 (it is {choices})"
             )
+        if recite and not glossary:
+            raise ValueError(
+                "task_suites.knowledge_recite recites the glossary entry of a fact; set knowledge_glossary to true"
+            )
         if glossary:
             # entries the markup cleaning leaves unreadable (", Adipsy ([a^]d"[i^]p*s[y^]), n") are left out
             facts = [(t, c) for t, d in facts if _readable(c := clean_definition(d))]
+        if recite:
+            facts = [(t, d) for t, d in facts if len(d) <= self.RECITE_CHARS]
         self.facts = sorted({(t.strip(), d.strip()) for t, d in facts if t.strip() and d.strip()})
         self.choices = choices
         self.labels = labels
         self.glossary = glossary
-        if glossary:
+        self.recite = recite
+        if recite:
+            self.version = "knowledge-v5-recite"
+        elif glossary:
             self.version = "knowledge-v4-glossary"
         elif labels:
             self.version = f"knowledge-v3-labelled{choices}"
@@ -104,6 +124,8 @@ class KnowledgeSuite:
             else:
                 clue = definition[:chars].rsplit(" ", 1)[0]
             prompt, meta = f"Which term is defined as: {clue}?", {"glossary": True} if self.glossary else {}
+            if self.recite:
+                meta["recite"] = definition
             if self.choices:
                 listed = rng.sample([t for t in terms if t.lower() != term.lower()], self.choices - 1)
                 listed.insert(rng.randrange(self.choices), term)
@@ -138,6 +160,9 @@ class KnowledgeSuite:
         return Verdict(1.0, "correct") if ok else Verdict(0.0, "wrong_answer")
 
     def solution(self, task: Task) -> list[dict]:
+        if task.meta.get("recite"):
+            entry = f"{task.meta['recite']}: {task.answer}."
+            return [{"role": "assistant", "content": f"{entry}\nAnswer: {task.answer}"}]
         if task.meta.get("labels"):
             answer = self._label(task)
         else:

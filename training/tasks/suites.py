@@ -65,6 +65,11 @@ class TaskSuitesConfig(BaseModel):
         "sft_data.glossary_copies): held-out questions ask about read facts no question named; without it the "
         "facts are in no training text",
     )
+    knowledge_recite: bool = Field(
+        False,
+        description="With knowledge_glossary: worked solutions recite the fact's glossary entry, then answer "
+        "(knowledge-v5); only facts with definitions of at most 80 characters",
+    )
     rl_pool_per_level: int = Field(
         1000,
         ge=0,
@@ -79,6 +84,7 @@ def suites(
     knowledge_choices: int = 0,
     knowledge_labels: bool = False,
     knowledge_glossary: bool = False,
+    knowledge_recite: bool = False,
 ) -> dict[str, TaskSuite]:
     """Every domain's suite; the knowledge options only shape generated questions and the glossary SFT reads
     (a task carries its choices, so any registry verifies and solves it)."""
@@ -86,22 +92,27 @@ def suites(
         "math": MathSuite(),
         "code": CodeSuite(),
         "tool": ToolSuite(),
-        "knowledge": KnowledgeSuite(facts, knowledge_choices, knowledge_labels, knowledge_glossary),
+        "knowledge": KnowledgeSuite(
+            facts, knowledge_choices, knowledge_labels, knowledge_glossary, knowledge_recite
+        ),
     }
 
 
-def knowledge_format_of(tasks: Sequence[Task]) -> tuple[int, bool, bool]:
-    """The (`knowledge_choices`, `knowledge_labels`, `knowledge_glossary`) the knowledge tasks among `tasks` were
-    made with ((0, False, False): open questions), read from the tasks themselves, so a later stage generates
+def knowledge_format_of(tasks: Sequence[Task]) -> tuple[int, bool, bool, bool]:
+    """The (`knowledge_choices`, `knowledge_labels`, `knowledge_glossary`, `knowledge_recite`) the knowledge tasks
+    among `tasks` were made with ((0, False, False, False): open questions), read from the tasks themselves, so a later stage generates
     more of the same kind (and the same glossary) without the task suites' config."""
     knowledge = [t for t in tasks if t.domain == "knowledge"]
     choices = max((len(t.meta.get("choices", ())) for t in knowledge), default=0)
     labels = any(t.meta.get("labels") for t in knowledge)
-    return choices, labels, any(t.meta.get("glossary") for t in knowledge)
+    glossary, recite = (any(t.meta.get(k) for t in knowledge) for k in ("glossary", "recite"))
+    return choices, labels, glossary, recite
 
 
 def _configured_suites(config: TaskSuitesConfig, facts: Sequence[tuple[str, str]]) -> dict[str, TaskSuite]:
-    knowledge = (config.knowledge_choices, config.knowledge_labels, config.knowledge_glossary)
+    knowledge = (
+        config.knowledge_choices, config.knowledge_labels, config.knowledge_glossary, config.knowledge_recite
+    )  # fmt: skip
     return suites(facts[: config.max_facts], *knowledge)
 
 

@@ -100,8 +100,8 @@ def suites(
 
 def knowledge_format_of(tasks: Sequence[Task]) -> tuple[int, bool, bool, bool]:
     """The (`knowledge_choices`, `knowledge_labels`, `knowledge_glossary`, `knowledge_recite`) the knowledge tasks
-    among `tasks` were made with ((0, False, False, False): open questions), read from the tasks themselves, so a later stage generates
-    more of the same kind (and the same glossary) without the task suites' config."""
+    among `tasks` were made with ((0, False, False, False): open questions), read from the tasks themselves, so
+    a later stage generates more of the same kind (and the same glossary) without the task suites' config."""
     knowledge = [t for t in tasks if t.domain == "knowledge"]
     choices = max((len(t.meta.get("choices", ())) for t in knowledge), default=0)
     labels = any(t.meta.get("labels") for t in knowledge)

@@ -101,7 +101,9 @@ def test_a_partitioned_declaration_does_not_print_dagsters_backfill_policy_beta_
         )  # fmt: skip
         warnings.warn("a warning from the declaring code still shows", UserWarning, stacklevel=1)
     assert quiet.backfill_policy == dg.BackfillPolicy.single_run()
-    assert [str(w.message) for w in seen] == ["a warning from the declaring code still shows"]
+    # ResourceWarnings come from the garbage collection of other tests' processes on this worker, at any moment
+    shown = [str(w.message) for w in seen if not issubclass(w.category, ResourceWarning)]
+    assert shown == ["a warning from the declaring code still shows"]
 
 
 def test_checks_without_the_function_that_reports_them_are_refused():

@@ -230,7 +230,7 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
     hf = export_hf(model, tmp_path / "hf", extra)
     envs = "color_env:color_environments"  # the worker imports it as pytest did (this dir on sys.path)
     config = AgenticRLConfig(
-        steps=40, group_size=8, batch_trajectories=16, in_flight_groups=6 if mode == "async" else 2,
+        steps=50, group_size=8, batch_trajectories=16, in_flight_groups=6 if mode == "async" else 2,
         push_every=2 if mode == "async" else 1,
         max_staleness=2, mode=mode, task_ratios={"color": 1.0}, max_new_tokens=4, max_turns=1,
         learning_rate=3e-3, env_threads=16, eval_tasks_per_domain=8,
@@ -256,16 +256,17 @@ def test_trainer_and_worker_processes_raise_reward_through_a_slow_crashing_envir
     assert set(threads) == {max(1, min(2, cpus() - spec.threads))}
     after = heldout_success(model, tok, tasks, color_environments(), config, tok.pad_token_id)
     rewards = [m["reward/mean"] for _, m in rows]
-    assert len(rewards) == 40
+    assert len(rewards) == config.steps
     # per-step SE ~0.1 (16 samples); at 30 steps the rise twice fell short under CPU load (0.09, 0.01); at 40
-    # it measured 0.21 / 0.43 (async / sync) beside another job, at 45 0.46-0.58 beside three busy loops
+    # it measured 0.21 / 0.43 (async / sync) beside another job, at 45 0.46-0.58 beside three busy loops; at 40
+    # a loaded CI run measured 0.08 (async), so 50
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10 + 0.1, rewards
     print("first 10 / last 10 mean reward", sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10)
     assert after["n/color"] == before["n/color"] == 8
     assert after["success/color"] >= before["success/color"], (before, after)
     assert final["buffer/env_failures"] >= 1  # crashes were dropped and counted, never scored
-    assert final["buffer/received"] >= 40 * 16 * 0.5
-    assert final["policy_version"] == (20 if mode == "async" else 40)
+    assert final["buffer/received"] >= config.steps * 16 * 0.5
+    assert final["policy_version"] == config.steps // config.push_every
     assert 0 <= final["trainer/idle_fraction"] < 1
     if mode == "sync":  # the trainer always trains on the newest weights' samples
         assert all(m["staleness/max"] == 0 for _, m in rows)

@@ -18,6 +18,7 @@ from training.tasks.base import Task, TaskSuite
 from training.tasks.code import FAMILIES
 from training.tasks.knowledge import KnowledgeSuite
 from training.tasks.math import column_steps
+from training.tasks.suites import DOMAINS as TASK_DOMAINS
 
 # Code families SFT sees only `rl_family_rows` (2) worked solutions of, so Reasoning RL has skills left to learn:
 # compositions of skills the other families teach (// ; minus then plus ; square then plus ; count with a
@@ -41,6 +42,11 @@ class SftDataConfig(BaseModel):
     )
     definition_chats: int = Field(300, ge=0, description="Chats asking what a corpus term means")
     repeats: int = Field(1, ge=1, description="Copies of each task's worked solution")
+    domain_repeats: dict[str, int] = Field(
+        default_factory=dict,
+        description="Further copies of each worked solution per task domain (e.g. {tool: 3}), times `repeats`: "
+        "the knowledge glossary took held-out tool from 1.00 to 0.45 on tiny (docs/post_training_results.md)",
+    )
     knowledge_rows_per_level: int | None = Field(
         None,
         ge=0,
@@ -102,6 +108,17 @@ class SftDataConfig(BaseModel):
         "rows copied 14 of 40 fresh phrases (0 without) but held-out search rose only to 1 of 150; 20,000 "
         "crowded out the agentic rows",
     )
+
+    @field_validator("domain_repeats")
+    @classmethod
+    def _known_domains(cls, value: dict[str, int]) -> dict[str, int]:
+        unknown = sorted(set(value) - set(TASK_DOMAINS))
+        if unknown or any(n < 1 for n in value.values()):
+            raise ValueError(
+                f"domain_repeats {value}: keys must be task domains {sorted(TASK_DOMAINS)} (unknown: {unknown}) "
+                "and values at least 1"
+            )
+        return value
 
     @field_validator("rl_only_families")
     @classmethod
@@ -188,7 +205,7 @@ def build_sft_trajectories(
     drill_ids = {t.id for t in drilled}
     tasks = [*tasks, *drilled]
     for _ in range(cfg.repeats):
-        for task in tasks:
+        for task in (t for t in tasks for _ in range(cfg.domain_repeats.get(t.domain, 1))):
             solution = suites[task.domain].solution(task)
             if task.domain == "math" and cfg.math_column_steps and (steps := column_steps(task.prompt)):
                 solution = [{**solution[0], "reasoning_content": steps}, *solution[1:]]

@@ -436,6 +436,31 @@ def test_sft_rows_leave_out_the_rl_only_code_families():
     assert per_family["add_const"] == sum(family[t.id] == "add_const" for t in code) > 2
 
 
+def test_domain_repeats_copy_one_domains_worked_solutions_and_leave_the_others_as_they_were():
+    from training.sft_data import SftDataConfig, build_sft_trajectories
+
+    tasks = [
+        t
+        for t in build_task_sets(TaskSuitesConfig(train_per_level=10))["train"]
+        if t.domain in ("tool", "code")
+    ]
+    plain = SftDataConfig(definition_chats=0, error_share=0.0)
+    base, _ = build_sft_trajectories(tasks, suites(), [], plain)
+    rows, _ = build_sft_trajectories(
+        tasks, suites(), [], plain.model_copy(update={"domain_repeats": {"tool": 3}})
+    )
+    per_task = Counter(r["task_id"] for r in rows)
+    domain = {t.id: t.domain for t in tasks}
+    assert {per_task[t] for t in per_task if domain[t] == "tool"} == {3}
+    assert Counter(r["task_id"] for r in base) == {
+        t: n for t, n in per_task.items() if domain[t] == "code"
+    } | {t: 1 for t in per_task if domain[t] == "tool"}
+    with pytest.raises(ValueError, match="domain_repeats.*unknown: \\['tol'\\]"):
+        SftDataConfig(domain_repeats={"tol": 2})
+    with pytest.raises(ValueError, match="at least 1"):
+        SftDataConfig(domain_repeats={"tool": 0})
+
+
 def test_math_drill_adds_fresh_math_rows_and_never_a_heldout_or_test_prompt():
     from training.sft_data import SftDataConfig, build_sft_trajectories, drill
 

@@ -157,7 +157,11 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     def on_sample(trajs, step: int) -> None:
         samples[str(step)] = [t.to_json() for t in trajs]
 
-    from training.rl.reasoning import train_reasoning_rl
+    from training.rl.reasoning import missed, train_reasoning_rl
+
+    def on_eval(trajs, step: int) -> None:  # the held-out tasks the parent and the result fail, to read
+        if step in (0, spec.config.steps):
+            samples[f"heldout_misses/{step}"] = missed(trajs)
 
     cfg = spec.config
     scored = eval_subset(read_tasks(Path(spec.heldout_tasks)), cfg.eval_tasks_per_domain, cfg.eval_tasks_for)
@@ -176,7 +180,7 @@ def _run_rl(spec: RLJobSpec) -> dict[str, Any]:
     train += pool
     final = train_reasoning_rl(
         model, tok, train, scored, registry, spec.config, log_metrics,
-        on_sample=on_sample, checkpoint_dir=checkpoints,
+        on_sample=on_sample, checkpoint_dir=checkpoints, on_eval=on_eval,
     )  # fmt: skip
     (run_dir / "samples.json").write_text(json.dumps(samples))
     tested = _score_test(spec, model, tok, registry)

@@ -86,6 +86,15 @@ def _check_sft_reasoning_and_agentic_rl(instance: dg.DagsterInstance, tracker: T
     }
     rl_event = instance.get_latest_materialization_event(dg.AssetKey("reasoning_rl_checkpoint"))
     assert "plot/reasoning_rl_curves" in rl_event.asset_materialization.metadata
+    # the held-out rollouts SFT and the result fail, to read, as many as the miss counts of each evaluation
+    samples = json.loads(
+        Path(tracker.client.download_artifacts(rl_run.info.run_id, "samples.json")).read_text()
+    )
+    for step in (0, 2):
+        misses = samples[f"heldout_misses/{step}"]
+        counted = sum(m.value for k in metrics if k.startswith("heldout/misses/")
+                      for m in tracker.client.get_metric_history(rl_run.info.run_id, k) if m.step == step)  # fmt: skip
+        assert len(misses) == counted and all(m["reason"] and m["messages"] for m in misses)
     # held-out code per family (which families RL learned), at step 0 and at the end, and in the report
     families = [k for k in metrics if k.startswith("heldout/family_n/code/")]
     assert families and sum(metrics[k] for k in families) == metrics["heldout/n/code"]

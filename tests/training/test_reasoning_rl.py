@@ -35,9 +35,12 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
         steps=30, prompts_per_step=4, group_size=8, max_new_tokens=4, max_turns=1,
         learning_rate=3e-3, eval_every=30, eval_tasks_per_domain=8, filter_samples=0, engine_dtype="bfloat16",
     )  # fmt: skip
+    evals: dict[int, list] = {}
     final = train_reasoning_rl(
-        model, tok, tasks, tasks, {"color": SayBlue()}, config, lambda m, s: rows.append((s, dict(m)))
-    )
+        model, tok, tasks, tasks, {"color": SayBlue()}, config, lambda m, s: rows.append((s, dict(m))),
+        on_eval=lambda trajs, step: evals.setdefault(step, trajs),
+    )  # fmt: skip
+    assert sorted(evals) == [0, 30] and all(len(t) == 8 for t in evals.values())
     rewards = [m["reward/color"] for s, m in rows if "reward/color" in m]
     assert len(rewards) == 30
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -45,6 +48,10 @@ def test_rl_raises_reward_and_keeps_the_indexer(setup):
     assert final["heldout/pass_at_1/color"] >= 0.75  # greedy decoding now says blue
     step0 = next(m for s, m in rows if s == 0 and "heldout/pass_at_1/color" in m)
     assert "heldout/paired_gain/color" not in step0  # step 0 is the reference
+    misses0 = sum(v for k, v in step0.items() if k.startswith("heldout/misses/color/"))
+    assert (
+        misses0 == round(8 * (1 - step0["heldout/pass_at_1/color"])) == sum(t.reward <= 0 for t in evals[0])
+    )
     gain = final["heldout/pass_at_1/color"] - step0["heldout/pass_at_1/color"]
     assert final["heldout/paired_gain/color"] == pytest.approx(gain) and gain > 0.3
     assert final["heldout/fixed/color"] - final["heldout/broken/color"] == pytest.approx(gain * 8)
@@ -379,6 +386,38 @@ def test_tool_call_rates_count_the_greedy_rollouts_that_called_the_calculator(se
     assert [rewards[t.id] for t in math] == [1.0, 1.0, float(math[2].answer == "2"), 1.0]
     observations = [m["content"] for t in trajs for m in t.messages if m["role"] == "tool"]
     assert observations[2] == "2" and observations[:2] == [t.answer for t in math[:2]]
+
+
+def test_misses_count_each_failed_greedy_rollout_by_domain_and_reason_and_keep_its_conversation(setup):
+    from training.rl.reasoning import greedy_trajectories, miss_counts, missed
+    from training.tasks.math import MathSuite
+    from training.tasks.tools import ToolSuite
+
+    tok = setup[0]
+    math = MathSuite().generate("heldout", 2, 0, 1)
+    tool = ToolSuite().generate("heldout", 3, 0, 1)
+    call = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
+    slip = str(int(tool[0].answer) + 1)  # the result read back one off: a copy slip
+    script = {
+        tool[0].prompt: [call.format(tool[0].meta["expression"]), f'Answer: "{slip}"'],
+        tool[1].prompt: [call.format(tool[1].meta["expression"]), f'Answer: "{tool[1].answer}"'],
+        tool[2].prompt: ["I think so."],  # no answer at all
+        math[0].prompt: [f"Answer: {math[0].answer}"],
+        math[1].prompt: ["Answer: x +"],  # not an expression
+    }
+    suites = {"math": MathSuite(), "tool": ToolSuite()}
+    trajs = greedy_trajectories(ScriptedEngine(tok, script), tok, math + tool, suites, 64, 3)
+    assert miss_counts(trajs) == {
+        "misses/math/unparsable_answer": 1.0, "misses/tool/no_answer": 1.0, "misses/tool/wrong_answer": 1.0,
+    }  # fmt: skip
+    shown = {m["prompt_id"]: m for m in missed(trajs)}
+    assert set(shown) == {tool[0].id, tool[2].id, math[1].id}
+    slipped = shown[tool[0].id]
+    assert slipped["reason"] == "wrong_answer" and slipped["task"] == "tool"
+    # the conversation a person reads: the call, the calculator's true result, the slipped copy
+    assert [m["role"] for m in slipped["messages"]][-3:] == ["assistant", "tool", "assistant"]
+    assert slipped["messages"][-2]["content"] == tool[0].answer
+    assert slip in slipped["messages"][-1]["content"]
 
 
 class SomeFamilies:

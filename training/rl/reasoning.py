@@ -141,6 +141,24 @@ def tool_call_rates(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {f"tool_calls/{d}": sum(v) / len(v) for d, v in sorted(by_domain.items())}
 
 
+def miss_counts(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Failed rollouts per domain and verdict reason (`misses/<domain>/<reason>`; a code verdict's reason is cut
+    at its first colon, the sandbox status): what a flat score is made of, e.g. tool's wrong copies against
+    answers never given."""
+    counts = Counter((t.task, (t.reason or t.status).split(":")[0].strip() or "unknown") for t in trajs
+                     if t.reward <= 0)  # fmt: skip
+    return {f"misses/{domain}/{reason}": float(n) for (domain, reason), n in sorted(counts.items())}
+
+
+def missed(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """The failed rollouts in short: task, reason and the conversation after the prompt, for a person to read."""
+    return [
+        {"task": t.task, "prompt_id": t.prompt_id, "reason": t.reason or t.status,
+         "messages": [m for m in t.messages if m.get("role") != "system"]}
+        for t in trajs if t.reward <= 0
+    ]  # fmt: skip
+
+
 def pass_at_1_of(rewards: dict[str, float], tasks: Sequence[Task]) -> dict[str, float]:
     """Greedy pass_at_1 per domain with its standard error: `pass_at_1/<domain>`, `pass_at_1_se/<domain>`, `n/<domain>`."""
     by_domain: dict[str, list[float]] = defaultdict(list)
@@ -278,8 +296,8 @@ class _ReasoningStage:
 
     def __init__(self, loop: OnPolicyLoop, tokenizer: Any, train_tasks: Sequence[Task],
                  heldout_tasks: Sequence[Task], suites: dict[str, TaskSuite], cfg: ReasoningRLConfig,
-                 log_metrics: Log):  # fmt: skip
-        self.loop, self.tokenizer, self.cfg = loop, tokenizer, cfg
+                 log_metrics: Log, on_eval: Callable[[list[Trajectory], int], None] | None = None):  # fmt: skip
+        self.loop, self.tokenizer, self.cfg, self.on_eval = loop, tokenizer, cfg, on_eval
         self.engine = evaluation_engine(loop.engine, cfg)  # the filter's and held-out evals' rollouts
         self.all_train, self.heldout, self.suites, self.log_metrics = (
             list(train_tasks),
@@ -302,8 +320,10 @@ class _ReasoningStage:
     def evaluate(self, step: int) -> dict[str, float]:
         cfg, engine, tok = self.cfg, self.engine, self.tokenizer
         trajs = greedy_trajectories(engine, tok, self.heldout, self.suites, cfg.max_new_tokens, cfg.max_turns)
+        if self.on_eval is not None:
+            self.on_eval(trajs, step)
         rewards = task_rewards(trajs)
-        out = pass_at_1_of(rewards, self.heldout) | tool_call_rates(trajs)
+        out = pass_at_1_of(rewards, self.heldout) | tool_call_rates(trajs) | miss_counts(trajs)
         out |= family_means(rewards, self.heldout, "family") | family_counts(self.heldout, "family_n")
         if step == 0:
             self.initial_rewards = rewards
@@ -395,14 +415,16 @@ def train_reasoning_rl(
     on_sample: Callable[[list[Trajectory], int], None] | None = None,
     checkpoint_dir: Path | None = None,
     job: str | None = None,
+    on_eval: Callable[[list[Trajectory], int], None] | None = None,
 ) -> dict[str, float]:
-    """Train `model` in place; returns the last held-out evaluation and step metrics. With `checkpoint_dir`,
+    """Train `model` in place; returns the last held-out evaluation and step metrics; `on_eval` gets each
+    evaluation's greedy held-out rollouts with the step. With `checkpoint_dir`,
     state is saved every `cfg.checkpoint_every` steps and a rerun resumes from the newest save, reaching the
     same weights as an uninterrupted run (per-step sampling seeds, the batch stream replayed to the step);
     a checkpoint of another `job` (fingerprint) is refused (training/rl/loop.py)."""
     loop = OnPolicyLoop(model, tokenizer, cfg, engine, checkpoint_dir, job, "reasoning RL")
     log.info("reasoning RL: %d indexer tensors frozen, %d trainable tensors", loop.frozen, len(loop.params))
-    stage = _ReasoningStage(loop, tokenizer, train_tasks, heldout_tasks, suites, cfg, log_metrics)
+    stage = _ReasoningStage(loop, tokenizer, train_tasks, heldout_tasks, suites, cfg, log_metrics, on_eval)
     try:
         return loop.run(stage, log_metrics, on_sample, cfg.group_size)
     finally:

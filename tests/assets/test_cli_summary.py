@@ -85,7 +85,11 @@ def test_the_run_report_of_side_by_side_runs_gives_the_wall_span(tmp_path):
 
     from assets.run_report import INVOCATION_TAG, cli_run_ids, run_report
 
-    instance = dg.DagsterInstance.local_temp(str(tmp_path))
+    # no compute-log capture: it points the process's stdout at a log file (dup2) and tails it with `tail -F`,
+    # and two runs in threads of one process restore each other's stdout wrongly and leave a tail running;
+    # real runs each have their own process
+    noop = {"module": "dagster._core.storage.noop_compute_log_manager", "class": "NoOpComputeLogManager"}
+    instance = dg.DagsterInstance.local_temp(str(tmp_path), overrides={"compute_logs": noop})
     threads = [
         threading.Thread(target=dg.materialize, args=([slow_stage],),
                          kwargs={"instance": instance, "tags": {INVOCATION_TAG: "both"}})

@@ -18,7 +18,7 @@ from training.tasks.base import Task, TaskSuite
 from training.tasks.code import FAMILIES
 from training.tasks.knowledge import KnowledgeSuite
 from training.tasks.math import column_steps
-from training.tasks.suites import DOMAINS as TASK_DOMAINS
+from training.tasks.suites import check_domain_counts
 
 # Code families SFT sees only `rl_family_rows` (2) worked solutions of, so Reasoning RL has skills left to learn:
 # compositions of skills the other families teach (// ; minus then plus ; square then plus ; count with a
@@ -112,13 +112,7 @@ class SftDataConfig(BaseModel):
     @field_validator("domain_repeats")
     @classmethod
     def _known_domains(cls, value: dict[str, int]) -> dict[str, int]:
-        unknown = sorted(set(value) - set(TASK_DOMAINS))
-        if unknown or any(n < 1 for n in value.values()):
-            raise ValueError(
-                f"domain_repeats {value}: keys must be task domains {sorted(TASK_DOMAINS)} (unknown: {unknown}) "
-                "and values at least 1"
-            )
-        return value
+        return check_domain_counts(value, "domain_repeats")
 
     @field_validator("rl_only_families")
     @classmethod

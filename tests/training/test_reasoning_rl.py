@@ -91,6 +91,22 @@ def test_batches_mix_domains():
     assert sorted(t.domain for t in batch) == ["a", "a", "b", "b", "c", "c"]
 
 
+def test_domain_weights_give_a_domain_that_many_turns_per_round_and_are_checked_by_name():
+    from collections import Counter
+
+    tasks = [
+        Task(f"{d}{i}", d, f"{d} {i}", "", 1, "train") for d in ("code", "math", "tool") for i in range(7)
+    ]
+    plain, weighted = mixed_batches(tasks, 8, seed=0), mixed_batches(tasks, 8, seed=0, weights={"tool": 3})
+    drawn = [Counter(t.domain for _ in range(5) for t in next(stream)) for stream in (plain, weighted)]
+    assert drawn[0] == {"code": 14, "math": 13, "tool": 13}  # 40 draws, one turn each per round of 3
+    assert drawn[1] == {"code": 8, "math": 8, "tool": 24}  # tool 3 turns per round of 5
+    assert next(mixed_batches(tasks, 8, seed=0, weights={})) == next(mixed_batches(tasks, 8, seed=0))
+    for bad in ({"tools": 2}, {"tool": 0}):
+        with pytest.raises(ValueError, match="domain_weights"):
+            ReasoningRLConfig(domain_weights=bad)
+
+
 def test_family_balanced_batches_draw_each_family_of_a_domain_in_turn():
     from collections import Counter
 

@@ -19,6 +19,19 @@ DOMAINS = ("math", "code", "tool", "knowledge")
 # Knowledge has no test split: its held-out questions already name terms no train question names, and a third
 # partition of the facts would take terms out of train (and change every checkpoint trained on it).
 TEST_DOMAINS = ("math", "code", "tool")
+
+
+def check_domain_counts(value: dict[str, int], field: str) -> dict[str, int]:
+    """A per-domain count setting (`sft_data.domain_repeats`, `reasoning_rl.domain_weights`): keys are task
+    domains and values at least 1, or a ValueError naming the field."""
+    unknown = sorted(set(value) - set(DOMAINS))
+    if unknown or any(n < 1 for n in value.values()):
+        raise ValueError(
+            f"{field} {value}: keys must be task domains {sorted(DOMAINS)} (unknown: {unknown}) and values at least 1"
+        )
+    return value
+
+
 FROZEN_TEST = Path(__file__).with_name("frozen_test.json")
 RL_POOL_SEED_OFFSET = 4_000_037  # the RL pool's own stream, beside train / held-out / test (tasks/base.py)
 

@@ -3,6 +3,8 @@ logs the IcePop statistics of a real bf16-engine / fp32-trainer mismatch, and ne
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from color_task import (  # pytest puts this directory on sys.path
@@ -426,6 +428,8 @@ def test_misses_count_each_failed_greedy_rollout_by_domain_and_reason_and_keep_i
     assert miss_counts(trajs) == {
         "misses/math/unparsable_answer": 1.0, "misses/tool/no_answer": 1.0, "misses/tool/wrong_answer": 1.0,
     }  # fmt: skip
+    cut = dataclasses.replace(trajs[0], reward=0.0, status="truncated", reason="no end of turn in 64 tokens")
+    assert miss_counts([cut]) == {"misses/math/truncated": 1.0}
     shown = {m["prompt_id"]: m for m in missed(trajs)}
     assert set(shown) == {tool[0].id, tool[2].id, math[1].id}
     slipped = shown[tool[0].id]

@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import queue
 import random
-import re
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -43,7 +42,7 @@ from training.rl.policy import freeze_indexer, response_batch, token_logprobs
 from training.rollout.engine import LocalRolloutEngine, SamplingParams, engine_dtype
 from training.rollout.prefix_cache import PrefixCachingEngine
 from training.rollout.sharded import ShardedRolloutEngine, eval_workers
-from training.rollout.trajectory import Trajectory
+from training.rollout.trajectory import Trajectory, failure_kind
 from training.tasks.base import Task
 from training.worker_pool import Workers
 
@@ -655,9 +654,3 @@ def success_of(trajs: Sequence[Trajectory]) -> dict[str, float]:
         ).items():
             out[f"failures/{d}/{kind}"] = float(n)
     return out
-
-
-def failure_kind(reason: str) -> str:
-    """The kind of a verifier's reason without its details ("tests_failed: ..." -> "tests_failed")."""
-    head = reason.split(":")[0].split(",")[0].split()
-    return re.sub(r"[^a-z0-9_]", "_", head[0].lower()) if head else "unknown"

@@ -27,7 +27,7 @@ from training.rl.settings import PolicyUpdateConfig
 from training.rollout.engine import LocalRolloutEngine, RolloutEngine, SamplingParams
 from training.rollout.multiturn import rollout
 from training.rollout.sharded import ShardedRolloutEngine, close_engine, eval_workers
-from training.rollout.trajectory import Trajectory
+from training.rollout.trajectory import Trajectory, failure_kind
 from training.tasks.base import Task, TaskSuite
 from training.tasks.suites import check_domain_counts
 from training.tasks.tools import call_tool
@@ -154,12 +154,13 @@ def tool_call_rates(trajs: Sequence[Trajectory]) -> dict[str, float]:
 
 
 def miss_counts(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Failed rollouts per domain and verdict reason (`misses/<domain>/<reason>`; a code verdict's reason is cut
-    at its first colon, the sandbox status): what a flat score is made of, e.g. tool's wrong copies against
-    answers never given."""
-    counts = Counter((t.task, (t.reason or t.status).split(":")[0].strip() or "unknown") for t in trajs
-                     if t.reward <= 0)  # fmt: skip
-    return {f"misses/{domain}/{reason}": float(n) for (domain, reason), n in sorted(counts.items())}
+    """Failed rollouts per domain and kind (`misses/<domain>/<kind>`: the verdict's first word, as Agentic RL's
+    `failures/...`, or the rollout's status when it did not end, `truncated`): what a flat score is made of, e.g.
+    tool's wrong copies against answers never given."""
+    kinds = Counter(
+        (t.task, t.status if t.status != "ok" else failure_kind(t.reason)) for t in trajs if t.reward <= 0
+    )
+    return {f"misses/{domain}/{kind}": float(n) for (domain, kind), n in sorted(kinds.items())}
 
 
 def missed(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:

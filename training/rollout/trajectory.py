@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -52,3 +53,10 @@ class Trajectory:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def failure_kind(reason: str) -> str:
+    """The kind of a verifier's reason without its details ("tests_failed: ..." -> "tests_failed"), a safe part
+    of a metric name."""
+    head = reason.split(":")[0].split(",")[0].split()
+    return re.sub(r"[^a-z0-9_]", "_", head[0].lower()) if head else "unknown"

@@ -86,7 +86,7 @@ class ReasoningRLConfig(PolicyUpdateConfig):
         8,
         ge=1,
         description="A domain the filter keeps fewer prompts of is left out of training: every batch gives each "
-        "domain the same share, so 2 kept prompts would take a quarter of every step and be memorised",
+        "domain its turns (domain_weights), so 2 kept prompts would take a quarter of every step and be memorised",
     )
     keep_solved_share: float = Field(
         0.15,
@@ -495,7 +495,7 @@ def keep_sometimes_solved(
     pool: list[Task], rates: dict[str, float], min_per_domain: int, stage: str
 ) -> tuple[list[Task], dict[str, float]]:
     """The difficulty filter's rule, for every RL stage: keep the tasks whose sampled pass rate is in (0, 1) and
-    leave out a domain with fewer than `min_per_domain` of them (every batch gives each domain the same share,
+    leave out a domain with fewer than `min_per_domain` of them (every batch gives each domain its turns,
     so a handful would be memorised). Only if nothing is left is the whole pool kept, with a warning that the
     run cannot learn from it. Returns the kept tasks and the filter's metrics (`filter/...`)."""
     kept = [t for t in pool if 0.0 < rates.get(t.id, 0.0) < 1.0]

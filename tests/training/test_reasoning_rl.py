@@ -343,6 +343,32 @@ def test_the_filter_keeps_the_configured_share_of_solved_prompts_as_anchors(setu
     assert counts == (4, 4, 2), filt
 
 
+def test_a_domain_named_in_filter_samples_for_is_scored_over_its_own_number_of_samples(setup):
+    """A pass once in 8 samples: 4 samples (the default) never see it, 8 always do, so knowledge (8 samples
+    here) keeps every prompt and math (4) none; unknown domains and counts below 1 are refused."""
+    from pydantic import ValidationError
+
+    from training.rl.reasoning import difficulty_filter_rates
+
+    tok, cfg, _ = setup
+    tasks = [
+        Task(f"{d[0]}{i}", d, f"pick a color {d} {i}", "e", 1, "train")
+        for d in ("math", "knowledge")
+        for i in range(3)
+    ]
+    suites = {d: OneInN(d, 8) for d in ("math", "knowledge")}
+    config = ReasoningRLConfig(
+        max_new_tokens=2, max_turns=1, filter_samples=4, filter_samples_for={"knowledge": 8}
+    )
+    engine = LocalRolloutEngine(build_model(cfg, seed=0), dtype=torch.float32, pad_id=tok.pad_token_id)
+    rates = difficulty_filter_rates(engine, tok, tasks, suites, config)
+    assert rates == {f"k{i}": 1 / 8 for i in range(3)} | {f"m{i}": 0.0 for i in range(3)}
+    assert {d: sum(suites[d].calls.values()) for d in suites} == {"math": 12, "knowledge": 24}
+    for bad in ({"recall": 8}, {"knowledge": 0}):
+        with pytest.raises(ValidationError, match="filter_samples_for"):
+            ReasoningRLConfig(filter_samples_for=bad)
+
+
 class AlwaysPass:
     domain, version = "all", "t1"
 

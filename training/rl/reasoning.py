@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from torch import nn
 
 from training.rl.by_family import family_counts, family_means, family_of
@@ -65,6 +65,11 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     filter_samples: int = Field(
         4, ge=0, description="Difficulty filter: samples per train prompt before RL (0 = off)"
     )
+    filter_samples_for: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per-domain exceptions to filter_samples ({knowledge: 16}): a domain the starting policy solves "
+        "rarely at the rollout temperature has few prompts with a pass in 4 samples, and those few are memorised",
+    )
     filter_prompts_per_domain: int = Field(
         1024,
         ge=1,
@@ -108,10 +113,10 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     )
     seed: int = Field(0, description="Seed of prompt order and sampling")
 
-    @field_validator("domain_weights")
+    @field_validator("domain_weights", "filter_samples_for")
     @classmethod
-    def _known_domains(cls, value: dict[str, int]) -> dict[str, int]:
-        return check_domain_counts(value, "domain_weights")
+    def _known_domains(cls, value: dict[str, int], info: ValidationInfo) -> dict[str, int]:
+        return check_domain_counts(value, str(info.field_name))
 
 
 Log = Callable[[dict[str, float], int], None]
@@ -267,10 +272,17 @@ def _step_metrics(trajs: list[Trajectory], out: GRPOOut, mask: torch.Tensor) -> 
 def difficulty_filter_rates(
     engine: RolloutEngine, tokenizer: Any, tasks: Sequence[Task], suites, cfg: ReasoningRLConfig
 ) -> dict[str, float]:
-    """Pass rate of each task over `cfg.filter_samples` samples of the current policy."""
-    return sampled_pass_rates(
-        engine, tokenizer, tasks, suites, cfg, cfg.filter_samples, 7, "difficulty filter"
-    )
+    """Pass rate of each task over `cfg.filter_samples` samples of the current policy
+    (`cfg.filter_samples_for[domain]` for the domains named there)."""
+    by_samples: dict[int, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by_samples[cfg.filter_samples_for.get(t.domain, cfg.filter_samples)].append(t)
+    rates: dict[str, float] = {}
+    for samples, group in sorted(by_samples.items()):
+        rates |= sampled_pass_rates(
+            engine, tokenizer, group, suites, cfg, samples, 7, f"difficulty filter ({samples} samples)"
+        )
+    return rates
 
 
 def sampled_pass_rates(

@@ -68,7 +68,8 @@ class ReasoningRLConfig(PolicyUpdateConfig):
     filter_samples_for: dict[str, int] = Field(
         default_factory=dict,
         description="Per-domain exceptions to filter_samples ({knowledge: 16}): a domain the starting policy solves "
-        "rarely at the rollout temperature has few prompts with a pass in 4 samples, and those few are memorised",
+        "rarely at the rollout temperature has few prompts with a pass in 4 samples, and those few are memorised "
+        "(filter_samples 0 turns the filter off for every domain)",
     )
     filter_prompts_per_domain: int = Field(
         1024,

@@ -412,9 +412,11 @@ def _parses_as_yaml_mapping(text: str, min_keys: int = 1) -> bool:
     YAML keys, with `min_keys`+ of them counting those of the mappings nested in it."""
     import yaml
 
+    from infra.yaml_text import load_yaml
+
     head = text if len(text) <= _YAML_PARSE_CHARS else text[: text.rfind("\n", 0, _YAML_PARSE_CHARS) + 1]
     try:
-        doc = yaml.load(head, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        doc = load_yaml(head)
     except yaml.YAMLError:
         return False
     if not isinstance(doc, dict) or not all(_YAML_KEY.match(str(k)) for k in doc):

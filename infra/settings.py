@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infra.yaml_text import load_yaml
+
 PROFILES_DIR = Path(__file__).parent / "profiles"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROFILE = "tiny"
@@ -124,7 +126,7 @@ def _read_profile_yaml(name: str, seen: tuple[str, ...] = ()) -> dict:
     if name in seen:
         raise SettingsError(f"{path}: 'extends' loops through {' -> '.join(seen + (name,))}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise SettingsError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

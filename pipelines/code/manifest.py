@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infra.code_sources import GIT_URL_SCHEMES
+from infra.yaml_text import load_yaml
 
 SourceKind = Literal["git", "debian", "debian_source", "npm", "pypi"]
 
@@ -124,7 +125,7 @@ def load_manifest(path: str | Path) -> CodeManifest:
     if not path.exists():
         raise ManifestError(f"code manifest {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ManifestError(f"code manifest {path} is invalid: {exc}") from None
     try:

@@ -12,4 +12,4 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def load_yaml(text: str) -> Any:
     """`yaml.safe_load(text)`, with the C loader where available; raises yaml.YAMLError as it does."""
-    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
+    return yaml.load(text, Loader=_LOADER)  # both loaders are safe loaders

@@ -39,6 +39,14 @@ def test_bad_profile_value_names_file_and_field(tmp_path, monkeypatch):
     assert "bad.yaml" in str(err.value) and "store.max_attempts" in str(err.value)
 
 
+def test_a_profile_that_is_not_yaml_is_a_settings_error_naming_the_file_and_line(tmp_path, monkeypatch):
+    (tmp_path / "broken.yaml").write_text("store:\n  url: [store\nstages: {}\n")  # an unclosed list
+    monkeypatch.setattr(settings, "PROFILES_DIR", tmp_path)
+    with pytest.raises(SettingsError) as err:
+        load_profile("broken")
+    assert "broken.yaml: not valid YAML" in str(err.value) and "line" in str(err.value)
+
+
 def test_unknown_top_level_key_is_rejected(tmp_path, monkeypatch):
     (tmp_path / "typo.yaml").write_text("stroe: {}\n")
     monkeypatch.setattr(settings, "PROFILES_DIR", tmp_path)

@@ -15,6 +15,7 @@ from pathlib import Path
 from infra.cpu import cpu_share, sole_run
 from infra.partition_keys import InvalidPartitionKey, validate_partition_key
 from infra.settings import REPO_ROOT, SettingsError, load_profile
+from infra.signals import keep_children_stoppable
 from infra.tracking import process_tags
 
 CLI_TAG = "crucible/cli_run"  # runs `crucible run` executes in its own process
@@ -395,6 +396,7 @@ def _partition_key(value: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_children_stoppable()  # before the first in-process Dagster run
     parser = argparse.ArgumentParser(prog="crucible", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(

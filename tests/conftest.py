@@ -9,6 +9,12 @@ import uuid
 
 import pytest
 
+from infra.signals import keep_children_stoppable
+
+# A pytest-xdist worker ignores SIGINT; after a test's in-process Dagster run every process the worker started
+# then ignored SIGTERM too (infra/signals.py): each LLM-server fixture waited 10 s for its SIGKILL.
+keep_children_stoppable()
+
 os.environ.setdefault("CRUCIBLE_PROFILE", "micro")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -498,7 +498,8 @@ def train_main(argv: list[str]) -> dict:
                     help="the training sample's and fastText's (files and split follow the frozen set's own seed)")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="directory for the model and its calibration")
     ap.add_argument("--dim", type=int, default=100, help="fastText vector size")
-    ap.add_argument("--bucket", type=int, default=200_000, help="fastText hash buckets of the word bigrams")
+    ap.add_argument("--bucket", type=int, default=200_000, help="fastText hash buckets of the word n-grams")
+    ap.add_argument("--word-ngrams", type=int, default=2, help="fastText word n-gram length")
     ap.add_argument("--vocabulary-min-groups", type=int, default=6,
                     help="tokens seen in fewer training projects become their shape")  # fmt: skip
     ap.add_argument("--no-char-view", action="store_true",
@@ -524,7 +525,7 @@ def train_main(argv: list[str]) -> dict:
 
     best, dev_correct = None, {}
     for epoch in args.epochs:  # every choice on dev
-        params = FastTextParams(lr=0.5, epoch=epoch, dim=args.dim, word_ngrams=2, minn=0, maxn=0, min_count=1,
+        params = FastTextParams(lr=0.5, epoch=epoch, dim=args.dim, word_ngrams=args.word_ngrams, minn=0, maxn=0, min_count=1,
                                 bucket=args.bucket, threads=args.threads, seed=args.seed)  # fmt: skip
         t0 = time.time()
         path = args.out / f"code_language_e{epoch}.bin"

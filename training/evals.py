@@ -20,7 +20,7 @@ from tqdm import tqdm
 from infra.stage import StageResult
 from training.data import TokenStream, iter_shard_documents, load_shard
 from training.dsa_indexer import collect_dsa_stats, current_dsa_mode, set_dsa_mode
-from training.recall_tasks import FillerText, PasskeyItem, passkey_items
+from training.recall_tasks import FillerText, PasskeyItem, passkey_items, repeat_sequence
 from training.worker_pool import Workers, run_in_workers, worker_count
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,12 @@ class EvalConfig(BaseModel):
         8,
         ge=0,
         description="Held-out rows (longest context) for the DSA indexer's top-k mass, trained vs fresh",
+    )
+    copy_rows: int = Field(
+        32,
+        ge=0,
+        description="Held-out rows (short context) that repeat a passage after a gap, for the in-context copy "
+        "eval (0 = off)",
     )
     filler_source: str = Field("web", description="Held-out source whose text fills the passkey haystack")
     batch_size: int = Field(4, ge=1, description="Sequences per forward pass")
@@ -246,6 +252,53 @@ def passkey_accuracy(scorer: ChoiceScorer, items: Sequence[PasskeyItem]) -> dict
     return metrics
 
 
+# ---------------------------------------------------------------------------------------------- in-context copy
+
+
+@torch.no_grad()
+def copy_scores(
+    model: torch.nn.Module,
+    filler: FillerText,
+    n_rows: int,
+    seq_len: int,
+    eos_id: int,
+    seed: int,
+    batch_size: int = 4,
+) -> dict[str, float]:
+    """How much better the model predicts a passage the second time it reads it (induction / copy heads).
+
+    Rows are `repeat_sequence`'s (a passage, unrelated text, the passage again); each copy is scored on its
+    tokens after the first, by mean NLL and top-1 accuracy. `copy/gain` = NLL of the first copy - NLL of the
+    second: about 0 for a model that cannot look back for a match, large for one that copies."""
+    rng = np.random.default_rng(seed)
+    rows, firsts, seconds = [], [], []
+    for _ in range(n_rows):
+        row, second = repeat_sequence(filler, rng, seq_len, eos_id)
+        start, length = int(np.argmax(second)), int(second.sum())
+        first = np.zeros_like(second)
+        first[1:length] = True
+        second = np.zeros_like(second)
+        second[start + 1 : start + length] = True
+        rows.append(row), firsts.append(first), seconds.append(second)
+    sums = {"nll_first": 0.0, "nll_second": 0.0, "acc_first": 0.0, "acc_second": 0.0}
+    for i in range(0, n_rows, batch_size):
+        batch = torch.from_numpy(np.stack(rows[i : i + batch_size]))
+        logits = _logits(model, batch)[:, :-1].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")  # [B, T - 1]
+        hit = (logits.argmax(-1) == batch[:, 1:]).float()
+        for name, masks in (("first", firsts), ("second", seconds)):
+            mask = torch.from_numpy(np.stack(masks[i : i + batch_size]))[
+                :, 1:
+            ]  # token t is predicted at t - 1
+            sums[f"nll_{name}"] += float(nll[mask].sum())
+            sums[f"acc_{name}"] += float(hit[mask].sum())
+    tokens = float(sum(int(m.sum()) for m in firsts))  # both copies score the same number of tokens
+    metrics = {f"copy/{k}": v / tokens for k, v in sums.items()}
+    metrics["copy/gain"] = metrics["copy/nll_first"] - metrics["copy/nll_second"]
+    metrics["copy/tokens"] = tokens
+    return metrics
+
+
 # ---------------------------------------------------------------------------------------------- DSA indexer
 
 
@@ -352,7 +405,8 @@ def evaluate_checkpoint(
     eos_id: int,
     label: str = "checkpoint",
 ) -> EvalReport:
-    """Held-out perplexity per source at short and long context, and passkey accuracy on the RULER-style grid.
+    """Held-out perplexity per source at short and long context, passkey accuracy on the RULER-style grid, and
+    in-context copy (`copy_scores`) at the short context.
 
     heldout: source -> held-out token shard paths (from `training.data.shard_paths(..., "heldout")`).
     encode: text -> token ids (the checkpoint's tokenizer). Returns metrics, plot paths and tables.
@@ -394,6 +448,12 @@ def evaluate_checkpoint(
         config.passkey_digits,
     )
     report.metrics.update(passkey_accuracy(model_choice_scorer(model, config.batch_size), items))
+    if config.copy_rows:
+        report.metrics.update(
+            copy_scores(
+                model, filler, config.copy_rows, config.short_seq_len, eos_id, config.seed, config.batch_size
+            )
+        )
     report.metrics["passkey/chance"] = 1 / config.passkey_choices
     report.tables["passkey"] = [
         {
@@ -449,6 +509,13 @@ def evaluate_checkpoint_dir(
         f"\n\n### Passkey retrieval (chance {1 / config.passkey_choices:.2f})\n\n"
         f"{markdown_table(report.tables['passkey'])}"
     )
+    if "copy/gain" in report.metrics:
+        m = report.metrics
+        md += (
+            f"\n\n### In-context copy\n\nA passage read a second time: NLL {m['copy/nll_first']:.3f} -> "
+            f"{m['copy/nll_second']:.3f} (gain {m['copy/gain']:.3f} nats / token), top-1 {m['copy/acc_first']:.3f} "
+            f"-> {m['copy/acc_second']:.3f}"
+        )
     return StageResult(
         metrics=report.metrics,
         report_md=md,

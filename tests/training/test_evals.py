@@ -12,6 +12,7 @@ from tie_free import tie_free_glm  # noqa: E402  (pytest puts this directory on 
 from training.data import load_corpus_tokenizer
 from training.evals import (
     EvalConfig,
+    copy_scores,
     evaluate_checkpoint,
     heldout_rows,
     model_choice_scorer,
@@ -234,6 +235,24 @@ def test_passkey_accuracy_of_a_windowed_copy_model_is_known_per_cell(tok, heldou
         assert report.metrics[f"passkey/se/{n}"] == pytest.approx(math.sqrt(p * (1 - p) / items))
 
 
+def test_copy_scores_tell_a_copying_model_from_one_that_cannot_look_back():
+    """Filler of distinct tokens (a permutation of the vocabulary), so only the first copy can predict the
+    second. The hand-written induction head predicts the second copy from its second token on: (L - 2) of the
+    L - 1 scored tokens of a passage of L >= 8 tokens, so accuracy >= 6 / 7, and none of the first copy; a
+    model whose logits ignore the context scores both copies alike."""
+    vocab = 1000
+    filler = FillerText([np.random.default_rng(0).permutation(vocab)])
+    copier = copy_scores(WindowedCopyModel(vocab, window=64), filler, 16, 64, eos_id=0, seed=3)
+    assert copier["copy/acc_first"] < 0.05 and copier["copy/acc_second"] >= 6 / 7
+    assert copier["copy/nll_first"] == pytest.approx(math.log(vocab), abs=0.4)
+    assert copier["copy/gain"] > 0.8 * math.log(vocab)
+    flat = copy_scores(UniformModel(vocab), filler, 16, 64, eos_id=0, seed=3)
+    assert flat["copy/nll_first"] == pytest.approx(math.log(vocab)) and flat["copy/gain"] == pytest.approx(
+        0.0
+    )
+    assert flat["copy/tokens"] == copier["copy/tokens"] > 16 * 6  # the same rows for both models
+
+
 def test_topk_and_oracle_mass_on_a_hand_built_attention_matrix():
     """Two heads, 4 causal keys, k = 2: the indexer's top-k mass and the oracle (best top-k) mass of the
     head-averaged attention, over the queries that see more than k keys (queries 2 and 3)."""
@@ -285,6 +304,8 @@ def test_evaluate_checkpoint_metrics_and_plots(tok, heldout, tmp_path):
             assert 0.8 * 400 < m[f"ppl/ctx_{ctx}/{source}"] < 1.2 * 400
     assert m["passkey/chance"] == 0.25
     assert {"passkey/acc/96", "passkey/acc/192", "passkey/acc"} <= set(m)
+    # A random init reads a passage the second time no better than the first.
+    assert m["copy/tokens"] > 0 and abs(m["copy/gain"]) < 0.05
     # The indexer's top-k mass at the longest context (192), own vs fresh indexer, and its ceiling. A random
     # indexer picks its 32 keys independently of where the attention peaks, so it holds ~32 / (t + 1) of
     # query t's mass: 0.3558 averaged over the long queries t = 32..191 (measured: own 0.3515, fresh 0.3544).

@@ -93,6 +93,8 @@ def test_crucible_run_registers_checkpoints_with_lineage_to_the_crawl(dagster_ho
             acc, n = metrics[f"{ckpt}/passkey/acc/{length}"], metrics[f"{ckpt}/passkey/n/{length}"]
             assert n > 0 and abs(acc * n - round(acc * n)) < 1e-6, (ckpt, length, acc, n)
         assert 0.0 < metrics[f"{ckpt}/dsa/topk_mass"] <= metrics[f"{ckpt}/dsa/topk_mass_oracle"] + 1e-6
+        first, second = metrics[f"{ckpt}/copy/nll_first"], metrics[f"{ckpt}/copy/nll_second"]
+        assert metrics[f"{ckpt}/copy/gain"] == pytest.approx(first - second) and first < math.log(vocab), ckpt
     # Pretraining draws no source more than max_source_epochs (4) times over its train tokens.
     epochs = {k.split("/", 1)[1]: v for k, v in base.data.metrics.items() if k.startswith("source_epochs/")}
     assert {"web", "code", "math"} <= set(epochs) and max(epochs.values()) <= 4.0 + 1e-6, epochs

@@ -53,7 +53,18 @@ class RecallPhase(BaseModel):
         None,
         ge=0,
         le=1,
-        description="Share of multi-key rows (the rest passkey); None = curriculum_multikey_share",
+        description="Share of multi-key rows among the rows that do not repeat a passage (the rest passkey); "
+        "None = curriculum_multikey_share",
+    )
+    # Off in tiny: tiny's checkpoints have no in-context copy (`copy/gain` of checkpoint_evals ~0.05 nats), and
+    # ~2,000 steps of such rows grew one on the base at a large cost to its language model (measured with
+    # scratch scripts, docs/post_training_results.md 2026-12-08); a copy curriculum has not been tuned yet.
+    repeat_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of rows that repeat a passage after unrelated text, trained on the second copy "
+        "(grows induction / copy heads)",
     )
 
 
@@ -629,7 +640,14 @@ def build_midtrain_shards(
                 config.curriculum_multikey_share if phase.multikey_share is None else phase.multikey_share
             )
             rows_, targets_ = synthetic_recall_examples(
-                encode, filler, n_rows, phase.seq_len, eos_id, phase_seed, multikey
+                encode,
+                filler,
+                n_rows,
+                phase.seq_len,
+                eos_id,
+                phase_seed,
+                multikey * (1 - phase.repeat_share),
+                repeat_share=phase.repeat_share,
             )
             recall, targets = curriculum_rows(
                 rows_,

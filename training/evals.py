@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from infra.stage import StageResult
@@ -30,6 +30,9 @@ ChoiceScorer = Callable[[np.ndarray, list[list[int]]], np.ndarray]
 
 # DSA mode asked for -> the mode the eval runs: the same attention, computed faster (no KV cache in evals).
 EVAL_DSA_MODES = {"native": "sparse_gather"}
+
+
+MIN_COPY_SEQ_LEN = 24  # repeat_sequence's passage is seq_len // 8 .. seq_len // 3 tokens
 
 
 class EvalConfig(BaseModel):
@@ -91,6 +94,15 @@ class EvalConfig(BaseModel):
         description="Processes evaluating checkpoints side by side, each with CPUs / workers torch threads; "
         "auto = min(CPUs, checkpoints); 1 = in this process",
     )
+
+    @model_validator(mode="after")
+    def _copy_rows_fit(self) -> EvalConfig:
+        if self.copy_rows and self.short_seq_len < MIN_COPY_SEQ_LEN:
+            raise ValueError(
+                f"copy_rows needs short_seq_len >= {MIN_COPY_SEQ_LEN} (a passage, a gap and the passage again), "
+                f"got {self.short_seq_len}; set copy_rows: 0 to turn the copy eval off"
+            )
+        return self
 
 
 @dataclass
@@ -279,7 +291,9 @@ def copy_scores(
         first[1:length] = True
         second = np.zeros_like(second)
         second[start + 1 : start + length] = True
-        rows.append(row), firsts.append(first), seconds.append(second)
+        rows.append(row)
+        firsts.append(first)
+        seconds.append(second)
     sums = {"nll_first": 0.0, "nll_second": 0.0, "acc_first": 0.0, "acc_second": 0.0}
     for i in range(0, n_rows, batch_size):
         batch = torch.from_numpy(np.stack(rows[i : i + batch_size]))
@@ -287,9 +301,8 @@ def copy_scores(
         nll = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none")  # [B, T - 1]
         hit = (logits.argmax(-1) == batch[:, 1:]).float()
         for name, masks in (("first", firsts), ("second", seconds)):
-            mask = torch.from_numpy(np.stack(masks[i : i + batch_size]))[
-                :, 1:
-            ]  # token t is predicted at t - 1
+            # token t is predicted at position t - 1
+            mask = torch.from_numpy(np.stack(masks[i : i + batch_size]))[:, 1:]
             sums[f"nll_{name}"] += float(nll[mask].sum())
             sums[f"acc_{name}"] += float(hit[mask].sum())
     tokens = float(sum(int(m.sum()) for m in firsts))  # both copies score the same number of tokens

@@ -251,6 +251,9 @@ def test_copy_scores_tell_a_copying_model_from_one_that_cannot_look_back():
         0.0
     )
     assert flat["copy/tokens"] == copier["copy/tokens"] > 16 * 6  # the same rows for both models
+    with pytest.raises(ValueError, match="copy_rows needs short_seq_len >= 24"):
+        EvalConfig(short_seq_len=16)
+    assert EvalConfig(short_seq_len=16, copy_rows=0).copy_rows == 0
 
 
 def test_topk_and_oracle_mass_on_a_hand_built_attention_matrix():

@@ -232,8 +232,9 @@ class ContextExtensionConfig(BaseModel):
     curriculum_eval_rows: int = Field(
         32,
         ge=0,
-        description="Passkey rows in held-out text per curriculum phase; the phase's eval_loss is the NLL of "
-        "their answers (ln 10 = 2.3 per digit token is chance), logged every eval_every steps (0 = off)",
+        description="Rows in held-out text per curriculum phase, passkey rows and repeated passages in the "
+        "phase's repeat_share; the phase's eval_loss is the NLL of their answers (ln 10 = 2.3 per digit token is "
+        "chance for a key), logged every eval_every steps (0 = off)",
     )
     filler_max_tokens: int = Field(
         4_000_000, ge=1, description="Tokens of the largest source used as filler of synthetic rows"
@@ -675,6 +676,7 @@ def build_midtrain_shards(
                     eos_id,
                     phase_seed + 1,
                     0.0,
+                    repeat_share=phase.repeat_share,  # a copy phase is scored on copies (no passkey to fit)
                 )
                 ev_name = _write_rows(
                     staging,

@@ -480,18 +480,20 @@ def test_midtrain_shards_commit_rows_and_recall_as_one_version(tmp_path):
         ]
         kinds[share] = sum("What is the pass key?" in t for t in texts) / len(texts)
     assert kinds[0.0] == 1.0 and kinds[None] < 1.0  # the config's 0.5 draws multi-key rows too
-    # a copy phase: every row repeats a passage, and only its second copy is trained on
-    phase = RecallPhase(seq_len=256, steps=4, batch_size=3, repeat_share=1.0)
+    # a copy phase: every row repeats a passage and only its second copy is trained on and evaluated, so it
+    # may be shorter than the passkey template (~190 tokens here)
+    phase = RecallPhase(seq_len=128, steps=4, batch_size=3, repeat_share=1.0)
     one = config.model_copy(update={"stages": [stage.model_copy(update={"recall_curriculum": [phase]})]})
     build_midtrain_shards(one, "s1", store, "tokens", tok / "tokenizer.json", "rows/copy", tmp_path)
-    batch = TokenBatches(
-        [midtrain_shard_paths(store, "rows/copy").recall[256]], 256, 12, aligned=True
-    ).batch_at(0)
-    for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
-        keep = (labels != -100).nonzero()[:, 0]
-        length = len(keep)
-        assert 256 // 8 <= length <= 256 // 3 and (keep == torch.arange(keep[0], keep[0] + length)).all()
-        assert keep[0] > length and (ids[keep] == ids[:length]).all()  # the passage, after a gap, again
+    copy_shards = midtrain_shard_paths(store, "rows/copy")
+    batch = TokenBatches([copy_shards.recall[128]], 128, 12, aligned=True).batch_at(0)
+    (evals,) = heldout_batches([copy_shards.recall_eval[128]], 128, 32, max_batches=1)
+    for rows in (batch, evals):
+        for ids, labels in zip(rows["input_ids"], rows["labels"], strict=True):
+            keep = (labels != -100).nonzero()[:, 0]
+            length = len(keep)
+            assert 128 // 8 <= length <= 128 // 3 and (keep == torch.arange(keep[0], keep[0] + length)).all()
+            assert keep[0] > length and (ids[keep] == ids[:length]).all()  # the passage, after a gap, again
 
 
 def test_a_small_source_is_replayed_at_most_max_source_epochs_over_the_whole_extension(tmp_path):
